@@ -1,0 +1,163 @@
+"""The config vocabulary shared by every file under configs/, its argument parser, and its checks.
+
+Every config starts from `default_config()`: one vocabulary of fields for all configs (later work adds fields,
+never renames them), each commented with its meaning and unit. A config file's `get_config(arg)` parses its
+argument string with `parse_arg` and overrides what it needs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import runpy
+import sys
+
+import ml_collections
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+
+  c.model = ml_collections.ConfigDict()
+  c.model.mixer = "attention"        # token mixer, a key of efftx.mixers.MIXERS
+  c.model.d_model = 128              # width of the residual stream
+  c.model.num_heads = 4              # attention heads (mixers with heads)
+  c.model.num_layers = 2             # blocks (mixer sublayer + feed-forward sublayer)
+  c.model.d_ff = 512                 # hidden width of the feed-forward sublayer
+  c.model.max_len = 128              # sequence length every example is padded to (tokens)
+  c.model.dropout = 0.1              # dropout rate on embeddings, residual branches and FF hidden
+  c.model.attention_dropout = 0.0    # dropout rate on attention probabilities (attention mixers)
+  c.model.causal = False             # causal mixing (required by LM objectives); FNet cannot be causal
+
+  c.data = ml_collections.ConfigDict()
+  c.data.task = "listops"            # a key of efftx.data.TASKS
+  c.data.variant = "small"           # the task's TFDS builder config (ListOps: full, small, tiny)
+  c.data.batch_size = 32             # global batch (examples per step, all processes together)
+  c.data.data_dir = ""               # where TFDS data is prepared and read; "" = ~/tensorflow_datasets
+  c.data.worker_count = 0            # grain worker processes (0: read in the training process)
+  c.data.read_threads = 2            # grain reader threads per process
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.learning_rate = 1e-3       # peak learning rate of AdamW, reached after warmup
+  c.optim.warmup_steps = 100         # linear warmup from 0 (steps); cosine decay to 0 afterwards
+  c.optim.weight_decay = 0.01        # decoupled AdamW weight decay (not applied to biases and norms)
+  c.optim.grad_clip = 1.0            # clip gradients to this global norm (0 disables)
+
+  c.seed = 0                         # seeds parameters, dropout and the data order
+  c.total_steps = 1_000              # training steps
+  c.log_every = 50                   # steps between train-metric rows in metrics.jsonl / TensorBoard
+  c.eval_every = 250                 # steps between validation passes (and at the last step)
+  c.checkpoint_every = 250           # steps between checkpoints (and at the last step)
+  c.keep_checkpoints = 2             # checkpoints kept in workdir/checkpoints
+  return c
+
+
+def parse_arg(arg: str | None, **defaults):
+  """Parses a config argument string: comma-separated `key=value` pairs or bare words that switch a flag on.
+
+  `defaults` names the accepted keys and their types: `parse_arg("mixer=fnet,smoke", mixer="attention",
+  smoke=False)` returns `ConfigDict(mixer="fnet", smoke=True)`. An unknown key or a bad value raises ValueError.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, has_value, value = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      raise ValueError(f"unknown config argument '{key}'; valid: {', '.join(sorted(defaults))}")
+    default = defaults[key]
+    if isinstance(default, bool):
+      if has_value and value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"config argument '{key}' takes true or false, not '{value}'")
+      out[key] = not has_value or value.lower() in ("true", "1")
+    elif not has_value:
+      raise ValueError(f"config argument '{key}' needs a value: {key}=...")
+    else:
+      try:
+        out[key] = type(default)(value)
+      except ValueError:
+        raise ValueError(f"config argument '{key}' must be {type(default).__name__}, not '{value}'") from None
+  return out
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
+  """Raises ValueError naming the first invalid field and, where there are choices, the valid ones."""
+  from efftx.data import TASKS  # pylint: disable=g-import-not-at-top
+  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+
+  m, d, o = config.model, config.data, config.optim
+  if m.mixer not in MIXERS:
+    raise ValueError(f"config.model.mixer='{m.mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
+  if d.task not in TASKS:
+    raise ValueError(f"config.data.task='{d.task}' is not a task; choose from: {', '.join(TASKS)}")
+  variants = [c.name for c in TASKS[d.task].builder.BUILDER_CONFIGS]
+  if d.variant not in variants:
+    raise ValueError(f"config.data.variant='{d.variant}' is not a variant of {d.task}; "
+                     f"choose from: {', '.join(variants)}")
+  for name in ("d_model", "num_heads", "num_layers", "d_ff", "max_len"):
+    if m[name] < 1:
+      raise ValueError(f"config.model.{name}={m[name]} must be a positive integer")
+  for name in ("dropout", "attention_dropout"):
+    if not 0 <= m[name] < 1:
+      raise ValueError(f"config.model.{name}={m[name]} must be in [0, 1)")
+  if m.d_model % m.num_heads:
+    raise ValueError(f"config.model.d_model={m.d_model} must be divisible by config.model.num_heads={m.num_heads}")
+  if TASKS[d.task].objective == "lm" and not m.causal:
+    raise ValueError(f"task '{d.task}' is language modelling: set config.model.causal=True")
+  if d.batch_size < 1 or d.batch_size % num_devices:
+    raise ValueError(f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
+                     f"{num_devices} devices it is sharded over")
+  if o.learning_rate <= 0 or o.warmup_steps < 0 or o.weight_decay < 0 or o.grad_clip < 0:
+    raise ValueError("config.optim: learning_rate must be > 0; warmup_steps, weight_decay, grad_clip >= 0")
+  for name in ("total_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+    if config[name] < 1:
+      raise ValueError(f"config.{name}={config[name]} must be a positive integer")
+  # Constructing the mixer runs its own checks (e.g. FNet refuses causal=True).
+  mixer_cls = MIXERS[m.mixer]
+  mixer_cls(**mixer_kwargs(mixer_cls, m))
+
+
+def mixer_kwargs(mixer_cls: type, model_config: ml_collections.ConfigDict) -> dict:
+  """The mixer's hyperparameters: the config.model fields named like the mixer class's fields."""
+  names = {f.name for f in dataclasses.fields(mixer_cls)} - {"parent", "name"}
+  return {name: model_config[name] for name in names if name in model_config}
+
+
+def explain_flag_error(argv: list[str], error: Exception) -> str:
+  """One line for an error raised while parsing --config and its overrides.
+
+  For a mistyped override key (`--config.model.mixerr=...`), names the field and the valid fields beside it;
+  otherwise the first line of the error.
+  """
+  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  overrides = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  if config_arg:
+    path, _, arg = config_arg.partition(":")
+    if not os.path.exists(path):
+      return f"--config={config_arg}: no such config file"
+    try:
+      config = runpy.run_path(path)["get_config"](*([arg] if arg else []))
+    except Exception as e:  # pylint: disable=broad-except
+      return f"--config={config_arg}: {_first_line(e)}"
+    for key in overrides:
+      node, parts = config, key.split(".")[1:]
+      for depth, part in enumerate(parts):
+        if not isinstance(node, ml_collections.ConfigDict):
+          break
+        if part not in node:
+          parent = ".".join(["config"] + parts[:depth])
+          guess = difflib.get_close_matches(part, list(node.keys()), n=1)
+          hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+          return (f"--{key}: {parent} has no field '{part}'{hint}; "
+                  f"fields of {parent}: {', '.join(sorted(node.keys()))}")
+        node = node[part]
+  return _first_line(error)
+
+
+def _first_line(error: Exception) -> str:
+  lines = str(error).strip().strip("'\"").splitlines()
+  return lines[0] if lines else type(error).__name__
+
+
+def exit_with(prog: str, message: str) -> None:
+  print(f"{prog}: error: {message}", file=sys.stderr)
+  sys.exit(2)

@@ -1,0 +1,18 @@
+"""Token mixers behind one interface.
+
+`MIXERS[name]` is a `flax.linen.Module` class. Every mixer:
+  - is constructible from keyword hyperparameters that all have defaults, plus `causal: bool`
+    (a mixer that cannot be causal raises ValueError on `causal=True`);
+  - is applied as `y_BxLxD = module.apply(variables, x_BxLxD, mask=mask_BxL_or_None, deterministic=...)`,
+    returning the input's shape and dtype; `mask` is True at real tokens, False at padding.
+
+`efftx.model.build_model` fills a mixer's hyperparameters from the `config.model` fields of the same names
+(e.g. `num_heads`, `causal`), so a new mixer's options are new `config.model` fields.
+"""
+from efftx.mixers.attention import Attention
+from efftx.mixers.fourier import FNet
+
+MIXERS = {
+    "attention": Attention,
+    "fnet": FNet,
+}

@@ -1,0 +1,93 @@
+"""The Transformer around a token mixer: embeddings → pre-LN blocks (mixer, feed-forward) → final norm → head.
+
+`build_model(config)` picks the mixer by name from `efftx.mixers.MIXERS` and the head from the task:
+  - "classify": logits_BxC from the mean of the final states over real tokens;
+  - "lm": logits_BxLxV at every position (next-token prediction; needs a causal mixer).
+Applied as `model.apply(variables, tokens_BxL, mask=mask_BxL, deterministic=True)`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from efftx import config as config_lib
+from efftx.data import TASKS
+from efftx.mixers import MIXERS
+
+
+class FeedForward(nn.Module):
+  d_ff: int
+  dropout: float
+
+  @nn.compact
+  def __call__(self, x_BxLxD: jax.Array, deterministic: bool) -> jax.Array:
+    h_BxLxF = nn.gelu(nn.Dense(self.d_ff, name="up")(x_BxLxD))
+    h_BxLxF = nn.Dropout(self.dropout)(h_BxLxF, deterministic=deterministic)
+    return nn.Dense(x_BxLxD.shape[-1], name="down")(h_BxLxF)
+
+
+class Block(nn.Module):
+  """x + mixer(LN(x)), then x + FF(LN(x)); dropout on both residual branches."""
+
+  make_mixer: Callable[..., nn.Module]
+  d_ff: int
+  dropout: float
+
+  @nn.compact
+  def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool) -> jax.Array:
+    h_BxLxD = self.make_mixer(name="mixer")(nn.LayerNorm(name="mixer_norm")(x_BxLxD), mask=mask_BxL,
+                                            deterministic=deterministic)
+    x_BxLxD = x_BxLxD + nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
+    h_BxLxD = FeedForward(self.d_ff, self.dropout, name="ff")(nn.LayerNorm(name="ff_norm")(x_BxLxD), deterministic)
+    return x_BxLxD + nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
+
+
+class Transformer(nn.Module):
+  make_mixer: Callable[..., nn.Module]
+  vocab_size: int
+  num_classes: int
+  objective: str        # "classify" or "lm"
+  d_model: int
+  num_layers: int
+  d_ff: int
+  max_len: int
+  dropout: float
+
+  @nn.compact
+  def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    _, L = tokens_BxL.shape
+    if L > self.max_len:
+      raise ValueError(f"sequence length {L} exceeds max_len={self.max_len}")
+    mask_BxL = jnp.ones(tokens_BxL.shape, bool) if mask is None else mask.astype(bool)
+
+    x_BxLxD = nn.Embed(self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02),
+                       name="embed")(tokens_BxL)
+    pos_LxD = self.param("pos_embed", nn.initializers.normal(0.02), (self.max_len, self.d_model))[:L]
+    x_BxLxD = nn.Dropout(self.dropout)(x_BxLxD + pos_LxD, deterministic=deterministic)
+    for i in range(self.num_layers):
+      x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, name=f"block_{i}")(x_BxLxD, mask_BxL, deterministic)
+    x_BxLxD = nn.LayerNorm(name="final_norm")(x_BxLxD)
+
+    if self.objective == "lm":
+      return nn.Dense(self.vocab_size, name="lm_head")(x_BxLxD)
+    # Mean over real tokens only, so padding never reaches the classifier.
+    weights_BxL = mask_BxL.astype(x_BxLxD.dtype)
+    pooled_BxD = jnp.einsum("bld,bl->bd", x_BxLxD, weights_BxL) / jnp.maximum(weights_BxL.sum(-1, keepdims=True), 1)
+    h_BxD = nn.relu(nn.Dense(self.d_model, name="pool_dense")(pooled_BxD))
+    return nn.Dense(self.num_classes, name="classifier")(h_BxD)
+
+
+def build_model(config: ml_collections.ConfigDict) -> Transformer:
+  """The model for a full run config: mixer from config.model.mixer, vocabulary and head from config.data.task."""
+  task = TASKS[config.data.task]
+  mixer_cls = MIXERS[config.model.mixer]
+  m = config.model
+  return Transformer(
+      make_mixer=functools.partial(mixer_cls, **config_lib.mixer_kwargs(mixer_cls, m)),
+      vocab_size=task.vocab_size, num_classes=task.num_classes, objective=task.objective,
+      d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len, dropout=m.dropout)

@@ -1,0 +1,341 @@
+"""Train and evaluate one model: config → data → model → sharded jit steps → checkpoints and metrics.
+
+    python -m efftx.train --config=configs/quickstart.py:mixer=fnet --workdir=/tmp/efftx/fnet \
+        [--config.model.d_model=256 ...]
+
+Re-running the same command resumes from the latest checkpoint in --workdir (model, optimizer and the position of
+the data pipeline), so no example is seen twice or skipped. SIGTERM or Ctrl-C saves a checkpoint and stops; a
+second Ctrl-C stops at once. Outputs in --workdir: config.json, metrics.jsonl, tensorboard/, checkpoints/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from absl import app
+from absl import flags
+from absl import logging
+import flax.struct
+import grain
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from ml_collections import config_flags
+import ml_collections
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import tensorboardX
+import tqdm
+
+from efftx import config as config_lib
+from efftx.data import pipeline
+from efftx.data import TASKS
+from efftx.model import build_model
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                               "quickstart.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Config file[:argument string].",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, TensorBoard, config.json.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
+                                 "Call jax.distributed.initialize() first (multi-host: TPU pods, SLURM, ...).")
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW with linear warmup and cosine decay to 0 at total_steps, after global-norm gradient clipping."""
+  o = config.optim
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, o.learning_rate, warmup_steps=o.warmup_steps, decay_steps=max(config.total_steps, o.warmup_steps + 1))
+  # Decay matrices and embeddings only, not biases and norm scales.
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  tx = optax.chain(
+      optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity(),
+      optax.adamw(schedule, weight_decay=o.weight_decay, mask=decay_mask))
+  return tx, schedule
+
+
+def classification_sums(logits_BxC: jax.Array, labels_B: jax.Array, weights_B: jax.Array) -> dict[str, jax.Array]:
+  """Weighted sums (not means), so that batches, devices and padded eval rows combine exactly."""
+  loss_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxC.astype(jnp.float32), labels_B)
+  correct_B = (jnp.argmax(logits_BxC, -1) == labels_B).astype(jnp.float32)
+  return {"loss": (loss_B * weights_B).sum(), "correct": (correct_B * weights_B).sum(), "count": weights_B.sum()}
+
+
+def make_steps(model, tx: optax.GradientTransformation, schedule: optax.Schedule, dropout_key: jax.Array):
+  """The train step (loss, grads, AdamW update, metrics) and eval step (weighted sums), not yet jitted."""
+
+  def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+    rng = jax.random.fold_in(dropout_key, state.step)  # dropout differs every step, reproducibly
+
+    def loss_fn(params):
+      logits_BxC = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=False,
+                               rngs={"dropout": rng})
+      sums = classification_sums(logits_BxC, batch["label"], jnp.ones(batch["label"].shape, jnp.float32))
+      return sums["loss"] / sums["count"], sums
+
+    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                           opt_state=opt_state)
+    metrics = {"loss": loss, "accuracy": sums["correct"] / sums["count"], "grad_norm": optax.tree.norm(grads),
+               "learning_rate": schedule(state.step)}
+    return new_state, metrics
+
+  def eval_step(params, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    logits_BxC = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=True)
+    return classification_sums(logits_BxC, batch["label"], batch["weight"])
+
+  return train_step, eval_step
+
+
+def make_mesh(devices=None) -> jax.sharding.Mesh:
+  """One "data" axis over the devices (default: every device of every process)."""
+  devices = jax.devices() if devices is None else devices
+  # Auto axes: XLA propagates the shardings (jax.make_mesh defaults to Explicit sharding-in-types).
+  return jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains to config.total_steps (resuming from workdir if it holds a checkpoint); returns the last metrics."""
+  config_lib.validate(config, jax.device_count())
+  if TASKS[config.data.task].objective != "classify":
+    raise ValueError(f"task '{config.data.task}': only classification objectives are trained so far")
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  is_chief = jax.process_index() == 0
+  if is_chief:
+    os.makedirs(workdir, exist_ok=True)
+    _check_same_run(config, workdir)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+  # --------------------------------------------------------------------------------------------------- Mesh
+  # One data axis over every device of every process: the batch is split along it, parameters are replicated.
+  mesh = make_mesh()
+  replicated = NamedSharding(mesh, P())
+  batch_sharding = NamedSharding(mesh, P("data"))
+
+  def to_global(local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local_batch.items()}
+
+  # --------------------------------------------------------------------------------------------------- Data
+  pipeline.prepare(config)
+  train_source = pipeline.source(config, "train")
+  eval_source = pipeline.source(config, "validation")
+  train_iter = pipeline.train_iterator(config, train_source)
+
+  # ---------------------------------------------------------------------------------------- Model, optimizer
+  model = build_model(config)
+  tx, schedule = make_optimizer(config)
+  init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
+
+  def init_state() -> TrainState:
+    params = model.init(init_key, jnp.zeros((1, config.model.max_len), jnp.int32))["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state))
+
+  # ------------------------------------------------------------------------------------ Restore or initialise
+  checkpoints = ocp.CheckpointManager(
+      os.path.join(workdir, "checkpoints"),
+      options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True))
+  start_step = checkpoints.latest_step() or 0
+  if start_step:
+    abstract_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                  jax.eval_shape(init_state), state_sharding)
+    restored = checkpoints.restore(start_step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(train_iter)))
+    state = restored["state"]
+    logging.info("resumed from %s at step %d", checkpoints.directory, start_step)
+  else:
+    state = jax.jit(init_state, out_shardings=state_sharding)()
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  logging.info("model: %s mixer, %d parameters; %d devices", config.model.mixer, num_params, jax.device_count())
+
+  # ---------------------------------------------------------------------------------------------- Steps
+  train_step, eval_step = make_steps(model, tx, schedule, dropout_key)
+  jit_train_step = jax.jit(train_step, in_shardings=(state_sharding, batch_sharding),
+                           out_shardings=(state_sharding, replicated), donate_argnums=0)
+  jit_eval_step = jax.jit(eval_step, in_shardings=(state_sharding.params, batch_sharding), out_shardings=replicated)
+
+  def evaluate(params) -> dict[str, float]:
+    totals = None
+    for batch in pipeline.eval_batches(config, eval_source):
+      sums = jit_eval_step(params, to_global(batch))
+      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    totals = jax.device_get(totals)
+    return {"eval_loss": float(totals["loss"] / totals["count"]),
+            "eval_accuracy": float(totals["correct"] / totals["count"])}
+
+  def save(step: int) -> None:
+    checkpoints.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(train_iter)))
+
+  # ----------------------------------------------------------------------------------------------- Loop
+  writer = MetricWriter(workdir, start_step) if is_chief else None
+  tokens_per_step = config.data.batch_size * config.model.max_len
+  stop = _StopOnSignal()
+  last: dict[str, float] = {}
+  bar = tqdm.tqdm(total=config.total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+                  disable=None if is_chief else True)  # None: shown on a terminal only
+  window: list[dict[str, jax.Array]] = []
+  window_start, window_steps = time.perf_counter(), 0
+  try:
+    step = start_step
+    while step < config.total_steps:
+      state, metrics = jit_train_step(state, to_global(next(train_iter)))
+      step += 1
+      bar.update()
+      window.append(metrics)
+      window_steps += 1
+      if step == start_step + 1:  # leave the first step's compile time out of the throughput
+        jax.block_until_ready(metrics)
+        window_start, window_steps = time.perf_counter(), 0
+      done = step == config.total_steps
+      if step % config.log_every == 0 or done:
+        row = {k: float(np.mean(v)) for k, v in jax.device_get(jax.tree.map(lambda *x: jnp.stack(x), *window)).items()}
+        seconds = time.perf_counter() - window_start
+        if window_steps:
+          row["steps_per_sec"] = window_steps / seconds
+          row["tokens_per_sec"] = window_steps * tokens_per_step / seconds
+        window, window_start, window_steps = [], time.perf_counter(), 0
+        last.update(row)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['accuracy']:.3f}")
+        if writer:
+          writer.write(step, row)
+        logging.info("step %d: %s", step, _fmt(row))
+      if step % config.eval_every == 0 or done:
+        row = evaluate(state.params)
+        last.update(row)
+        if writer:
+          writer.write(step, row)
+        logging.info("step %d: %s", step, _fmt(row))
+        window_start = time.perf_counter()  # keep eval time out of the train throughput
+      if step % config.checkpoint_every == 0 or done or stop.requested:
+        save(step)
+      if stop.requested:
+        logging.warning("stopped by signal at step %d (checkpoint saved); re-run the same command to resume", step)
+        break
+  finally:
+    bar.close()
+    stop.restore()
+    checkpoints.wait_until_finished()
+    checkpoints.close()
+    if writer:
+      writer.close()
+  last["step"] = int(step)
+  return last
+
+
+class _StopOnSignal:
+  """SIGTERM/SIGINT ask the loop to save and stop at the next step boundary; a second SIGINT interrupts."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = {}
+    if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    if self.requested and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.requested = True
+
+  def restore(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+class MetricWriter:
+  """metrics.jsonl (one JSON object per logged step) and TensorBoard event files, in workdir.
+
+  On resume, rows logged after the restored checkpoint (by a run that stopped before saving) are dropped, so
+  every step appears once.
+  """
+
+  def __init__(self, workdir: str, start_step: int):
+    self._path = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(self._path):
+      with open(self._path) as f:
+        rows = [line for line in f if line.strip() and json.loads(line)["step"] <= start_step]
+      with open(self._path, "w") as f:
+        f.writelines(rows)
+    self._jsonl = open(self._path, "a")
+    self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
+
+  def write(self, step: int, row: dict[str, float]) -> None:
+    self._jsonl.write(json.dumps({"step": step, **row}) + "\n")
+    self._jsonl.flush()
+    for name, value in row.items():
+      self._tb.add_scalar(name, value, step)
+    self._tb.flush()
+
+  def close(self) -> None:
+    self._jsonl.close()
+    self._tb.close()
+
+
+def _fmt(row: dict[str, float]) -> str:
+  return ", ".join(f"{k}={v:.4g}" for k, v in row.items())
+
+
+def _check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses to resume a workdir whose checkpoint belongs to a different model or data setup."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path) or not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    return
+  with open(path) as f:
+    saved = json.load(f)
+  current = json.loads(config.to_json_best_effort())
+  for section in ("model", "data"):
+    for key, value in current[section].items():
+      if key in ("data_dir", "worker_count", "read_threads"):
+        continue
+      if saved.get(section, {}).get(key) != value:
+        raise ValueError(f"{workdir} holds a run with config.{section}.{key}={saved.get(section, {}).get(key)!r}, "
+                         f"not {value!r}: use another --workdir, or the same config to resume")
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with one clear line instead of a traceback for a bad config or override."""
+  try:
+    rest = flags.FLAGS(argv)
+    _CONFIG.value.model  # a config file that failed to load raises here  # pylint: disable=pointless-statement
+    return rest
+  except (flags.Error, AttributeError, KeyError, ValueError, TypeError, OSError) as e:
+    config_lib.exit_with("efftx.train", config_lib.explain_flag_error(argv, e))
+
+
+def main(argv: list[str]) -> None:
+  # Orbax logs every step of every save at INFO; keep efftx's own INFO lines readable.
+  logging.get_absl_handler().addFilter(lambda record: record.levelno >= 30 or "/orbax/" not in record.pathname)
+  if len(argv) > 1:
+    config_lib.exit_with("efftx.train", f"unexpected arguments: {' '.join(argv[1:])}")
+  if not _WORKDIR.value:
+    config_lib.exit_with("efftx.train", "--workdir is required (where checkpoints and metrics go)")
+  if _DISTRIBUTED.value:
+    jax.distributed.initialize()
+  try:
+    config_lib.validate(_CONFIG.value, jax.device_count())
+  except ValueError as e:
+    config_lib.exit_with("efftx.train", str(e))
+  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  if jax.process_index() == 0:
+    print(f"step {result['step']}: " + _fmt({k: v for k, v in result.items() if k != "step"}))
+    print(f"outputs in {os.path.abspath(_WORKDIR.value)}")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,34 @@
+"""Bad input on the command line: non-zero exit, one clear line naming the problem and the choices."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+CASES = [
+    # (extra arguments, words the one line must contain)
+    (["--config.model.mixerr=fnet"], ["mixerr", "did you mean 'mixer'", "d_model"]),
+    (["--config.model.mixer=fnett"], ["fnett", "attention, fnet"]),
+    (["--config.data.task=listopz"], ["listopz", "listops"]),
+    (["--config.model.d_model=abc"], ["d_model", "abc"]),
+    (["--config.model.dropout=1.5"], ["dropout", "[0, 1)"]),
+    (["--config.model.mixer=fnet", "--config.model.causal=true"], ["fnet", "cannot be causal"]),
+    (["--config=configs/quickstart.py:mixr=fnet"], ["mixr", "valid: mixer, smoke"]),
+    (["--config=configs/nope.py"], ["configs/nope.py", "no such config file"]),
+]
+
+
+@pytest.mark.parametrize("args,words", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_exits_with_one_clear_line(args, words, tmp_path):
+  argv = [sys.executable, "-m", "efftx.train", f"--workdir={tmp_path / 'run'}"]
+  if not any(a.startswith("--config=") for a in args):
+    argv.append("--config=configs/quickstart.py")
+  proc = subprocess.run(argv + args, cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1, proc.stderr
+  assert "Traceback" not in proc.stderr
+  for word in words:
+    assert word in lines[0], lines[0]
+  assert not (tmp_path / "run").exists()  # nothing written

@@ -1,0 +1,110 @@
+"""Mixers against independent references: naive numpy attention, numpy's FFT; causality and padding properties."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from efftx.mixers import MIXERS
+
+B, L, D = 2, 7, 8
+
+
+def _inputs(seed=0):
+  rng = np.random.default_rng(seed)
+  x_BxLxD = rng.normal(size=(B, L, D)).astype(np.float32)
+  mask_BxL = np.ones((B, L), bool)
+  mask_BxL[1, 4:] = False  # the second sequence has 3 padded positions at the end
+  return x_BxLxD, mask_BxL
+
+
+def _numpy_attention(x, mask, params, num_heads, causal):
+  """Loop-by-loop softmax attention from the textbook formula."""
+  qkv_w, qkv_b = params["qkv"]["kernel"], params["qkv"]["bias"]  # Dx3xHxK, 3xHxK
+  out_w, out_b = params["out"]["kernel"], params["out"]["bias"]  # HxKxD
+  K = D // num_heads
+  y = np.zeros_like(x)
+  for b in range(B):
+    qkv = np.einsum("ld,dchk->lchk", x[b], qkv_w) + qkv_b
+    heads = np.zeros((L, num_heads, K))
+    for h in range(num_heads):
+      for i in range(L):
+        keys = [j for j in range(L) if mask[b, j] and (j <= i or not causal)]
+        scores = np.array([qkv[i, 0, h] @ qkv[j, 1, h] / np.sqrt(K) for j in keys])
+        p = np.exp(scores - scores.max())
+        p /= p.sum()
+        heads[i, h] = sum(pj * qkv[j, 2, h] for pj, j in zip(p, keys))
+    y[b] = np.einsum("lhk,hkd->ld", heads, out_w) + out_b
+  return y
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_numpy(causal):
+  x, mask = _inputs()
+  module = MIXERS["attention"](num_heads=2, causal=causal)
+  variables = module.init(jax.random.key(0), x)
+  y = module.apply(variables, x, mask=mask)
+  params = jax.tree.map(np.asarray, variables["params"])
+  np.testing.assert_allclose(y, _numpy_attention(x, mask, params, 2, causal), rtol=1e-5, atol=1e-5)
+
+
+def test_fnet_equals_numpy_fft2():
+  x, mask = _inputs()
+  module = MIXERS["fnet"](causal=False)
+  y = module.apply(module.init(jax.random.key(0), x), x)
+  np.testing.assert_allclose(y, np.real(np.fft.fft2(x, axes=(-2, -1))), rtol=1e-4, atol=1e-4)
+  # With a mask, padded positions are zero before the transform.
+  y = module.apply({}, x, mask=mask)
+  np.testing.assert_allclose(y, np.real(np.fft.fft2(np.where(mask[..., None], x, 0), axes=(-2, -1))),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_fnet_cannot_be_causal():
+  with pytest.raises(ValueError, match="cannot be causal"):
+    MIXERS["fnet"](causal=True)
+
+
+def test_causal_attention_gradients_never_reach_the_past():
+  x, _ = _inputs()
+  module = MIXERS["attention"](num_heads=2, causal=True)
+  variables = module.init(jax.random.key(0), x)
+  # jac[b, t, d, b', t', d'] = d y[b, t, d] / d x[b', t', d']
+  jac = jax.jacrev(lambda x: module.apply(variables, x))(x)
+  per_position_LxL = np.abs(np.asarray(jac)).sum(axis=(0, 2, 3, 5))
+  future = np.triu(np.ones((L, L), bool), k=1)  # t' > t
+  assert np.all(per_position_LxL[future] == 0.0)
+  assert np.all(per_position_LxL[~future] > 0.0)  # and the past does reach it
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_outputs_at_real_positions_ignore_padded_contents(name):
+  x, mask = _inputs()
+  module = MIXERS[name](causal=False)
+  variables = module.init(jax.random.key(0), x)
+  noise = np.random.default_rng(1).normal(size=x.shape).astype(np.float32) * 10
+  x_other = np.where(mask[..., None], x, noise)
+  y = np.asarray(module.apply(variables, x, mask=mask))
+  y_other = np.asarray(module.apply(variables, x_other, mask=mask))
+  np.testing.assert_allclose(y[mask], y_other[mask], rtol=1e-5, atol=1e-5)
+  # Without the mask the padded contents do change the real outputs: the property above is the mask's doing.
+  assert not np.allclose(np.asarray(module.apply(variables, x))[mask],
+                         np.asarray(module.apply(variables, x_other))[mask], atol=1e-3)
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_every_mixer_jits_keeps_shape_and_dtype_and_has_finite_grads(name, dtype):
+  x, mask = _inputs()
+  x = jnp.asarray(x, dtype)
+  module = MIXERS[name](causal=False)
+  variables = module.init(jax.random.key(0), x)
+  y = jax.jit(lambda v, x: module.apply(v, x, mask=mask))(variables, x)
+  assert y.shape == x.shape and y.dtype == x.dtype
+  grads = jax.grad(lambda v, x: module.apply(v, x, mask=mask).astype(jnp.float32).sum(), argnums=(0, 1))(variables, x)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
+def test_every_mixer_is_a_linen_module_with_defaults():
+  for name, cls in MIXERS.items():
+    assert issubclass(cls, nn.Module), name
+    cls(causal=False)  # every hyperparameter has a default

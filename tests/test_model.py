@@ -1,0 +1,69 @@
+"""The model around the mixers: padding never reaches the classifier; a causal LM never sees the future."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from efftx import config as config_lib
+from efftx import model as model_lib
+from efftx.mixers import MIXERS
+
+B, L = 3, 12
+
+
+def _tokens_and_mask(vocab=16):
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(1, vocab, size=(B, L)).astype(np.int32)
+  mask = np.ones((B, L), bool)
+  mask[1, 7:] = False
+  mask[2, 3:] = False
+  return tokens, mask
+
+
+@pytest.mark.parametrize("mixer", sorted(MIXERS))
+def test_classifier_ignores_padded_tokens(mixer):
+  config = config_lib.default_config()
+  config.model.update(mixer=mixer, d_model=16, d_ff=32, num_heads=2, max_len=L)
+  model = model_lib.build_model(config)
+  tokens, mask = _tokens_and_mask()
+  variables = model.init(jax.random.key(0), tokens)
+  other = np.where(mask, tokens, np.random.default_rng(1).integers(0, 16, size=tokens.shape)).astype(np.int32)
+  logits = model.apply(variables, tokens, mask=mask)
+  assert logits.shape == (B, 10)
+  np.testing.assert_allclose(logits, model.apply(variables, other, mask=mask), rtol=1e-5, atol=1e-5)
+
+
+def test_causal_lm_logits_do_not_depend_on_later_tokens():
+  config = config_lib.default_config()
+  model = model_lib.Transformer(
+      make_mixer=functools.partial(MIXERS["attention"], num_heads=2, causal=True), vocab_size=16, num_classes=0,
+      objective="lm", d_model=16, num_layers=2, d_ff=32, max_len=L, dropout=0.0)
+  tokens, _ = _tokens_and_mask()
+  variables = model.init(jax.random.key(0), tokens)
+  logits = np.asarray(model.apply(variables, tokens))
+  assert logits.shape == (B, L, 16)
+  for t in range(L - 1):
+    changed = tokens.copy()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 1) % 16
+    new = np.asarray(model.apply(variables, changed))
+    np.testing.assert_array_equal(new[:, :t + 1], logits[:, :t + 1])
+    assert not np.allclose(new[:, t + 1:], logits[:, t + 1:])
+
+
+def test_build_model_passes_config_fields_to_the_mixer():
+  config = config_lib.default_config()
+  config.model.update(num_heads=8, d_model=16, d_ff=32, max_len=L)
+  model = model_lib.build_model(config)
+  variables = model.init(jax.random.key(0), jnp.ones((1, L), jnp.int32))
+  assert variables["params"]["block_0"]["mixer"]["qkv"]["kernel"].shape == (16, 3, 8, 2)
+  assert len([k for k in variables["params"] if k.startswith("block_")]) == config.model.num_layers
+
+
+def test_sequence_longer_than_max_len_is_refused():
+  config = config_lib.default_config()
+  config.model.update(d_model=16, d_ff=32, max_len=8)
+  model = model_lib.build_model(config)
+  with pytest.raises(ValueError, match="exceeds max_len"):
+    model.init(jax.random.key(0), jnp.ones((1, 9), jnp.int32))
