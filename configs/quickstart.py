@@ -1,4 +1,4 @@
-"""Quickstart: a 2-layer, 128-wide model on ListOps "small" (lengths 11–127), minutes on a 2-core CPU.
+"""Quickstart: a 2-layer, 64-wide model on ListOps "small" (lengths 11–127), minutes on a 2-core CPU.
 
     python -m efftx.train --config=configs/quickstart.py --workdir=/tmp/efftx/quickstart
     python -m efftx.train --config=configs/quickstart.py:mixer=fnet --workdir=/tmp/efftx/quickstart-fnet

@@ -189,6 +189,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   last: dict[str, float] = {}
   bar = tqdm.tqdm(total=config.total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                   disable=None if is_chief else True)  # None: shown on a terminal only
+  # On a terminal, lines go above the progress bar; elsewhere to the log.
+  report = (lambda line: bar.write(line, file=sys.stderr)) if not bar.disable else logging.info
+  if start_step >= config.total_steps:
+    logging.info("%s is already trained to step %d (config.total_steps=%d)", workdir, start_step, config.total_steps)
   window: list[dict[str, jax.Array]] = []
   window_start, window_steps = time.perf_counter(), 0
   try:
@@ -214,14 +218,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['accuracy']:.3f}")
         if writer:
           writer.write(step, row)
-        logging.info("step %d: %s", step, _fmt(row))
+        report(f"step {step}: {_fmt(row)}")
       if step % config.eval_every == 0 or done:
+        eval_start = time.perf_counter()
         row = evaluate(state.params)
         last.update(row)
         if writer:
           writer.write(step, row)
-        logging.info("step %d: %s", step, _fmt(row))
-        window_start = time.perf_counter()  # keep eval time out of the train throughput
+        report(f"step {step}: {_fmt(row)}")
+        window_start += time.perf_counter() - eval_start  # keep eval time out of the train throughput
       if step % config.checkpoint_every == 0 or done or stop.requested:
         save(step)
       if stop.requested:
@@ -333,7 +338,7 @@ def main(argv: list[str]) -> None:
     config_lib.exit_with("efftx.train", str(e))
   result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   if jax.process_index() == 0:
-    print(f"step {result['step']}: " + _fmt({k: v for k, v in result.items() if k != "step"}))
+    print(f"step {result['step']}: " + (_fmt({k: v for k, v in result.items() if k != "step"}) or "nothing to do"))
     print(f"outputs in {os.path.abspath(_WORKDIR.value)}")
 
 
