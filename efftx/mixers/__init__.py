@@ -9,10 +9,15 @@
 `efftx.model.build_model` fills a mixer's hyperparameters from the `config.model` fields of the same names
 (e.g. `num_heads`, `causal`), so a new mixer's options are new `config.model` fields.
 """
+from efftx.mixers.aft import AFTConv, AFTFull, AFTLocal, AFTSimple
 from efftx.mixers.attention import Attention
 from efftx.mixers.fourier import FNet
 
 MIXERS = {
     "attention": Attention,
     "fnet": FNet,
+    "aft_full": AFTFull,
+    "aft_simple": AFTSimple,
+    "aft_local": AFTLocal,
+    "aft_conv": AFTConv,
 }

@@ -1,0 +1,229 @@
+"""The Attention Free Transformer (Zhai et al., 2021): AFT-full, -local, -simple and -conv.
+
+All four compute, per channel, a weighted average of V over positions with weights exp(K_t' + w_{t,t'}), gated
+by sigmoid(Q_t):
+
+    Y_t = σ(Q_t) ⊙ Σ_t' exp(K_t' + w_{t,t'}) ⊙ V_t' / Σ_t' exp(K_t' + w_{t,t'})
+
+and differ in the position bias w: learned for every pair (full), only inside a window and 0 outside (local),
+none (simple), or a per-head 1-D kernel over t − t' (conv). Sums run over real (unpadded) positions, and over
+t' ≤ t when causal. The sums are computed in float32 whatever the compute dtype, after subtracting the maximum
+of K over positions (per channel) and of w per row: the ratio is unchanged, exp cannot overflow.
+
+Costs, as the paper claims: AFT-full O(T²d) time but O(Td) memory (two T×T by T×d matmuls, never a T×T×d
+tensor); AFT-simple O(Td) (a sum, or a running sum when causal); AFT-local and AFT-conv O(Tsd) (a banded
+block matmul, a depthwise convolution) plus the O(Td) global sum.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+# Keeps 0/0 (a row with no real position, e.g. all padding) finite; real rows have denominators ≥ ~e^-88.
+_TINY = 1e-30
+
+
+def _project(x_BxLxD: jax.Array, key_features: int):
+  """Q, V (D channels) and K (key_features channels) in float32; created in the calling module's scope."""
+  D = x_BxLxD.shape[-1]
+  q = nn.Dense(D, dtype=x_BxLxD.dtype, name="query")(x_BxLxD)
+  k = nn.Dense(key_features, dtype=x_BxLxD.dtype, name="key")(x_BxLxD)
+  v = nn.Dense(D, dtype=x_BxLxD.dtype, name="value")(x_BxLxD)
+  return q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)
+
+
+def _exp_keys(k_BxLxC: jax.Array, mask_BxL: jax.Array | None) -> jax.Array:
+  """exp(K − max_t' K) per channel, 0 at padded positions."""
+  valid_BxLx1 = jnp.ones(k_BxLxC.shape[:2] + (1,), bool) if mask_BxL is None else mask_BxL[:, :, None]
+  k_max_Bx1xC = jnp.max(jnp.where(valid_BxLx1, k_BxLxC, -jnp.inf), axis=1, keepdims=True)
+  k_max_Bx1xC = jax.lax.stop_gradient(jnp.where(jnp.isfinite(k_max_Bx1xC), k_max_Bx1xC, 0.0))
+  return jnp.where(valid_BxLx1, jnp.exp(k_BxLxC - k_max_Bx1xC), 0.0)
+
+
+def _global_sum(x_BxLxC: jax.Array, causal: bool) -> jax.Array:
+  """Σ_t' x_t' over all positions (broadcast over t), or over t' ≤ t when causal (a running sum)."""
+  return jnp.cumsum(x_BxLxC, axis=1) if causal else jnp.sum(x_BxLxC, axis=1, keepdims=True)
+
+
+def _finish(q_BxLxD, num_BxLxD, den_BxLxD, out_dtype) -> jax.Array:
+  y_BxLxD = jax.nn.sigmoid(q_BxLxD) * num_BxLxD / jnp.maximum(den_BxLxD, _TINY)
+  return nn.Dense(q_BxLxD.shape[-1], dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
+
+
+class _PositionBias(nn.Module):
+  """w ∈ R^{max_len×max_len}: factorised u vᵀ (u, v ∈ R^{max_len×d'}, init N(0, 1e-2)) or a full matrix."""
+
+  max_len: int
+  bias_dim: int
+  factorized: bool
+
+  def setup(self):
+    init = nn.initializers.normal(1e-2)
+    if self.factorized:
+      self.u = self.param("u", init, (self.max_len, self.bias_dim))
+      self.v = self.param("v", init, (self.max_len, self.bias_dim))
+    else:
+      self.w = self.param("w", init, (self.max_len, self.max_len))
+
+  def dense(self, L: int) -> jax.Array:
+    """w[:L, :L]."""
+    if self.factorized:
+      return self.u[:L] @ self.v[:L].T
+    return self.w[:L, :L]
+
+  def band(self, rows_NxB: jax.Array, cols_NxC: jax.Array) -> jax.Array:
+    """w[rows_NxB[n, i], cols_NxC[n, j]] as N×B×C (indices clipped into range; the caller masks the rest)."""
+    rows_NxB = jnp.clip(rows_NxB, 0, self.max_len - 1)
+    cols_NxC = jnp.clip(cols_NxC, 0, self.max_len - 1)
+    if self.factorized:
+      return jnp.einsum("nbe,nce->nbc", self.u[rows_NxB], self.v[cols_NxC])
+    return self.w[rows_NxB[:, :, None], cols_NxC[:, None, :]]
+
+
+def _check_len(name: str, L: int, max_len: int) -> None:
+  if L > max_len:
+    raise ValueError(f"{name}: sequence length {L} exceeds max_len={max_len} (the position bias's size)")
+
+
+class AFTFull(nn.Module):
+  """AFT-full: a learned bias for every pair of positions."""
+
+  causal: bool = False
+  max_len: int = 512             # positions the bias covers
+  aft_bias_dim: int = 64         # d' of the factorised bias w = u vᵀ
+  aft_factorized: bool = True    # False: a full max_len × max_len bias matrix
+
+  @nn.compact
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    del deterministic  # no dropout inside the mixer
+    _, L, D = x_BxLxD.shape
+    _check_len("aft_full", L, self.max_len)
+    q, k, v = _project(x_BxLxD, D)
+    ek_BxLxD = _exp_keys(k, mask)
+    ekv_BxLxD = ek_BxLxD * v
+
+    w_LxL = _PositionBias(self.max_len, self.aft_bias_dim, self.aft_factorized, name="bias").dense(L)
+    allowed_LxL = jnp.tril(jnp.ones((L, L), bool)) if self.causal else jnp.ones((L, L), bool)
+    w_max_Lx1 = jax.lax.stop_gradient(jnp.max(jnp.where(allowed_LxL, w_LxL, -jnp.inf), axis=1, keepdims=True))
+    ew_LxL = jnp.where(allowed_LxL, jnp.exp(w_LxL - w_max_Lx1), 0.0)
+    num_BxLxD = jnp.einsum("ts,bsd->btd", ew_LxL, ekv_BxLxD)
+    den_BxLxD = jnp.einsum("ts,bsd->btd", ew_LxL, ek_BxLxD)
+    return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
+
+
+class AFTSimple(nn.Module):
+  """AFT-simple: no position bias; a softmax of K over positions weights V. O(Td) time and memory."""
+
+  causal: bool = False
+
+  @nn.compact
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    del deterministic  # no dropout inside the mixer
+    q, k, v = _project(x_BxLxD, x_BxLxD.shape[-1])
+    ek_BxLxD = _exp_keys(k, mask)
+    num_BxLxD = _global_sum(ek_BxLxD * v, self.causal)
+    den_BxLxD = _global_sum(ek_BxLxD, self.causal)
+    return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
+
+
+class AFTLocal(nn.Module):
+  """AFT-local: the bias w_{t,t'} applies for |t − t'| < window and is 0 (not −∞) outside it.
+
+  Σ_t' e^{w_tt'} X_t' = Σ_t' X_t' + Σ_{|t−t'|<s} (e^{w_tt'} − 1) X_t': a global (or running) sum plus a banded
+  sum, computed on blocks of `window` positions that see their own and both neighbouring blocks — O(T·s·d).
+  """
+
+  causal: bool = False
+  max_len: int = 512
+  window: int = 32               # s: the bias applies for |t − t'| < s
+  aft_bias_dim: int = 64
+  aft_factorized: bool = True
+
+  @nn.compact
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    del deterministic  # no dropout inside the mixer
+    B, L, D = x_BxLxD.shape
+    _check_len("aft_local", L, self.max_len)
+    if self.window < 1:
+      raise ValueError(f"aft_local: window={self.window} must be ≥ 1 (window 0 is aft_simple)")
+    q, k, v = _project(x_BxLxD, D)
+    ek_BxLxD = _exp_keys(k, mask)
+    ekv_BxLxD = ek_BxLxD * v
+    bias = _PositionBias(self.max_len, self.aft_bias_dim, self.aft_factorized, name="bias")
+
+    # Blocks of b positions; a row's window lies in its own block and the two beside it.
+    b = min(self.window, L)
+    N = -(-L // b)
+    pad = N * b - L
+    rows_NxB = jnp.arange(N * b).reshape(N, b)
+    cols_NxC = jnp.concatenate([rows_NxB - b, rows_NxB, rows_NxB + b], axis=1)  # C = 3b context positions
+    offset_NxBxC = cols_NxC[:, None, :] - rows_NxB[:, :, None]
+    in_band_NxBxC = (jnp.abs(offset_NxBxC) < self.window) & (cols_NxC[:, None, :] >= 0) & (cols_NxC[:, None, :] < L)
+    if self.causal:
+      in_band_NxBxC &= offset_NxBxC <= 0
+    w_NxBxC = bias.band(rows_NxB, cols_NxC)
+    # Row scale: max over the row's entries, which are w inside the band and 0 outside it.
+    m_NxBx1 = jax.lax.stop_gradient(jnp.maximum(
+        jnp.max(jnp.where(in_band_NxBxC, w_NxBxC, -jnp.inf), axis=-1, keepdims=True), 0.0))
+    band_NxBxC = jnp.where(in_band_NxBxC, jnp.exp(w_NxBxC - m_NxBx1) - jnp.exp(-m_NxBx1), 0.0)
+
+    def context(x_BxLxC):  # B×L×C → B×N×3b×C: each block's previous, own and next block
+      x_BxNxBxC = jnp.pad(x_BxLxC, ((0, 0), (0, pad), (0, 0))).reshape(B, N, b, -1)
+      zeros = jnp.zeros_like(x_BxNxBxC[:, :1])
+      prev = jnp.concatenate([zeros, x_BxNxBxC[:, :-1]], axis=1)
+      nxt = jnp.concatenate([x_BxNxBxC[:, 1:], zeros], axis=1)
+      return jnp.concatenate([prev, x_BxNxBxC, nxt], axis=2)
+
+    def banded_plus_global(x_BxLxD):
+      banded_BxNxBxD = jnp.einsum("nqc,bncd->bnqd", band_NxBxC, context(x_BxLxD))
+      scale_BxLx1 = jnp.exp(-m_NxBx1).reshape(1, N * b, 1)[:, :L]
+      return banded_BxNxBxD.reshape(B, N * b, D)[:, :L] + scale_BxLx1 * _global_sum(x_BxLxD, self.causal)
+
+    return _finish(q, banded_plus_global(ekv_BxLxD), banded_plus_global(ek_BxLxD), x_BxLxD.dtype)
+
+
+class AFTConv(nn.Module):
+  """AFT-conv: h heads, each with one key channel and a learned kernel over t − t' of size s.
+
+  Y = σ(Q) ⊙ (conv(e^K ⊙ V, e^w − 1) + Σ e^K ⊙ V) / (conv(e^K, e^w − 1) + Σ e^K), per head, with the kernel
+  reparameterised w = γ (w − mean w) / std w + β, γ and β initialised to 0 (so training starts from
+  AFT-simple). Bidirectional kernels are centred on t; causal ones cover t − s + 1 … t.
+  """
+
+  causal: bool = False
+  num_heads: int = 4
+  kernel_size: int = 7
+
+  @nn.compact
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    del deterministic  # no dropout inside the mixer
+    B, L, D = x_BxLxD.shape
+    H, S = self.num_heads, self.kernel_size
+    if D % H:
+      raise ValueError(f"aft_conv: d_model={D} is not divisible by num_heads={H}")
+    q, k_BxLxH, v = _project(x_BxLxD, H)
+    ek_BxLxH = _exp_keys(k_BxLxH, mask)
+    ekv_BxLxD = (ek_BxLxH[..., None] * v.reshape(B, L, H, D // H)).reshape(B, L, D)
+
+    w_HxS = self.param("kernel", nn.initializers.normal(1.0), (H, S))
+    gamma_Hx1 = self.param("gamma", nn.initializers.zeros, (H, 1))
+    beta_Hx1 = self.param("beta", nn.initializers.zeros, (H, 1))
+    w_HxS = gamma_Hx1 * (w_HxS - w_HxS.mean(-1, keepdims=True)) / (w_HxS.std(-1, keepdims=True) + 1e-5) + beta_Hx1
+    kernel_HxS = jnp.exp(w_HxS) - 1.0  # kernel[:, j] weighs t' = t − j (causal) or t' = t + j − (S − 1) // 2
+
+    def conv(x_BxLxC, kernel_CxS):
+      # Depthwise cross-correlation: out[t] = Σ_j in[t + j − left] k[j].
+      if self.causal:
+        kernel_CxS, left = kernel_CxS[:, ::-1], S - 1  # kernel[j] ↔ offset −j
+      else:
+        left = (S - 1) // 2
+      C = x_BxLxC.shape[-1]
+      return jax.lax.conv_general_dilated(
+          x_BxLxC, kernel_CxS.T[:, None, :], window_strides=(1,), padding=[(left, S - 1 - left)],
+          dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=C)
+
+    num_BxLxD = conv(ekv_BxLxD, jnp.repeat(kernel_HxS, D // H, axis=0)) + _global_sum(ekv_BxLxD, self.causal)
+    den_BxLxH = conv(ek_BxLxH, kernel_HxS) + _global_sum(ek_BxLxH, self.causal)
+    den_BxLxD = jnp.repeat(den_BxLxH, D // H, axis=-1)
+    return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
