@@ -32,6 +32,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.aft_bias_dim = 64          # AFT-full/local: d' of the factorised position bias w = u v^T
   c.model.aft_factorized = True      # AFT-full/local: False learns a full max_len x max_len bias instead
   c.model.kernel_size = 7            # AFT-conv: kernel length over t - t' per head (tokens)
+  c.model.fourier_impl = "auto"      # FNet: "fft", "rfft" (Hermitian symmetry), "matmul" (DFT matrices), "auto"
 
   c.data = ml_collections.ConfigDict()
   c.data.task = "listops"            # a key of efftx.data.TASKS

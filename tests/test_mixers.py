@@ -48,9 +48,13 @@ def test_attention_matches_numpy(causal):
   np.testing.assert_allclose(y, _numpy_attention(x, mask, params, 2, causal), rtol=1e-5, atol=1e-5)
 
 
-def test_fnet_equals_numpy_fft2():
-  x, mask = _inputs()
-  module = MIXERS["fnet"](causal=False)
+@pytest.mark.parametrize("impl", ["fft", "rfft", "matmul", "auto"])
+@pytest.mark.parametrize("shape", [(B, L, D), (3, 8, 5), (1, 6, 9)])
+def test_fnet_equals_numpy_fft2(impl, shape):
+  x = np.random.default_rng(2).normal(size=shape).astype(np.float32)  # odd and even lengths and widths
+  mask = np.ones(shape[:2], bool)
+  mask[0, shape[1] // 2:] = False
+  module = MIXERS["fnet"](causal=False, fourier_impl=impl)
   y = module.apply(module.init(jax.random.key(0), x), x)
   np.testing.assert_allclose(y, np.real(np.fft.fft2(x, axes=(-2, -1))), rtol=1e-4, atol=1e-4)
   # With a mask, padded positions are zero before the transform.
@@ -59,9 +63,11 @@ def test_fnet_equals_numpy_fft2():
                              rtol=1e-4, atol=1e-4)
 
 
-def test_fnet_cannot_be_causal():
+def test_fnet_cannot_be_causal_and_checks_its_impl():
   with pytest.raises(ValueError, match="cannot be causal"):
     MIXERS["fnet"](causal=True)
+  with pytest.raises(ValueError, match="rfft"):
+    MIXERS["fnet"](fourier_impl="fast")
 
 
 def _can_be_causal(name):

@@ -1,9 +1,62 @@
 """FNet's Fourier mixing: y = Re(FFT2(x)) over (sequence, hidden), no parameters (Lee-Thorp et al., 2021)."""
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+FOURIER_IMPLS = ("fft", "rfft", "matmul", "auto")
+
+
+def _fft(x_BxLxD: jax.Array) -> jax.Array:
+  return jnp.fft.fft2(x_BxLxD, axes=(-2, -1)).real
+
+
+def _rfft(x_BxLxD: jax.Array) -> jax.Array:
+  """Re(FFT2(x)) from rfft2 by Hermitian symmetry: for real x, X[k1, k2] = conj(X[-k1, -k2])."""
+  D = x_BxLxD.shape[-1]
+  half_BxLxH = jnp.fft.rfft2(x_BxLxD, axes=(-2, -1)).real  # columns k2 = 0 … D//2
+  # Columns k2 = D//2+1 … D-1 are Re X[-k1 mod L, D-k2]: rows reversed around 0, columns D//2 … 1 reversed.
+  mirrored_BxLxH = jnp.roll(half_BxLxH[:, ::-1], 1, axis=1)
+  return jnp.concatenate([half_BxLxH, mirrored_BxLxH[:, :, 1:D - D // 2][:, :, ::-1]], axis=-1)
+
+
+@functools.lru_cache(maxsize=32)
+def _dft_cos_sin(n: int) -> tuple[np.ndarray, np.ndarray]:
+  angle = 2 * np.pi * np.outer(np.arange(n), np.arange(n)) / n
+  return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+
+
+def _matmul(x_BxLxD: jax.Array) -> jax.Array:
+  """Re(F_L x F_D) with F = C - iS: C_L x C_D - S_L x S_D, four real matmuls (FNet's TPU path)."""
+  _, L, D = x_BxLxD.shape
+  cos_LxL, sin_LxL = _dft_cos_sin(L)
+  cos_DxD, sin_DxD = _dft_cos_sin(D)
+  mm = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
+  return (mm("bld,de->ble", mm("kl,bld->bkd", cos_LxL, x_BxLxD), cos_DxD)
+          - mm("bld,de->ble", mm("kl,bld->bkd", sin_LxL, x_BxLxD), sin_DxD))
+
+
+def _auto(x_BxLxD: jax.Array) -> jax.Array:
+  """Picks the path by backend and length.
+
+  CPU, measured (2 cores, D=256, 8192 tokens, jit of forward+backward, ms per call):
+      L        128   256   512  1024  2048  4096
+      fft     33.9  32.5  30.2  25.3  34.3  35.2
+      rfft    16.2  16.6  15.7  14.5  14.7  16.8
+      matmul  30.6  40.5  53.0  78.5 146.0 287.5
+  so rfft at every length. TPU: the FNet paper finds the DFT-as-matmul faster up to L≈4096 (MXU matmuls, slow
+  FFTs); GPU: cuFFT, so rfft. The TPU and GPU choices follow the paper and are not measured here.
+  """
+  if jax.default_backend() == "tpu" and x_BxLxD.shape[1] <= 4096:
+    return _matmul(x_BxLxD)
+  return _rfft(x_BxLxD)
+
+
+_IMPLS = {"fft": _fft, "rfft": _rfft, "matmul": _matmul, "auto": _auto}
 
 
 class FNet(nn.Module):
@@ -14,15 +67,21 @@ class FNet(nn.Module):
   Padding: the DFT has no notion of a mask, so padded positions are set to zero before mixing. Outputs at real
   positions then do not depend on what the padded positions hold, but they do depend on the padded length L
   (the DFT's size), as in the reference implementation, which pads every sequence to one fixed length.
+
+  `fourier_impl`: "fft" (complex FFT, real part), "rfft" (real FFT + Hermitian symmetry), "matmul" (real DFT
+  matrices), "auto" (per backend and length). All compute in float32: not every backend has a bfloat16 FFT.
   """
 
   causal: bool = False
+  fourier_impl: str = "auto"
 
   def __post_init__(self):
     if self.causal:
       raise ValueError(
           "mixer 'fnet' cannot be causal: its 2-D DFT mixes every position with every other. "
           "Use a causal mixer (e.g. 'attention') or set config.model.causal=False.")
+    if self.fourier_impl not in _IMPLS:
+      raise ValueError(f"fnet: fourier_impl='{self.fourier_impl}' is not one of {', '.join(FOURIER_IMPLS)}")
     super().__post_init__()
 
   @nn.compact
@@ -30,6 +89,5 @@ class FNet(nn.Module):
     del deterministic  # no parameters, no dropout
     if mask is not None:
       x_BxLxD = jnp.where(mask[:, :, None], x_BxLxD, 0)
-    # Computed in float32: not every backend has a bfloat16 FFT.
-    y_BxLxD = jnp.fft.fft2(x_BxLxD.astype(jnp.float32), axes=(-2, -1)).real
+    y_BxLxD = _IMPLS[self.fourier_impl](x_BxLxD.astype(jnp.float32))
     return y_BxLxD.astype(x_BxLxD.dtype)
