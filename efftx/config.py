@@ -28,7 +28,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.dropout = 0.1              # dropout rate on embeddings, residual branches and FF hidden
   c.model.attention_dropout = 0.0    # dropout rate on attention probabilities (attention mixers)
   c.model.causal = False             # causal mixing (required by LM objectives); FNet cannot be causal
-  c.model.window = 32                # AFT-local: the position bias applies for |t - t'| < window (tokens)
+  c.model.attention_impl = "auto"    # attention: "plain", "chunked" (O(L) memory), "fused" (cuDNN on GPU), "auto"
+  c.model.attention_chunk = 256      # attention "chunked" block size; linear attention's causal chunk (tokens)
+  c.model.window = 32                # AFT-local: bias for |t - t'| < window; local: keys with |t - t'| < window
   c.model.aft_bias_dim = 64          # AFT-full/local: d' of the factorised position bias w = u v^T
   c.model.aft_factorized = True      # AFT-full/local: False learns a full max_len x max_len bias instead
   c.model.kernel_size = 7            # AFT-conv: kernel length over t - t' per head (tokens)

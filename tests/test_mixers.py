@@ -18,8 +18,9 @@ def _inputs(seed=0):
   return x_BxLxD, mask_BxL
 
 
-def _numpy_attention(x, mask, params, num_heads, causal):
-  """Loop-by-loop softmax attention from the textbook formula."""
+def _numpy_attention(x, mask, params, num_heads, causal, window=None, feature_map=None):
+  """Loop-by-loop attention from the textbook formula: softmax weights, or with feature_map φ the linear
+  attention weights φ(q)·φ(k) / Σ φ(q)·φ(k'); window limits the keys to |i − j| < window."""
   qkv_w, qkv_b = params["qkv"]["kernel"], params["qkv"]["bias"]  # Dx3xHxK, 3xHxK
   out_w, out_b = params["out"]["kernel"], params["out"]["bias"]  # HxKxD
   K = D // num_heads
@@ -29,9 +30,14 @@ def _numpy_attention(x, mask, params, num_heads, causal):
     heads = np.zeros((L, num_heads, K))
     for h in range(num_heads):
       for i in range(L):
-        keys = [j for j in range(L) if mask[b, j] and (j <= i or not causal)]
-        scores = np.array([qkv[i, 0, h] @ qkv[j, 1, h] / np.sqrt(K) for j in keys])
-        p = np.exp(scores - scores.max())
+        keys = [j for j in range(L) if mask[b, j] and (j <= i or not causal) and (window is None or abs(i - j) < window)]
+        if not keys:  # a padded query with no real key in its window: compared nowhere
+          continue
+        if feature_map is None:
+          scores = np.array([qkv[i, 0, h] @ qkv[j, 1, h] / np.sqrt(K) for j in keys])
+          p = np.exp(scores - scores.max())
+        else:
+          p = np.array([feature_map(qkv[i, 0, h]) @ feature_map(qkv[j, 1, h]) for j in keys])
         p /= p.sum()
         heads[i, h] = sum(pj * qkv[j, 2, h] for pj, j in zip(p, keys))
     y[b] = np.einsum("lhk,hkd->ld", heads, out_w) + out_b
@@ -46,6 +52,30 @@ def test_attention_matches_numpy(causal):
   y = module.apply(variables, x, mask=mask)
   params = jax.tree.map(np.asarray, variables["params"])
   np.testing.assert_allclose(y, _numpy_attention(x, mask, params, 2, causal), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [1, 2, 3, 8])
+def test_local_attention_matches_numpy(causal, window):
+  x, mask = _inputs()
+  module = MIXERS["local"](num_heads=2, causal=causal, window=window)
+  variables = module.init(jax.random.key(0), x)
+  params = jax.tree.map(np.asarray, variables["params"])
+  want = _numpy_attention(x, mask, params, 2, causal, window=window)
+  np.testing.assert_allclose(np.asarray(module.apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("causal,chunk", [(False, 256), (True, 2), (True, 3), (True, 256)])
+def test_linear_attention_matches_numpy(causal, chunk):
+  x, mask = _inputs()
+  module = MIXERS["linear"](num_heads=2, causal=causal, attention_chunk=chunk)
+  variables = module.init(jax.random.key(0), x)
+  params = jax.tree.map(np.asarray, variables["params"])
+  elu_plus_one = lambda z: np.where(z > 0, z + 1, np.exp(z))
+  want = _numpy_attention(x, mask, params, 2, causal, feature_map=elu_plus_one)
+  np.testing.assert_allclose(np.asarray(module.apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5,
+                             atol=1e-5)
 
 
 @pytest.mark.parametrize("impl", ["fft", "rfft", "matmul", "auto"])
@@ -94,7 +124,7 @@ def test_causal_mixers_gradients_never_reach_the_past(name):
   assert np.all(per_position_LxL[~future] > 0.0)  # and the past does reach it
 
 
-def test_the_causal_mixers_are_all_but_fnet():
+def test_the_causal_mixers_are_all_but_fnet():  # so the tests above cover every other mixer
   assert set(MIXERS) - set(CAUSAL_MIXERS) == {"fnet"}
 
 
@@ -131,3 +161,35 @@ def test_every_mixer_is_a_linen_module_with_defaults():
   for name, cls in MIXERS.items():
     assert issubclass(cls, nn.Module), name
     cls(causal=False)  # every hyperparameter has a default
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("impl,chunk", [("chunked", 3), ("chunked", 4), ("chunked", 64), ("fused", 256)])
+def test_attention_impls_equal_plain_in_values_and_gradients(causal, impl, chunk):
+  x, mask = _inputs()
+  plain = MIXERS["attention"](num_heads=2, causal=causal, attention_impl="plain")
+  other = MIXERS["attention"](num_heads=2, causal=causal, attention_impl=impl, attention_chunk=chunk)
+  variables = plain.init(jax.random.key(0), x)
+  weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
+  loss = lambda module: lambda v, x: (module.apply(v, x, mask=mask) * weights).sum()
+  np.testing.assert_allclose(other.apply(variables, x, mask=mask), plain.apply(variables, x, mask=mask),
+                             rtol=1e-5, atol=1e-5)
+  got = jax.grad(loss(other), argnums=(0, 1))(variables, x)
+  want = jax.grad(loss(plain), argnums=(0, 1))(variables, x)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), got, want)
+
+
+def test_chunked_attention_memory_does_not_grow_with_the_square_of_length():
+  """Compiled temp memory of forward+backward (deterministic, not a timing)."""
+  L, chunk = 2048, 128
+
+  def temp_bytes(impl):
+    module = MIXERS["attention"](num_heads=1, causal=True, attention_impl=impl, attention_chunk=chunk)
+    x = jnp.zeros((1, L, 16))
+    variables = module.init(jax.random.key(0), x[:, :8])
+    grad = jax.jit(jax.grad(lambda v, x: module.apply(v, x).sum(), argnums=(0, 1)))
+    return grad.lower(variables, x).compile().memory_analysis().temp_size_in_bytes
+
+  plain, chunked = temp_bytes("plain"), temp_bytes("chunked")
+  assert plain > L * L * 4  # the L×L float32 scores are there
+  assert chunked < plain / 8, (chunked, plain)

@@ -12,6 +12,8 @@
 from efftx.mixers.aft import AFTConv, AFTFull, AFTLocal, AFTSimple
 from efftx.mixers.attention import Attention
 from efftx.mixers.fourier import FNet
+from efftx.mixers.linear import LinearAttention
+from efftx.mixers.local import LocalAttention
 
 MIXERS = {
     "attention": Attention,
@@ -20,4 +22,6 @@ MIXERS = {
     "aft_simple": AFTSimple,
     "aft_local": AFTLocal,
     "aft_conv": AFTConv,
+    "local": LocalAttention,
+    "linear": LinearAttention,
 }

@@ -20,6 +20,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efftx.mixers import banded
+
 # Keeps 0/0 (a row with no real position, e.g. all padding) finite; real rows have denominators ≥ ~e^-88.
 _TINY = 1e-30
 
@@ -152,33 +154,17 @@ class AFTLocal(nn.Module):
     ekv_BxLxD = ek_BxLxD * v
     bias = _PositionBias(self.max_len, self.aft_bias_dim, self.aft_factorized, name="bias")
 
-    # Blocks of b positions; a row's window lies in its own block and the two beside it.
-    b = min(self.window, L)
-    N = -(-L // b)
-    pad = N * b - L
-    rows_NxB = jnp.arange(N * b).reshape(N, b)
-    cols_NxC = jnp.concatenate([rows_NxB - b, rows_NxB, rows_NxB + b], axis=1)  # C = 3b context positions
-    offset_NxBxC = cols_NxC[:, None, :] - rows_NxB[:, :, None]
-    in_band_NxBxC = (jnp.abs(offset_NxBxC) < self.window) & (cols_NxC[:, None, :] >= 0) & (cols_NxC[:, None, :] < L)
-    if self.causal:
-      in_band_NxBxC &= offset_NxBxC <= 0
+    b, rows_NxB, cols_NxC, in_band_NxBxC = banded.band(L, self.window, self.causal)
     w_NxBxC = bias.band(rows_NxB, cols_NxC)
     # Row scale: max over the row's entries, which are w inside the band and 0 outside it.
     m_NxBx1 = jax.lax.stop_gradient(jnp.maximum(
         jnp.max(jnp.where(in_band_NxBxC, w_NxBxC, -jnp.inf), axis=-1, keepdims=True), 0.0))
     band_NxBxC = jnp.where(in_band_NxBxC, jnp.exp(w_NxBxC - m_NxBx1) - jnp.exp(-m_NxBx1), 0.0)
-
-    def context(x_BxLxC):  # B×L×C → B×N×3b×C: each block's previous, own and next block
-      x_BxNxBxC = jnp.pad(x_BxLxC, ((0, 0), (0, pad), (0, 0))).reshape(B, N, b, -1)
-      zeros = jnp.zeros_like(x_BxNxBxC[:, :1])
-      prev = jnp.concatenate([zeros, x_BxNxBxC[:, :-1]], axis=1)
-      nxt = jnp.concatenate([x_BxNxBxC[:, 1:], zeros], axis=1)
-      return jnp.concatenate([prev, x_BxNxBxC, nxt], axis=2)
+    scale_1xLx1 = jnp.exp(-m_NxBx1).reshape(1, -1, 1)[:, :L]
 
     def banded_plus_global(x_BxLxD):
-      banded_BxNxBxD = jnp.einsum("nqc,bncd->bnqd", band_NxBxC, context(x_BxLxD))
-      scale_BxLx1 = jnp.exp(-m_NxBx1).reshape(1, N * b, 1)[:, :L]
-      return banded_BxNxBxD.reshape(B, N * b, D)[:, :L] + scale_BxLx1 * _global_sum(x_BxLxD, self.causal)
+      banded_BxNxBxD = jnp.einsum("nqc,bncd->bnqd", band_NxBxC, banded.context(x_BxLxD, b))
+      return banded.unblocks(banded_BxNxBxD, L) + scale_1xLx1 * _global_sum(x_BxLxD, self.causal)
 
     return _finish(q, banded_plus_global(ekv_BxLxD), banded_plus_global(ek_BxLxD), x_BxLxD.dtype)
 

@@ -1,9 +1,97 @@
-"""Multi-head softmax attention: the baseline every other mixer is measured against."""
+"""Multi-head softmax attention: the baseline every other mixer is measured against.
+
+Four implementations of the same function (config `attention_impl`):
+  - "plain":   the B×H×L×L score tensor, softmax, weighted sum — O(L²) memory;
+  - "chunked": queries and keys in blocks of `attention_chunk` with a running max and normaliser (online softmax),
+               each query block rematerialised in the backward pass — O(L·chunk) memory ("Self-attention does not
+               need O(n²) memory", Rabe & Staats 2021);
+  - "fused":   jax.nn.dot_product_attention, which picks a fused kernel (cuDNN flash attention on GPU, for
+               bfloat16/float16) and falls back to XLA elsewhere;
+  - "auto":    fused on GPU; chunked when the sequence spans more than one chunk; else plain.
+"""
 from __future__ import annotations
+
+import functools
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+ATTENTION_IMPLS = ("plain", "chunked", "fused", "auto")
+_NEG = jnp.finfo(jnp.float32).min  # not -inf: a row with no allowed key stays finite
+
+
+def qkv_heads(x_BxLxD: jax.Array, num_heads: int, name: str = "qkv"):
+  """Q, K, V as B×L×H×K (one Dense in the calling module's scope), in the input's dtype."""
+  D = x_BxLxD.shape[-1]
+  if D % num_heads:
+    raise ValueError(f"d_model={D} is not divisible by num_heads={num_heads}")
+  qkv_BxLx3xHxK = nn.DenseGeneral((3, num_heads, D // num_heads), dtype=x_BxLxD.dtype, name=name)(x_BxLxD)
+  return tuple(qkv_BxLx3xHxK[:, :, i] for i in range(3))
+
+
+def merge_heads(out_BxLxHxK: jax.Array, name: str = "out") -> jax.Array:
+  """B×L×H×K → B×L×D through the output projection."""
+  H, K = out_BxLxHxK.shape[-2:]
+  return nn.DenseGeneral(H * K, axis=(-2, -1), dtype=out_BxLxHxK.dtype, name=name)(out_BxLxHxK)
+
+
+def _allowed(q_pos, k_pos, key_mask_Bx1xS, causal: bool) -> jax.Array:
+  """B×1×T×S: key allowed for query (real key; not in the query's future when causal)."""
+  allowed = key_mask_Bx1xS[:, :, None, :]
+  if causal:
+    allowed = allowed & (k_pos[None, None, None, :] <= q_pos[None, None, :, None])
+  return allowed
+
+
+def _plain(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, dropout=lambda probs: probs):
+  pos = jnp.arange(q_BxLxHxK.shape[1])
+  scale = q_BxLxHxK.shape[-1] ** -0.5
+  logits_BxHxLxL = jnp.einsum("bqhk,bthk->bhqt", q_BxLxHxK * scale, k_BxLxHxK).astype(jnp.float32)
+  logits_BxHxLxL = jnp.where(_allowed(pos, pos, key_mask_BxL[:, None], causal), logits_BxHxLxL, _NEG)
+  probs_BxHxLxL = dropout(jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(v_BxLxHxK.dtype))
+  return jnp.einsum("bhqt,bthk->bqhk", probs_BxHxLxL, v_BxLxHxK)
+
+
+def _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk):
+  B, L, H, K = q_BxLxHxK.shape
+  C = min(chunk, L)
+  N = -(-L // C)
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, N * C - L)] + [(0, 0)] * (x.ndim - 2))
+  # Blocks first, for scan/map: N×B×C×H×K; padded keys are masked out.
+  to_blocks = lambda x: pad(x).reshape((B, N, C) + x.shape[2:]).swapaxes(0, 1)
+  q_NxBxCxHxK = to_blocks(q_BxLxHxK * K ** -0.5)
+  k_NxBxCxHxK, v_NxBxCxHxK = to_blocks(k_BxLxHxK), to_blocks(v_BxLxHxK)
+  kmask_NxBxC = to_blocks(key_mask_BxL)
+  pos_NxC = jnp.arange(N * C).reshape(N, C)
+
+  @jax.checkpoint  # the backward pass recomputes a query block instead of storing its C×L scores
+  def query_block(q_BxCxHxK, q_pos_C):
+    def step(carry, kv):
+      m_BxHxC, l_BxHxC, acc_BxCxHxK = carry
+      k_BxCxHxK, v_BxCxHxK, kmask_BxC, k_pos_C = kv
+      s_BxHxCxC = jnp.einsum("bqhk,bthk->bhqt", q_BxCxHxK, k_BxCxHxK).astype(jnp.float32)
+      allowed_Bx1xCxC = _allowed(q_pos_C, k_pos_C, kmask_BxC[:, None], causal)
+      s_BxHxCxC = jnp.where(allowed_Bx1xCxC, s_BxHxCxC, _NEG)
+      m_new_BxHxC = jnp.maximum(m_BxHxC, s_BxHxCxC.max(-1))
+      p_BxHxCxC = jnp.where(allowed_Bx1xCxC, jnp.exp(s_BxHxCxC - m_new_BxHxC[..., None]), 0.0)
+      correction_BxHxC = jnp.exp(m_BxHxC - m_new_BxHxC)
+      l_BxHxC = l_BxHxC * correction_BxHxC + p_BxHxCxC.sum(-1)
+      acc_BxCxHxK = (acc_BxCxHxK * correction_BxHxC.transpose(0, 2, 1)[..., None]
+                     + jnp.einsum("bhqt,bthk->bqhk", p_BxHxCxC, v_BxCxHxK.astype(jnp.float32)))
+      return (m_new_BxHxC, l_BxHxC, acc_BxCxHxK), None
+
+    init = (jnp.full((B, H, C), _NEG), jnp.zeros((B, H, C)), jnp.zeros((B, C, H, K)))
+    (_, l_BxHxC, acc_BxCxHxK), _ = jax.lax.scan(step, init, (k_NxBxCxHxK, v_NxBxCxHxK, kmask_NxBxC, pos_NxC))
+    return acc_BxCxHxK / jnp.maximum(l_BxHxC, 1e-30).transpose(0, 2, 1)[..., None]
+
+  out_NxBxCxHxK = jax.lax.map(lambda args: query_block(*args), (q_NxBxCxHxK, pos_NxC))
+  return out_NxBxCxHxK.swapaxes(0, 1).reshape(B, N * C, H, K)[:, :L].astype(v_BxLxHxK.dtype)
+
+
+def _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal):
+  return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=key_mask_BxL[:, None, None, :],
+                                      is_causal=causal)
 
 
 class Attention(nn.Module):
@@ -15,27 +103,31 @@ class Attention(nn.Module):
 
   num_heads: int = 4
   causal: bool = False
-  attention_dropout: float = 0.0  # dropout on the attention probabilities
+  attention_dropout: float = 0.0   # dropout on the attention probabilities ("plain" only)
+  attention_impl: str = "auto"     # see ATTENTION_IMPLS
+  attention_chunk: int = 256       # block size of "chunked" (positions)
+
+  def __post_init__(self):
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention: attention_impl='{self.attention_impl}' is not one of {', '.join(ATTENTION_IMPLS)}")
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    _, L, D = x_BxLxD.shape
-    if D % self.num_heads:
-      raise ValueError(f"attention: d_model={D} is not divisible by num_heads={self.num_heads}")
-    H, K = self.num_heads, D // self.num_heads
+    B, L, _ = x_BxLxD.shape
+    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
+    key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
+    impl = self.attention_impl
+    if self.attention_dropout and not deterministic:
+      impl = "plain"  # dropout acts on the probabilities, which only the plain form materialises
+    elif impl == "auto":
+      impl = "fused" if jax.default_backend() == "gpu" else "chunked" if L > self.attention_chunk else "plain"
+    if impl == "plain":
+      dropout = functools.partial(nn.Dropout(self.attention_dropout), deterministic=deterministic)
+      out_BxLxHxK = _plain(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, dropout)
+    elif impl == "chunked":
+      out_BxLxHxK = _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk)
+    else:
+      out_BxLxHxK = _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal)
+    return merge_heads(out_BxLxHxK)
 
-    qkv_BxLx3xHxK = nn.DenseGeneral((3, H, K), dtype=x_BxLxD.dtype, name="qkv")(x_BxLxD)
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[:, :, i] for i in range(3))
-    logits_BxHxLxL = jnp.einsum("bqhk,bthk->bhqt", q_BxLxHxK, k_BxLxHxK) / jnp.sqrt(K).astype(x_BxLxD.dtype)
-
-    allowed_1x1xLxL = jnp.ones((1, 1, L, L), bool)
-    if self.causal:
-      allowed_1x1xLxL = jnp.tril(allowed_1x1xLxL)
-    allowed_Bx1xLxL = allowed_1x1xLxL if mask is None else allowed_1x1xLxL & mask[:, None, None, :]
-    # The most negative finite value, not -inf: a row with no allowed key (a padded query) stays finite.
-    logits_BxHxLxL = jnp.where(allowed_Bx1xLxL, logits_BxHxLxL.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    probs_BxHxLxL = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(x_BxLxD.dtype)
-    probs_BxHxLxL = nn.Dropout(self.attention_dropout)(probs_BxHxLxL, deterministic=deterministic)
-
-    out_BxLxHxK = jnp.einsum("bhqt,bthk->bqhk", probs_BxHxLxL, v_BxLxHxK)
-    return nn.DenseGeneral(D, axis=(-2, -1), dtype=x_BxLxD.dtype, name="out")(out_BxLxHxK)

@@ -1,0 +1,36 @@
+"""Sliding-window softmax attention (LRA's "Local Attention" baseline): each query sees keys with |t − t'| <
+window (causal: t − window < t' ≤ t), computed on blocks in O(T·window·d) time and memory."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from efftx.mixers import banded
+from efftx.mixers.attention import merge_heads, qkv_heads
+
+_NEG = jnp.finfo(jnp.float32).min
+
+
+class LocalAttention(nn.Module):
+  num_heads: int = 4
+  causal: bool = False
+  window: int = 32     # keys with |t − t'| < window are seen
+
+  @nn.compact
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+    del deterministic  # no dropout inside the mixer
+    B, L, _ = x_BxLxD.shape
+    if self.window < 1:
+      raise ValueError(f"local: window={self.window} must be ≥ 1")
+    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
+    key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
+    b, _, _, in_band_NxBxC = banded.band(L, self.window, self.causal)
+
+    q_BxNxBxHxK = banded.blocks(q_BxLxHxK * q_BxLxHxK.shape[-1] ** -0.5, b)
+    k_BxNxCxHxK, v_BxNxCxHxK = banded.context(k_BxLxHxK, b), banded.context(v_BxLxHxK, b)
+    allowed_BxNx1xBxC = in_band_NxBxC[None, :, None] & banded.context(key_mask_BxL, b)[:, :, None, None, :]
+    logits_BxNxHxBxC = jnp.einsum("znqhk,znchk->znhqc", q_BxNxBxHxK, k_BxNxCxHxK).astype(jnp.float32)
+    probs_BxNxHxBxC = jax.nn.softmax(jnp.where(allowed_BxNx1xBxC, logits_BxNxHxBxC, _NEG), axis=-1)
+    out_BxNxBxHxK = jnp.einsum("znhqc,znchk->znqhk", probs_BxNxHxBxC.astype(v_BxLxHxK.dtype), v_BxNxCxHxK)
+    return merge_heads(banded.unblocks(out_BxNxBxHxK, L))
