@@ -27,6 +27,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.max_len = 128              # sequence length every example is padded to (tokens)
   c.model.dropout = 0.1              # dropout rate on embeddings, residual branches and FF hidden
   c.model.attention_dropout = 0.0    # dropout rate on attention probabilities (attention mixers)
+  c.model.dtype = "float32"          # compute dtype, "float32" or "bfloat16"; parameters stay float32
   c.model.causal = False             # causal mixing (required by LM objectives); FNet cannot be causal
   c.model.attention_impl = "auto"    # attention: "plain", "chunked" (O(L) memory), "fused" (cuDNN on GPU), "auto"
   c.model.attention_chunk = 256      # attention "chunked" block size; linear attention's causal chunk (tokens)
@@ -34,6 +35,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.aft_bias_dim = 64          # AFT-full/local: d' of the factorised position bias w = u v^T
   c.model.aft_factorized = True      # AFT-full/local: False learns a full max_len x max_len bias instead
   c.model.kernel_size = 7            # AFT-conv: kernel length over t - t' per head (tokens)
+  c.model.lsh_buckets = 8            # LSH attention: hash buckets per round (1 or even)
+  c.model.lsh_hashes = 2             # LSH attention: hash rounds (8 is close to full attention)
+  c.model.lsh_chunk = 64             # LSH attention: chunk of the sorted sequence (tokens)
+  c.model.lsh_seed = 0               # LSH attention: seed of the random rotations (fixed, reproducible)
   c.model.fourier_impl = "auto"      # FNet: "fft", "rfft" (Hermitian symmetry), "matmul" (DFT matrices), "auto"
 
   c.data = ml_collections.ConfigDict()
@@ -106,6 +111,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   for name in ("dropout", "attention_dropout"):
     if not 0 <= m[name] < 1:
       raise ValueError(f"config.model.{name}={m[name]} must be in [0, 1)")
+  if m.dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"config.model.dtype='{m.dtype}' must be float32 or bfloat16")
   if m.d_model % m.num_heads:
     raise ValueError(f"config.model.d_model={m.d_model} must be divisible by config.model.num_heads={m.num_heads}")
   if TASKS[d.task].objective == "lm" and not m.causal:

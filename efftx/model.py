@@ -26,9 +26,9 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, deterministic: bool) -> jax.Array:
-    h_BxLxF = nn.gelu(nn.Dense(self.d_ff, name="up")(x_BxLxD))
+    h_BxLxF = nn.gelu(nn.Dense(self.d_ff, dtype=x_BxLxD.dtype, name="up")(x_BxLxD))
     h_BxLxF = nn.Dropout(self.dropout)(h_BxLxF, deterministic=deterministic)
-    return nn.Dense(x_BxLxD.shape[-1], name="down")(h_BxLxF)
+    return nn.Dense(x_BxLxD.shape[-1], dtype=x_BxLxD.dtype, name="down")(h_BxLxF)
 
 
 class Block(nn.Module):
@@ -40,10 +40,10 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool) -> jax.Array:
-    h_BxLxD = self.make_mixer(name="mixer")(nn.LayerNorm(name="mixer_norm")(x_BxLxD), mask=mask_BxL,
-                                            deterministic=deterministic)
+    norm = lambda name: nn.LayerNorm(dtype=x_BxLxD.dtype, name=name)  # statistics in float32 regardless
+    h_BxLxD = self.make_mixer(name="mixer")(norm("mixer_norm")(x_BxLxD), mask=mask_BxL, deterministic=deterministic)
     x_BxLxD = x_BxLxD + nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
-    h_BxLxD = FeedForward(self.d_ff, self.dropout, name="ff")(nn.LayerNorm(name="ff_norm")(x_BxLxD), deterministic)
+    h_BxLxD = FeedForward(self.d_ff, self.dropout, name="ff")(norm("ff_norm")(x_BxLxD), deterministic)
     return x_BxLxD + nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
 
 
@@ -57,6 +57,7 @@ class Transformer(nn.Module):
   d_ff: int
   max_len: int
   dropout: float
+  dtype: str = "float32"  # compute dtype; parameters stay float32, logits are float32
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
@@ -65,13 +66,14 @@ class Transformer(nn.Module):
       raise ValueError(f"sequence length {L} exceeds max_len={self.max_len}")
     mask_BxL = jnp.ones(tokens_BxL.shape, bool) if mask is None else mask.astype(bool)
 
-    x_BxLxD = nn.Embed(self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02),
+    dtype = jnp.dtype(self.dtype)
+    x_BxLxD = nn.Embed(self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02), dtype=dtype,
                        name="embed")(tokens_BxL)
     pos_LxD = self.param("pos_embed", nn.initializers.normal(0.02), (self.max_len, self.d_model))[:L]
-    x_BxLxD = nn.Dropout(self.dropout)(x_BxLxD + pos_LxD, deterministic=deterministic)
+    x_BxLxD = nn.Dropout(self.dropout)(x_BxLxD + pos_LxD.astype(dtype), deterministic=deterministic)
     for i in range(self.num_layers):
       x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, name=f"block_{i}")(x_BxLxD, mask_BxL, deterministic)
-    x_BxLxD = nn.LayerNorm(name="final_norm")(x_BxLxD)
+    x_BxLxD = nn.LayerNorm(dtype=jnp.float32, name="final_norm")(x_BxLxD)  # the heads run in float32
 
     if self.objective == "lm":
       return nn.Dense(self.vocab_size, name="lm_head")(x_BxLxD)
@@ -90,4 +92,4 @@ def build_model(config: ml_collections.ConfigDict) -> Transformer:
   return Transformer(
       make_mixer=functools.partial(mixer_cls, **config_lib.mixer_kwargs(mixer_cls, m)),
       vocab_size=task.vocab_size, num_classes=task.num_classes, objective=task.objective,
-      d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len, dropout=m.dropout)
+      d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len, dropout=m.dropout, dtype=m.dtype)

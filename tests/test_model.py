@@ -67,3 +67,18 @@ def test_sequence_longer_than_max_len_is_refused():
   model = model_lib.build_model(config)
   with pytest.raises(ValueError, match="exceeds max_len"):
     model.init(jax.random.key(0), jnp.ones((1, 9), jnp.int32))
+
+
+@pytest.mark.parametrize("mixer", sorted(MIXERS))
+def test_bfloat16_model_runs_close_to_float32(mixer):
+  config = config_lib.default_config()
+  config.model.update(mixer=mixer, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, lsh_chunk=4,
+                      attention_chunk=4)
+  tokens, mask = _tokens_and_mask()
+  model = model_lib.build_model(config)
+  variables = model.init(jax.random.key(0), tokens)
+  want = np.asarray(model.apply(variables, tokens, mask=mask))
+  config.model.dtype = "bfloat16"
+  got = model_lib.build_model(config).apply(variables, tokens, mask=mask)
+  assert got.dtype == jnp.float32  # logits in float32; parameters were float32 all along
+  np.testing.assert_allclose(np.asarray(got), want, atol=0.05 + 0.05 * np.abs(want).max())

@@ -14,6 +14,7 @@ from efftx.mixers.attention import Attention
 from efftx.mixers.fourier import FNet
 from efftx.mixers.linear import LinearAttention
 from efftx.mixers.local import LocalAttention
+from efftx.mixers.lsh import LSHAttention
 
 MIXERS = {
     "attention": Attention,
@@ -24,4 +25,5 @@ MIXERS = {
     "aft_conv": AFTConv,
     "local": LocalAttention,
     "linear": LinearAttention,
+    "lsh": LSHAttention,
 }
