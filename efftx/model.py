@@ -39,9 +39,11 @@ class Block(nn.Module):
   dropout: float
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool, decode: bool = False) -> jax.Array:
     norm = lambda name: nn.LayerNorm(dtype=x_BxLxD.dtype, name=name)  # statistics in float32 regardless
-    h_BxLxD = self.make_mixer(name="mixer")(norm("mixer_norm")(x_BxLxD), mask=mask_BxL, deterministic=deterministic)
+    mixer_args = {"decode": True} if decode else {}
+    h_BxLxD = self.make_mixer(name="mixer")(norm("mixer_norm")(x_BxLxD), mask=mask_BxL, deterministic=deterministic,
+                                            **mixer_args)
     x_BxLxD = x_BxLxD + nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
     h_BxLxD = FeedForward(self.d_ff, self.dropout, name="ff")(norm("ff_norm")(x_BxLxD), deterministic)
     return x_BxLxD + nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
@@ -60,7 +62,11 @@ class Transformer(nn.Module):
   dtype: str = "float32"  # compute dtype; parameters stay float32, logits are float32
 
   @nn.compact
-  def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+  def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
+    """Logits. With decode=True (causal LMs), after `init(key, tokens_BxT, decode=True)` made the cache for T
+    positions: one token per call, `apply({**variables, "cache": cache}, tokens_Bx1, decode=True,
+    mutable=["cache"])`, each mixed with the ones before it."""
     _, L = tokens_BxL.shape
     if L > self.max_len:
       raise ValueError(f"sequence length {L} exceeds max_len={self.max_len}")
@@ -69,10 +75,18 @@ class Transformer(nn.Module):
     dtype = jnp.dtype(self.dtype)
     x_BxLxD = nn.Embed(self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02), dtype=dtype,
                        name="embed")(tokens_BxL)
-    pos_LxD = self.param("pos_embed", nn.initializers.normal(0.02), (self.max_len, self.d_model))[:L]
+    pos_MxD = self.param("pos_embed", nn.initializers.normal(0.02), (self.max_len, self.d_model))
+    pos_LxD = pos_MxD[:L]
+    if decode:
+      decoding = self.has_variable("cache", "position")
+      position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+      if decoding:
+        pos_LxD = jax.lax.dynamic_slice_in_dim(pos_MxD, position.value, L)
+        position.value += L
     x_BxLxD = nn.Dropout(self.dropout)(x_BxLxD + pos_LxD.astype(dtype), deterministic=deterministic)
     for i in range(self.num_layers):
-      x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, name=f"block_{i}")(x_BxLxD, mask_BxL, deterministic)
+      x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, name=f"block_{i}")(x_BxLxD, mask_BxL, deterministic,
+                                                                                  decode)
     x_BxLxD = nn.LayerNorm(dtype=jnp.float32, name="final_norm")(x_BxLxD)  # the heads run in float32
 
     if self.objective == "lm":

@@ -193,3 +193,29 @@ def test_chunked_attention_memory_does_not_grow_with_the_square_of_length():
   plain, chunked = temp_bytes("plain"), temp_bytes("chunked")
   assert plain > L * L * 4  # the L×L float32 scores are there
   assert chunked < plain / 8, (chunked, plain)
+
+
+DECODING_MIXERS = sorted(set(CAUSAL_MIXERS) - {"lsh"})
+
+
+@pytest.mark.parametrize("name", DECODING_MIXERS)
+def test_step_by_step_decoding_equals_the_causal_forward_pass(name):
+  x, _ = _inputs()
+  module = MIXERS[name](causal=True, **({"window": 3} if name in ("local", "aft_local") else {}))
+  variables = module.init(jax.random.key(0), x)
+  if name == "aft_conv":  # γ, β start at 0 (kernel off); switch the kernel on
+    variables["params"]["gamma"] = variables["params"]["gamma"] + 1.0
+  full = np.asarray(module.apply(variables, x))
+  cache = module.init(jax.random.key(0), x, decode=True)["cache"]
+  step = jax.jit(lambda v, x_t: module.apply(v, x_t, decode=True, mutable=["cache"]))
+  for t in range(L):
+    y_t, mutated = step({**variables, "cache": cache}, x[:, t:t + 1])
+    cache = mutated["cache"]
+    np.testing.assert_allclose(np.asarray(y_t)[:, 0], full[:, t], rtol=1e-5, atol=1e-5, err_msg=f"position {t}")
+
+
+def test_aft_simple_decodes_in_constant_memory():
+  x, _ = _inputs()
+  module = MIXERS["aft_simple"](causal=True)
+  cache = module.init(jax.random.key(0), x, decode=True)["cache"]
+  assert all(leaf.shape[1] == 1 for leaf in jax.tree.leaves(cache))  # running sums, not per-position buffers

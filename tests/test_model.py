@@ -82,3 +82,21 @@ def test_bfloat16_model_runs_close_to_float32(mixer):
   got = model_lib.build_model(config).apply(variables, tokens, mask=mask)
   assert got.dtype == jnp.float32  # logits in float32; parameters were float32 all along
   np.testing.assert_allclose(np.asarray(got), want, atol=0.05 + 0.05 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("mixer", sorted(set(MIXERS) - {"fnet", "lsh"}))
+def test_model_decoding_token_by_token_equals_the_causal_forward_pass(mixer):
+  config = config_lib.default_config()
+  config.model.update(mixer=mixer, causal=True, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4)
+  mixer_cls = MIXERS[mixer]
+  model = model_lib.Transformer(
+      make_mixer=functools.partial(mixer_cls, **config_lib.mixer_kwargs(mixer_cls, config.model)), vocab_size=16,
+      num_classes=0, objective="lm", d_model=16, num_layers=2, d_ff=32, max_len=L, dropout=0.0)
+  tokens, _ = _tokens_and_mask()
+  variables = model.init(jax.random.key(0), tokens)
+  full = np.asarray(model.apply(variables, tokens))
+  cache = model.init(jax.random.key(0), tokens, decode=True)["cache"]
+  for t in range(L):
+    logits, mutated = model.apply({**variables, "cache": cache}, tokens[:, t:t + 1], decode=True, mutable=["cache"])
+    cache = mutated["cache"]
+    np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], rtol=1e-4, atol=1e-4)

@@ -16,11 +16,14 @@ block matmul, a depthwise convolution) plus the O(Td) global sum.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from efftx.mixers import banded
+from efftx.mixers import cache
 
 # Keeps 0/0 (a row with no real position, e.g. all padding) finite; real rows have denominators ≥ ~e^-88.
 _TINY = 1e-30
@@ -53,6 +56,26 @@ def _finish(q_BxLxD, num_BxLxD, den_BxLxD, out_dtype) -> jax.Array:
   return nn.Dense(q_BxLxD.shape[-1], dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
 
 
+def _decode(module: nn.Module, q_Bx1xD, k_Bx1xC, v_Bx1xD, bias_row: Callable[[jax.Array, int], jax.Array]):
+  """One position against cached K and V: w_{i,t'} for t' ≤ i from bias_row(i, T) (T or T×C). None at init."""
+  if not module.causal:
+    raise ValueError(f"{type(module).__name__}: decoding needs causal=True")
+  cached = cache.append(module, cached_key=k_Bx1xC, cached_value=v_Bx1xD)
+  if cached is None:
+    return None
+  buffers, i = cached
+  k_BxTxC, v_BxTxD = buffers["cached_key"], buffers["cached_value"]
+  T, C, D = k_BxTxC.shape[1], k_BxTxC.shape[2], v_BxTxD.shape[2]
+  w_TxC = bias_row(i, T).reshape(T, -1)
+  past_Tx1 = (jnp.arange(T) <= i)[:, None]
+  logits_BxTxC = jnp.where(past_Tx1, k_BxTxC + w_TxC, -jnp.inf)
+  e_BxTxC = jnp.where(past_Tx1, jnp.exp(logits_BxTxC - logits_BxTxC.max(axis=1, keepdims=True)), 0.0)
+  e_BxTxD = jnp.repeat(e_BxTxC, D // C, axis=-1)  # a head-shared key (AFT-conv) weighs its head's channels
+  num_Bx1xD = jnp.sum(e_BxTxD * v_BxTxD, axis=1, keepdims=True)
+  den_Bx1xD = jnp.sum(e_BxTxD, axis=1, keepdims=True)
+  return num_Bx1xD, den_Bx1xD
+
+
 class _PositionBias(nn.Module):
   """w ∈ R^{max_len×max_len}: factorised u vᵀ (u, v ∈ R^{max_len×d'}, init N(0, 1e-2)) or a full matrix."""
 
@@ -73,6 +96,12 @@ class _PositionBias(nn.Module):
     if self.factorized:
       return self.u[:L] @ self.v[:L].T
     return self.w[:L, :L]
+
+  def row(self, i: jax.Array, T: int) -> jax.Array:
+    """w[i, :T]."""
+    if self.factorized:
+      return self.v[:T] @ self.u[i]
+    return self.w[i, :T]
 
   def band(self, rows_NxB: jax.Array, cols_NxC: jax.Array) -> jax.Array:
     """w[rows_NxB[n, i], cols_NxC[n, j]] as N×B×C (indices clipped into range; the caller masks the rest)."""
@@ -97,15 +126,19 @@ class AFTFull(nn.Module):
   aft_factorized: bool = True    # False: a full max_len × max_len bias matrix
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     _, L, D = x_BxLxD.shape
     _check_len("aft_full", L, self.max_len)
     q, k, v = _project(x_BxLxD, D)
+    bias = _PositionBias(self.max_len, self.aft_bias_dim, self.aft_factorized, name="bias")
+    if decode and (sums := _decode(self, q, k, v, bias.row)) is not None:
+      return _finish(q, *sums, x_BxLxD.dtype)
     ek_BxLxD = _exp_keys(k, mask)
     ekv_BxLxD = ek_BxLxD * v
 
-    w_LxL = _PositionBias(self.max_len, self.aft_bias_dim, self.aft_factorized, name="bias").dense(L)
+    w_LxL = bias.dense(L)
     allowed_LxL = jnp.tril(jnp.ones((L, L), bool)) if self.causal else jnp.ones((L, L), bool)
     w_max_Lx1 = jax.lax.stop_gradient(jnp.max(jnp.where(allowed_LxL, w_LxL, -jnp.inf), axis=1, keepdims=True))
     ew_LxL = jnp.where(allowed_LxL, jnp.exp(w_LxL - w_max_Lx1), 0.0)
@@ -120,9 +153,24 @@ class AFTSimple(nn.Module):
   causal: bool = False
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     q, k, v = _project(x_BxLxD, x_BxLxD.shape[-1])
+    if decode:
+      if not self.causal:
+        raise ValueError("aft_simple: decoding needs causal=True")
+      # Running sums of e^K ⊙ V and e^K, rescaled when the running max of K grows: constant memory per step.
+      initialized = self.has_variable("cache", "num")
+      shape = (x_BxLxD.shape[0], 1, x_BxLxD.shape[-1])
+      k_max = self.variable("cache", "k_max", lambda: jnp.full(shape, -jnp.inf))
+      num = self.variable("cache", "num", jnp.zeros, shape, jnp.float32)
+      den = self.variable("cache", "den", jnp.zeros, shape, jnp.float32)
+      if initialized:
+        new_max = jnp.maximum(k_max.value, k)
+        rescale, e = jnp.exp(k_max.value - new_max), jnp.exp(k - new_max)
+        num.value, den.value, k_max.value = num.value * rescale + e * v, den.value * rescale + e, new_max
+        return _finish(q, num.value, den.value, x_BxLxD.dtype)
     ek_BxLxD = _exp_keys(k, mask)
     num_BxLxD = _global_sum(ek_BxLxD * v, self.causal)
     den_BxLxD = _global_sum(ek_BxLxD, self.causal)
@@ -143,16 +191,20 @@ class AFTLocal(nn.Module):
   aft_factorized: bool = True
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     B, L, D = x_BxLxD.shape
     _check_len("aft_local", L, self.max_len)
     if self.window < 1:
       raise ValueError(f"aft_local: window={self.window} must be ≥ 1 (window 0 is aft_simple)")
     q, k, v = _project(x_BxLxD, D)
+    bias = _PositionBias(self.max_len, self.aft_bias_dim, self.aft_factorized, name="bias")
+    window_row = lambda i, T: jnp.where(jnp.abs(jnp.arange(T) - i) < self.window, bias.row(i, T), 0.0)
+    if decode and (sums := _decode(self, q, k, v, window_row)) is not None:
+      return _finish(q, *sums, x_BxLxD.dtype)
     ek_BxLxD = _exp_keys(k, mask)
     ekv_BxLxD = ek_BxLxD * v
-    bias = _PositionBias(self.max_len, self.aft_bias_dim, self.aft_factorized, name="bias")
 
     b, rows_NxB, cols_NxC, in_band_NxBxC = banded.band(L, self.window, self.causal)
     w_NxBxC = bias.band(rows_NxB, cols_NxC)
@@ -182,20 +234,27 @@ class AFTConv(nn.Module):
   kernel_size: int = 7
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     B, L, D = x_BxLxD.shape
     H, S = self.num_heads, self.kernel_size
     if D % H:
       raise ValueError(f"aft_conv: d_model={D} is not divisible by num_heads={H}")
     q, k_BxLxH, v = _project(x_BxLxD, H)
-    ek_BxLxH = _exp_keys(k_BxLxH, mask)
-    ekv_BxLxD = (ek_BxLxH[..., None] * v.reshape(B, L, H, D // H)).reshape(B, L, D)
-
     w_HxS = self.param("kernel", nn.initializers.normal(1.0), (H, S))
     gamma_Hx1 = self.param("gamma", nn.initializers.zeros, (H, 1))
     beta_Hx1 = self.param("beta", nn.initializers.zeros, (H, 1))
     w_HxS = gamma_Hx1 * (w_HxS - w_HxS.mean(-1, keepdims=True)) / (w_HxS.std(-1, keepdims=True) + 1e-5) + beta_Hx1
+
+    def kernel_row(i, T):  # w_{i,t'} per head: the kernel at j = i − t', 0 beyond it (causal)
+      j_T = i - jnp.arange(T)
+      return jnp.where((j_T >= 0) & (j_T < S), w_HxS[:, jnp.clip(j_T, 0, S - 1)], 0.0).T
+
+    if decode and (sums := _decode(self, q, k_BxLxH, v, kernel_row)) is not None:
+      return _finish(q, *sums, x_BxLxD.dtype)
+    ek_BxLxH = _exp_keys(k_BxLxH, mask)
+    ekv_BxLxD = (ek_BxLxH[..., None] * v.reshape(B, L, H, D // H)).reshape(B, L, D)
     kernel_HxS = jnp.exp(w_HxS) - 1.0  # kernel[:, j] weighs t' = t − j (causal) or t' = t + j − (S − 1) // 2
 
     def conv(x_BxLxC, kernel_CxS):

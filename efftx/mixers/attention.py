@@ -17,6 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efftx.mixers import cache
+
 ATTENTION_IMPLS = ("plain", "chunked", "fused", "auto")
 _NEG = jnp.finfo(jnp.float32).min  # not -inf: a row with no allowed key stays finite
 
@@ -113,9 +115,12 @@ class Attention(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
     B, L, _ = x_BxLxD.shape
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
+    if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, self.causal)) is not None:
+      return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
     impl = self.attention_impl
     if self.attention_dropout and not deterministic:
@@ -131,3 +136,20 @@ class Attention(nn.Module):
       out_BxLxHxK = _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal)
     return merge_heads(out_BxLxHxK)
 
+
+
+def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, causal: bool, window: int | None = None):
+  """One position against the KV cache (keys within `window` of it, if given); None in the init pass."""
+  if not causal:
+    raise ValueError(f"{type(module).__name__}: decoding needs causal=True")
+  cached = cache.append(module, cached_key=k_Bx1xHxK, cached_value=v_Bx1xHxK)
+  if cached is None:
+    return None
+  buffers, i = cached
+  keys_BxTxHxK, values_BxTxHxK = buffers["cached_key"], buffers["cached_value"]
+  pos_T = jnp.arange(keys_BxTxHxK.shape[1])
+  allowed_T = (pos_T <= i) if window is None else (pos_T <= i) & (pos_T > i - window)
+  logits_BxHx1xT = jnp.einsum("bqhk,bthk->bhqt", q_Bx1xHxK * q_Bx1xHxK.shape[-1] ** -0.5,
+                              keys_BxTxHxK).astype(jnp.float32)
+  probs_BxHx1xT = jax.nn.softmax(jnp.where(allowed_T, logits_BxHx1xT, _NEG), axis=-1)
+  return jnp.einsum("bhqt,bthk->bqhk", probs_BxHx1xT.astype(values_BxTxHxK.dtype), values_BxTxHxK)

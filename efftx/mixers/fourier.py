@@ -85,8 +85,9 @@ class FNet(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
-    del deterministic  # no parameters, no dropout
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
+    del deterministic, decode  # no parameters, no dropout; never causal, so never decoding (see __post_init__)
     if mask is not None:
       x_BxLxD = jnp.where(mask[:, :, None], x_BxLxD, 0)
     y_BxLxD = _IMPLS[self.fourier_impl](x_BxLxD.astype(jnp.float32))

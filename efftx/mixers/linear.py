@@ -24,12 +24,27 @@ class LinearAttention(nn.Module):
   attention_chunk: int = 256   # causal: positions per chunk
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     B, L, _ = x_BxLxD.shape
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
     fq_BxLxHxK = _phi(q_BxLxHxK)
     fk_BxLxHxK = _phi(k_BxLxHxK)
+    if decode:
+      if not self.causal:
+        raise ValueError("linear: decoding needs causal=True")
+      # The whole past in a K×K state and a K normaliser per head: constant memory per step.
+      initialized = self.has_variable("cache", "kv")
+      H, K = q_BxLxHxK.shape[-2:]
+      kv = self.variable("cache", "kv", jnp.zeros, (B, H, K, K), jnp.float32)
+      z = self.variable("cache", "z", jnp.zeros, (B, H, K), jnp.float32)
+      if initialized:
+        kv.value += jnp.einsum("bthk,bthv->bhkv", fk_BxLxHxK, v_BxLxHxK.astype(jnp.float32))
+        z.value += fk_BxLxHxK.sum(1)
+        num_Bx1xHxK = jnp.einsum("bqhk,bhkv->bqhv", fq_BxLxHxK, kv.value)
+        den_Bx1xH = jnp.einsum("bqhk,bhk->bqh", fq_BxLxHxK, z.value)
+        return merge_heads((num_Bx1xHxK / jnp.maximum(den_Bx1xH, 1e-30)[..., None]).astype(x_BxLxD.dtype))
     if mask is not None:
       fk_BxLxHxK = jnp.where(mask[:, :, None, None], fk_BxLxHxK, 0.0)  # padded keys contribute nothing
     v_BxLxHxK = v_BxLxHxK.astype(jnp.float32)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from efftx.mixers import banded
-from efftx.mixers.attention import merge_heads, qkv_heads
+from efftx.mixers.attention import decode_step, merge_heads, qkv_heads
 
 _NEG = jnp.finfo(jnp.float32).min
 
@@ -18,12 +18,15 @@ class LocalAttention(nn.Module):
   window: int = 32     # keys with |t − t'| < window are seen
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     B, L, _ = x_BxLxD.shape
     if self.window < 1:
       raise ValueError(f"local: window={self.window} must be ≥ 1")
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
+    if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, self.causal, self.window)) is not None:
+      return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
     b, _, _, in_band_NxBxC = banded.band(L, self.window, self.causal)
 

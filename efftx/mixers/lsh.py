@@ -40,8 +40,13 @@ class LSHAttention(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
     del deterministic  # no dropout inside the mixer
+    if decode:
+      # One new position re-hashes into a bucket, but which chunk it would share depends on the whole sorted
+      # sequence: a step-by-step decode cannot equal the chunked forward pass. Not supported.
+      raise NotImplementedError("lsh: incremental decoding is not supported; sample with another causal mixer")
     B, L, D = x_BxLxD.shape
     H, R = self.num_heads, self.lsh_hashes
     if D % H:

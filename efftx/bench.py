@@ -1,0 +1,139 @@
+"""Benchmarks: what each mixer costs, as numbers.
+
+    python -m efftx.bench                                   # every mixer, lengths 256…4096: tokens/s and memory
+    python -m efftx.bench --mixers=attention,aft_simple --lengths=1024,4096 --json=/tmp/bench.json
+    python -m efftx.bench --mode=fourier                    # FNet's fft / rfft / matmul paths, ms per call
+
+The fourier table is where the "auto" choice in efftx/mixers/fourier.py comes from. "mixers" mode times the full training step (forward, backward, AdamW) of the model at the peer benchmark's shape
+(../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
+per-token head) and reports the compiled step's memory from XLA's memory_analysis(): temp (activations and
+scratch) + argument bytes. Compiled sizes are deterministic; timings are ratios within one run, on one machine.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from efftx import config as config_lib
+from efftx import model as model_lib
+from efftx import train
+from efftx.mixers import MIXERS
+
+_MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier"], "What to measure.")
+_MIXERS = flags.DEFINE_list("mixers", list(MIXERS), "Mixers to measure (keys of efftx.mixers.MIXERS).")
+_LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths.")
+_TOKENS = flags.DEFINE_integer("tokens", 8192, "Tokens per step (batch = tokens // length).")
+_CAUSAL = flags.DEFINE_bool("causal", False, "Causal mixers (FNet is skipped).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
+_SECONDS = flags.DEFINE_float("seconds", 3.0, "Minimum timed seconds per row (after one warm-up step).")
+_OVERRIDES = flags.DEFINE_list("set", [], "config.model overrides for every row, e.g. attention_impl=plain.")
+_JSON = flags.DEFINE_string("json", None, "Also write the rows as JSON here.")
+
+
+def _model_config(mixer: str, length: int) -> ml_collections.ConfigDict:
+  config = config_lib.default_config()
+  config.model.update(mixer=mixer, d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=length, dropout=0.0,
+                      causal=_CAUSAL.value, dtype=_DTYPE.value)
+  for item in _OVERRIDES.value:
+    key, value = item.split("=", 1)
+    config.model[key] = type(config.model[key])(value) if not isinstance(config.model[key], bool) else value == "true"
+  return config
+
+
+def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: float) -> dict[str, float]:
+  """Compiled memory and tokens/s of one jitted training step with per-token logits."""
+  m = config.model
+  model = model_lib.Transformer(
+      make_mixer=functools.partial(MIXERS[m.mixer], **config_lib.mixer_kwargs(MIXERS[m.mixer], m)),
+      vocab_size=256, num_classes=0, objective="lm", d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff,
+      max_len=m.max_len, dropout=0.0, dtype=m.dtype)
+  tx = optax.adamw(1e-4)
+  L = m.max_len
+  tokens_BxL = jax.random.randint(jax.random.key(1), (batch, L), 0, 256)
+  params = model.init(jax.random.key(0), tokens_BxL[:1])["params"]
+  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  def step(state, tokens_BxL):
+    def loss_fn(params):
+      logits_BxLxV = model.apply({"params": params}, tokens_BxL)
+      return optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, tokens_BxL).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return train.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), loss
+
+  compiled = jax.jit(step, donate_argnums=0).lower(state, tokens_BxL).compile()
+  memory = compiled.memory_analysis()
+  state, loss = compiled(state, tokens_BxL)  # warm-up
+  jax.block_until_ready(loss)
+  steps, start = 0, time.perf_counter()
+  while time.perf_counter() - start < min_seconds or steps < 2:
+    state, loss = compiled(state, tokens_BxL)
+    jax.block_until_ready(loss)
+    steps += 1
+  seconds = (time.perf_counter() - start) / steps
+  return {"tokens_per_sec": batch * L / seconds, "step_ms": 1e3 * seconds,
+          "temp_mib": memory.temp_size_in_bytes / 2**20, "argument_mib": memory.argument_size_in_bytes / 2**20,
+          "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20}
+
+
+def _mixers_table() -> list[dict]:
+  rows = []
+  lengths = [int(x) for x in _LENGTHS.value]
+  print(f"backend {jax.default_backend()}, {_TOKENS.value} tokens/step, d=256, 4 layers, dtype {_DTYPE.value}, "
+        f"causal={_CAUSAL.value}")
+  print(f"{'mixer':<12}{'length':>8}{'tokens/s':>11}{'step ms':>10}{'temp MiB':>10}{'temp+arg MiB':>14}")
+  for mixer in _MIXERS.value:
+    if mixer not in MIXERS:
+      raise app.UsageError(f"--mixers: '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
+    if _CAUSAL.value and mixer == "fnet":
+      continue
+    for length in lengths:
+      config = _model_config(mixer, length)
+      row = {"mixer": mixer, "length": length, **measure_step(config, max(1, _TOKENS.value // length),
+                                                             _SECONDS.value)}
+      rows.append(row)
+      print(f"{mixer:<12}{length:>8}{row['tokens_per_sec']:>11.0f}{row['step_ms']:>10.1f}{row['temp_mib']:>10.1f}"
+            f"{row['memory_mib']:>14.1f}", flush=True)
+  return rows
+
+
+def _fourier_table() -> list[dict]:
+  rows = []
+  print(f"backend {jax.default_backend()}: FNet mixing, D=256, {_TOKENS.value} tokens, jit(forward+backward), ms")
+  print(f"{'length':>8}" + "".join(f"{impl:>10}" for impl in ("fft", "rfft", "matmul")))
+  for length in [int(x) for x in _LENGTHS.value]:
+    x_BxLxD = jax.random.normal(jax.random.key(0), (max(1, _TOKENS.value // length), length, 256))
+    row = {"length": length}
+    for impl in ("fft", "rfft", "matmul"):
+      module = MIXERS["fnet"](fourier_impl=impl)
+      grad = jax.jit(jax.grad(lambda x: (module.apply({}, x) ** 2).sum()))
+      grad(x_BxLxD).block_until_ready()
+      steps, start = 0, time.perf_counter()
+      while time.perf_counter() - start < _SECONDS.value / 3 or steps < 2:
+        grad(x_BxLxD).block_until_ready()
+        steps += 1
+      row[impl] = 1e3 * (time.perf_counter() - start) / steps
+    rows.append(row)
+    print(f"{length:>8}" + "".join(f"{row[impl]:>10.1f}" for impl in ("fft", "rfft", "matmul")), flush=True)
+  return rows
+
+
+def main(argv):
+  del argv
+  rows = _mixers_table() if _MODE.value == "mixers" else _fourier_table()
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump({"backend": jax.default_backend(), "mode": _MODE.value, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
