@@ -46,6 +46,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.data.variant = "small"           # the task's TFDS builder config (ListOps: full, small, tiny)
   c.data.batch_size = 32             # global batch (examples per step, all processes together)
   c.data.data_dir = ""               # where TFDS data is prepared and read; "" = ~/tensorflow_datasets
+  c.data.corpus_dir = ""             # bytes task, variant "files": the folder of text files to model
   c.data.worker_count = 0            # grain worker processes (0: read in the training process)
   c.data.read_threads = 2            # grain reader threads per process
 
@@ -170,6 +171,12 @@ def explain_flag_error(argv: list[str], error: Exception) -> str:
 def _first_line(error: Exception) -> str:
   lines = str(error).strip().strip("'\"").splitlines()
   return lines[0] if lines else type(error).__name__
+
+
+def quiet_orbax_logs() -> None:
+  """Orbax logs every step of every save and restore at INFO; keep the entry points' own INFO lines readable."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.get_absl_handler().addFilter(lambda record: record.levelno >= 30 or "/orbax/" not in record.pathname)
 
 
 def exit_with(prog: str, message: str) -> None:

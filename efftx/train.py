@@ -40,11 +40,16 @@ from efftx.model import build_model
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                                "quickstart.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Config file[:argument string].",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, TensorBoard, config.json.")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
-                                 "Call jax.distributed.initialize() first (multi-host: TPU pods, SLURM, ...).")
+
+
+def _define_flags() -> None:
+  """Command-line flags, defined only when run as a program (so that other entry points can import this one)."""
+  global _CONFIG, _WORKDIR, _DISTRIBUTED
+  _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Config file[:argument string].",
+                                            lock_config=True)
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, TensorBoard, config.json.")
+  _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
+                                   "Call jax.distributed.initialize() first (multi-host: TPU pods, SLURM, ...).")
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -66,36 +71,52 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
   return tx, schedule
 
 
-def classification_sums(logits_BxC: jax.Array, labels_B: jax.Array, weights_B: jax.Array) -> dict[str, jax.Array]:
-  """Weighted sums (not means), so that batches, devices and padded eval rows combine exactly."""
-  loss_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxC.astype(jnp.float32), labels_B)
-  correct_B = (jnp.argmax(logits_BxC, -1) == labels_B).astype(jnp.float32)
-  return {"loss": (loss_B * weights_B).sum(), "correct": (correct_B * weights_B).sum(), "count": weights_B.sum()}
+def loss_sums(objective: str, logits: jax.Array, batch: dict[str, jax.Array], row_weights_B: jax.Array
+              ) -> dict[str, jax.Array]:
+  """Weighted sums (not means) of loss, correct predictions and predictions, so that batches, devices and padded
+  eval rows combine exactly. "classify": one label per row; "lm": token t+1 predicted at t, real tokens only."""
+  if objective == "classify":
+    logits_NxC, labels_N, weights_N = logits, batch["label"], row_weights_B
+  else:
+    logits_NxC = logits[:, :-1].reshape(-1, logits.shape[-1])
+    labels_N = batch["tokens"][:, 1:].reshape(-1)
+    weights_N = (batch["mask"][:, 1:] * row_weights_B[:, None]).reshape(-1).astype(jnp.float32)
+  loss_N = optax.softmax_cross_entropy_with_integer_labels(logits_NxC.astype(jnp.float32), labels_N)
+  correct_N = (jnp.argmax(logits_NxC, -1) == labels_N).astype(jnp.float32)
+  return {"loss": (loss_N * weights_N).sum(), "correct": (correct_N * weights_N).sum(), "count": weights_N.sum()}
 
 
-def make_steps(model, tx: optax.GradientTransformation, schedule: optax.Schedule, dropout_key: jax.Array):
+def summarize(sums: dict[str, jax.Array], task, prefix: str = "") -> dict[str, jax.Array]:
+  """loss (nats), accuracy, and for LM tasks bits per token (per byte for byte-level text)."""
+  count = jnp.maximum(sums["count"], 1.0)
+  out = {f"{prefix}loss": sums["loss"] / count, f"{prefix}accuracy": sums["correct"] / count}
+  if task.objective == "lm":
+    out[f"{prefix}bits_per_{task.token_unit}"] = sums["loss"] / count / jnp.log(2.0)
+  return out
+
+
+def make_steps(model, task, tx: optax.GradientTransformation, schedule: optax.Schedule, dropout_key: jax.Array):
   """The train step (loss, grads, AdamW update, metrics) and eval step (weighted sums), not yet jitted."""
 
   def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
     rng = jax.random.fold_in(dropout_key, state.step)  # dropout differs every step, reproducibly
 
     def loss_fn(params):
-      logits_BxC = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=False,
-                               rngs={"dropout": rng})
-      sums = classification_sums(logits_BxC, batch["label"], jnp.ones(batch["label"].shape, jnp.float32))
-      return sums["loss"] / sums["count"], sums
+      logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=False,
+                           rngs={"dropout": rng})
+      sums = loss_sums(task.objective, logits, batch, jnp.ones(batch["tokens"].shape[:1], jnp.float32))
+      return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 
-    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                            opt_state=opt_state)
-    metrics = {"loss": loss, "accuracy": sums["correct"] / sums["count"], "grad_norm": optax.tree.norm(grads),
-               "learning_rate": schedule(state.step)}
+    metrics = {**summarize(sums, task), "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
     return new_state, metrics
 
   def eval_step(params, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    logits_BxC = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=True)
-    return classification_sums(logits_BxC, batch["label"], batch["weight"])
+    logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=True)
+    return loss_sums(task.objective, logits, batch, batch["weight"])
 
   return train_step, eval_step
 
@@ -110,8 +131,7 @@ def make_mesh(devices=None) -> jax.sharding.Mesh:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains to config.total_steps (resuming from workdir if it holds a checkpoint); returns the last metrics."""
   config_lib.validate(config, jax.device_count())
-  if TASKS[config.data.task].objective != "classify":
-    raise ValueError(f"task '{config.data.task}': only classification objectives are trained so far")
+  task = TASKS[config.data.task]
   workdir = os.path.abspath(os.path.expanduser(workdir))
   is_chief = jax.process_index() == 0
   if is_chief:
@@ -164,7 +184,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   logging.info("model: %s mixer, %d parameters; %d devices", config.model.mixer, num_params, jax.device_count())
 
   # ---------------------------------------------------------------------------------------------- Steps
-  train_step, eval_step = make_steps(model, tx, schedule, dropout_key)
+  train_step, eval_step = make_steps(model, task, tx, schedule, dropout_key)
   jit_train_step = jax.jit(train_step, in_shardings=(state_sharding, batch_sharding),
                            out_shardings=(state_sharding, replicated), donate_argnums=0)
   jit_eval_step = jax.jit(eval_step, in_shardings=(state_sharding.params, batch_sharding), out_shardings=replicated)
@@ -174,9 +194,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     for batch in pipeline.eval_batches(config, eval_source):
       sums = jit_eval_step(params, to_global(batch))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-    totals = jax.device_get(totals)
-    return {"eval_loss": float(totals["loss"] / totals["count"]),
-            "eval_accuracy": float(totals["correct"] / totals["count"])}
+    return {k: float(v) for k, v in jax.device_get(summarize(totals, task, prefix="eval_")).items()}
 
   def save(step: int) -> None:
     checkpoints.save(step, args=ocp.args.Composite(
@@ -324,8 +342,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-  # Orbax logs every step of every save at INFO; keep efftx's own INFO lines readable.
-  logging.get_absl_handler().addFilter(lambda record: record.levelno >= 30 or "/orbax/" not in record.pathname)
+  config_lib.quiet_orbax_logs()
   if len(argv) > 1:
     config_lib.exit_with("efftx.train", f"unexpected arguments: {' '.join(argv[1:])}")
   if not _WORKDIR.value:
@@ -343,4 +360,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main, flags_parser=_parse_flags)

@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from efftx.data import byte_text
 from efftx.data import listops
 
 
@@ -19,8 +20,12 @@ class Task:
   vocab_size: int                    # token ids are in [0, vocab_size); 0 is padding
   num_classes: int                   # classes for "classify"; unused for "lm"
   objective: str                     # "classify" (one label per sequence) or "lm" (next token)
-  # (raw TFDS example, max_len) -> {"tokens": int32[L], "mask": bool[L], "label": int32[]}
+  # (raw TFDS example, max_len) -> {"tokens": int32[L], "mask": bool[L]} (+ "label": int32[] to classify)
   encode: Callable[[dict, int], dict[str, np.ndarray]]
+  # LM tasks, for sampling: text -> token ids, and token ids -> text
+  tokenize: Callable[[bytes], np.ndarray] | None = None
+  detokenize: Callable[[np.ndarray], str] | None = None
+  token_unit: str = "token"          # LM metrics are bits per <token_unit>
 
 
 def _encode_listops(example: dict, max_len: int) -> dict[str, np.ndarray]:
@@ -28,8 +33,19 @@ def _encode_listops(example: dict, max_len: int) -> dict[str, np.ndarray]:
   return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(example["label"])}
 
 
+def _encode_byte_text(example: dict, max_len: int) -> dict[str, np.ndarray]:
+  if max_len > byte_text.RECORD_LEN:
+    raise ValueError(f"byte_text records hold {byte_text.RECORD_LEN} bytes: config.model.max_len={max_len} is longer")
+  tokens_L, mask_L = byte_text.encode_text(np.asarray(example["bytes"]).tobytes(), max_len)
+  return {"tokens": tokens_L, "mask": mask_L}
+
+
 TASKS = {
     "listops": Task(
         builder=listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
         objective="classify", encode=_encode_listops),
+    "bytes": Task(
+        builder=byte_text.ByteText, vocab_size=byte_text.VOCAB_SIZE, num_classes=0, objective="lm",
+        encode=_encode_byte_text, tokenize=byte_text.tokenize, detokenize=byte_text.decode_tokens,
+        token_unit="byte"),
 }

@@ -37,7 +37,16 @@ def prepare(config: ml_collections.ConfigDict) -> None:
     if not builder.is_prepared():
       logging.info("preparing %s/%s in %s (once; later runs reuse it)", builder.name, config.data.variant,
                    data_dir(config))
-    builder.download_and_prepare()
+    manual_dir = os.path.abspath(os.path.expanduser(config.data.corpus_dir)) if config.data.corpus_dir else None
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+    # A dataset prepared from a folder remembers which: the same variant from another folder needs another data_dir.
+    marker = os.path.join(builder.data_dir, "efftx_corpus_dir.txt")
+    if manual_dir and not os.path.exists(marker):
+      with open(marker, "w") as f:
+        f.write(manual_dir)
+    if manual_dir and open(marker).read() != manual_dir:
+      raise ValueError(f"{builder.data_dir} was prepared from {open(marker).read()}, not {manual_dir}: "
+                       "set another config.data.data_dir for this corpus")
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("efftx: dataset prepared")
 

@@ -1,0 +1,108 @@
+"""Sample text from a trained causal language model, one token at a time through the mixers' decoding caches.
+
+    python -m efftx.sample --workdir=/tmp/efftx/lm --prompt="def " --length=200 [--temperature=0.8 --top_k=40]
+
+Reads workdir/config.json and the latest checkpoint's parameters; prints the prompt and its continuation.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from efftx import config as config_lib
+from efftx.data import TASKS
+from efftx.model import build_model
+
+def _define_flags() -> None:
+  """Command-line flags, defined only when run as a program (so that this module imports cleanly)."""
+  global _WORKDIR, _PROMPT, _LENGTH, _TEMPERATURE, _TOP_K, _SEED
+  _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's --workdir (a causal LM).")
+  _PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (at least one character).")
+  _LENGTH = flags.DEFINE_integer("length", 200, "Tokens to generate.")
+  _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Softmax temperature; 0 picks the most likely token.")
+  _TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens only (0: all).")
+  _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+
+
+def load(workdir: str) -> tuple[ml_collections.ConfigDict, dict]:
+  """The run's config and its latest parameters."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise ValueError(f"{workdir} has no config.json: not a training run's workdir")
+  with open(path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  task = TASKS[config.data.task]
+  if task.objective != "lm" or task.tokenize is None:
+    raise ValueError(f"{workdir} trained task '{config.data.task}', not a language model: nothing to sample")
+  checkpoints = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
+  step = checkpoints.latest_step()
+  if step is None:
+    raise ValueError(f"{workdir} has no checkpoint yet")
+  model = build_model(config)
+  abstract_params = jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, config.model.max_len), jnp.int32))["params"])
+  restored = checkpoints.restore(step, args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore({"params": abstract_params}, partial_restore=True)))
+  return config, restored["state"]["params"]
+
+
+def generate(config: ml_collections.ConfigDict, params, prompt_P: np.ndarray, length: int, temperature: float,
+             top_k: int, rng: jax.Array) -> np.ndarray:
+  """prompt_P followed by `length` sampled tokens (len(prompt_P) + length ≤ config.model.max_len)."""
+  if not len(prompt_P):
+    raise ValueError("give a --prompt of at least one token: the model was trained to continue text")
+  model = build_model(config)
+  total = len(prompt_P) + length
+  if total > config.model.max_len:
+    raise ValueError(f"prompt ({len(prompt_P)}) + length ({length}) exceeds the model's max_len="
+                     f"{config.model.max_len}")
+  cache = model.init(jax.random.key(0), jnp.zeros((1, total), jnp.int32), decode=True)["cache"]
+
+  @jax.jit
+  def step(cache, token_1x1, rng):
+    logits_1x1xV, mutated = model.apply({"params": params, "cache": cache}, token_1x1, decode=True,
+                                        mutable=["cache"])
+    logits_V = logits_1x1xV[0, 0]
+    logits_V = logits_V.at[0].set(-jnp.inf)  # never padding
+    if top_k:
+      logits_V = jnp.where(logits_V < jax.lax.top_k(logits_V, top_k)[0][-1], -jnp.inf, logits_V)
+    if temperature == 0:
+      return mutated["cache"], jnp.argmax(logits_V)
+    return mutated["cache"], jax.random.categorical(rng, logits_V / temperature)
+
+  out = [int(t) for t in prompt_P]
+  for t in range(total - 1):  # feed position t, sample position t + 1 once past the prompt
+    cache, next_token = step(cache, jnp.array([[out[t]]], jnp.int32), jax.random.fold_in(rng, t))
+    if t >= len(prompt_P) - 1:
+      out.append(int(next_token))
+  return np.array(out)
+
+
+def main(argv):
+  del argv
+  config_lib.quiet_orbax_logs()
+  if not _WORKDIR.value:
+    config_lib.exit_with("efftx.sample", "--workdir is required")
+  try:
+    config, params = load(_WORKDIR.value)
+    task = TASKS[config.data.task]
+    prompt_P = task.tokenize(_PROMPT.value.encode())
+    tokens = generate(config, params, prompt_P, _LENGTH.value, _TEMPERATURE.value, _TOP_K.value,
+                      jax.random.key(_SEED.value))
+  except ValueError as e:
+    config_lib.exit_with("efftx.sample", str(e))
+  sys.stdout.write(task.detokenize(tokens) + "\n")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)
