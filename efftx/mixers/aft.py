@@ -58,8 +58,6 @@ def _finish(q_BxLxD, num_BxLxD, den_BxLxD, out_dtype) -> jax.Array:
 
 def _decode(module: nn.Module, q_Bx1xD, k_Bx1xC, v_Bx1xD, bias_row: Callable[[jax.Array, int], jax.Array]):
   """One position against cached K and V: w_{i,t'} for t' ≤ i from bias_row(i, T) (T or T×C). None at init."""
-  if not module.causal:
-    raise ValueError(f"{type(module).__name__}: decoding needs causal=True")
   cached = cache.append(module, cached_key=k_Bx1xC, cached_value=v_Bx1xD)
   if cached is None:
     return None

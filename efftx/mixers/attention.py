@@ -119,7 +119,7 @@ class Attention(nn.Module):
                decode: bool = False) -> jax.Array:
     B, L, _ = x_BxLxD.shape
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
-    if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, self.causal)) is not None:
+    if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)) is not None:
       return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
     impl = self.attention_impl
@@ -138,10 +138,8 @@ class Attention(nn.Module):
 
 
 
-def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, causal: bool, window: int | None = None):
+def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, window: int | None = None):
   """One position against the KV cache (keys within `window` of it, if given); None in the init pass."""
-  if not causal:
-    raise ValueError(f"{type(module).__name__}: decoding needs causal=True")
   cached = cache.append(module, cached_key=k_Bx1xHxK, cached_value=v_Bx1xHxK)
   if cached is None:
     return None

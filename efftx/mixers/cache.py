@@ -16,6 +16,8 @@ def append(module: nn.Module, **arrays: jax.Array):
 
   Returns None in the init pass (buffers just created), else ({name: B×T×… buffer}, index of the new position).
   """
+  if not module.causal:
+    raise ValueError(f"{type(module).__name__}: decoding needs causal=True")
   initialized = module.has_variable("cache", "index")
   index = module.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
   buffers = {name: module.variable("cache", name, jnp.zeros, a.shape, a.dtype) for name, a in arrays.items()}

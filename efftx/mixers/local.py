@@ -25,7 +25,7 @@ class LocalAttention(nn.Module):
     if self.window < 1:
       raise ValueError(f"local: window={self.window} must be ≥ 1")
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
-    if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, self.causal, self.window)) is not None:
+    if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, self.window)) is not None:
       return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
     b, _, _, in_band_NxBxC = banded.band(L, self.window, self.causal)
