@@ -29,6 +29,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.attention_dropout = 0.0    # dropout rate on attention probabilities (attention mixers)
   c.model.dtype = "float32"          # compute dtype, "float32" or "bfloat16"; parameters stay float32
   c.model.causal = False             # causal mixing (required by LM objectives); FNet cannot be causal
+  c.model.reversible = False         # reversible couplings: activation memory independent of num_layers
+  c.model.ff_chunk_size = 0          # feed-forward over chunks of this many positions (0: all at once)
   c.model.attention_impl = "auto"    # attention: "plain", "chunked" (O(L) memory), "fused" (cuDNN on GPU), "auto"
   c.model.attention_chunk = 256      # attention "chunked" block size; linear attention's causal chunk (tokens)
   c.model.window = 32                # AFT-local: bias for |t - t'| < window; local: keys with |t - t'| < window
@@ -114,6 +116,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
       raise ValueError(f"config.model.{name}={m[name]} must be in [0, 1)")
   if m.dtype not in ("float32", "bfloat16"):
     raise ValueError(f"config.model.dtype='{m.dtype}' must be float32 or bfloat16")
+  if m.ff_chunk_size < 0 or (m.ff_chunk_size and m.max_len % m.ff_chunk_size):
+    raise ValueError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
   if m.d_model % m.num_heads:
     raise ValueError(f"config.model.d_model={m.d_model} must be divisible by config.model.num_heads={m.num_heads}")
   if TASKS[d.task].objective == "lm" and not m.causal:

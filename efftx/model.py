@@ -18,6 +18,7 @@ import ml_collections
 from efftx import config as config_lib
 from efftx.data import TASKS
 from efftx.mixers import MIXERS
+from efftx.reversible import ReversibleStack
 
 
 class FeedForward(nn.Module):
@@ -31,22 +32,71 @@ class FeedForward(nn.Module):
     return nn.Dense(x_BxLxD.shape[-1], dtype=x_BxLxD.dtype, name="down")(h_BxLxF)
 
 
+class _FeedForwardChunk(nn.Module):
+  """FeedForward as a scan body: (carry, chunk) → (carry, output chunk)."""
+
+  d_ff: int
+  dropout: float
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, carry, x_BxCxD):
+    return carry, FeedForward(self.d_ff, self.dropout, name="ff")(x_BxCxD, self.deterministic)
+
+
+class MixingSublayer(nn.Module):
+  """F(x) = dropout(mixer(LN(x))): the residual branch around the token mixer."""
+
+  make_mixer: Callable[..., nn.Module]
+  dropout: float
+
+  @nn.compact
+  def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool, decode: bool = False):
+    h_BxLxD = nn.LayerNorm(dtype=x_BxLxD.dtype, name="norm")(x_BxLxD)  # statistics in float32 regardless
+    h_BxLxD = self.make_mixer(name="mixer")(h_BxLxD, mask=mask_BxL, deterministic=deterministic,
+                                            **({"decode": True} if decode else {}))
+    return nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
+
+
+class FeedForwardSublayer(nn.Module):
+  """G(x) = dropout(FF(LN(x))), over sequence chunks of ff_chunk_size if set (same result, lower peak memory)."""
+
+  d_ff: int
+  dropout: float
+  ff_chunk_size: int = 0
+
+  @nn.compact
+  def __call__(self, x_BxLxD: jax.Array, deterministic: bool) -> jax.Array:
+    h_BxLxD = nn.LayerNorm(dtype=x_BxLxD.dtype, name="norm")(x_BxLxD)
+    B, L, D = h_BxLxD.shape
+    C = self.ff_chunk_size
+    if C and L > C and L % C == 0:
+      # One chunk at a time (scan), each recomputed in the backward pass (remat): the B×C×d_ff hidden layer is
+      # the only one alive, instead of B×L×d_ff.
+      chunked = nn.scan(nn.remat(_FeedForwardChunk), variable_broadcast="params",
+                        split_rngs={"params": False, "dropout": True}, in_axes=1, out_axes=1)
+      _, h_BxNxCxD = chunked(self.d_ff, self.dropout, deterministic, name="chunks")(
+          None, h_BxLxD.reshape(B, L // C, C, D))
+      h_BxLxD = h_BxNxCxD.reshape(B, L, D)
+    else:
+      h_BxLxD = FeedForward(self.d_ff, self.dropout, name="ff")(h_BxLxD, deterministic)
+    return nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
+
+
 class Block(nn.Module):
-  """x + mixer(LN(x)), then x + FF(LN(x)); dropout on both residual branches."""
+  """Pre-LN residual block: x + F(x), then x + G(x)."""
 
   make_mixer: Callable[..., nn.Module]
   d_ff: int
   dropout: float
+  ff_chunk_size: int = 0
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool, decode: bool = False) -> jax.Array:
-    norm = lambda name: nn.LayerNorm(dtype=x_BxLxD.dtype, name=name)  # statistics in float32 regardless
-    mixer_args = {"decode": True} if decode else {}
-    h_BxLxD = self.make_mixer(name="mixer")(norm("mixer_norm")(x_BxLxD), mask=mask_BxL, deterministic=deterministic,
-                                            **mixer_args)
-    x_BxLxD = x_BxLxD + nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
-    h_BxLxD = FeedForward(self.d_ff, self.dropout, name="ff")(norm("ff_norm")(x_BxLxD), deterministic)
-    return x_BxLxD + nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
+    x_BxLxD = x_BxLxD + MixingSublayer(self.make_mixer, self.dropout, name="mixing")(
+        x_BxLxD, mask_BxL, deterministic, decode)
+    return x_BxLxD + FeedForwardSublayer(self.d_ff, self.dropout, self.ff_chunk_size, name="feed_forward")(
+        x_BxLxD, deterministic)
 
 
 class Transformer(nn.Module):
@@ -60,6 +110,8 @@ class Transformer(nn.Module):
   max_len: int
   dropout: float
   dtype: str = "float32"  # compute dtype; parameters stay float32, logits are float32
+  reversible: bool = False  # RevNet couplings with a recomputing backward pass (efftx.reversible)
+  ff_chunk_size: int = 0    # feed-forward over sequence chunks of this many positions (0: whole sequence)
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
@@ -84,9 +136,17 @@ class Transformer(nn.Module):
         pos_LxD = jax.lax.dynamic_slice_in_dim(pos_MxD, position.value, L)
         position.value += L
     x_BxLxD = nn.Dropout(self.dropout)(x_BxLxD + pos_LxD.astype(dtype), deterministic=deterministic)
-    for i in range(self.num_layers):
-      x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, name=f"block_{i}")(x_BxLxD, mask_BxL, deterministic,
-                                                                                  decode)
+    if self.reversible:
+      if decode:
+        raise ValueError("decoding is not supported with reversible=True (train reversibly, decode without)")
+      x_BxLxD = ReversibleStack(
+          make_f=lambda: MixingSublayer(self.make_mixer, self.dropout, parent=None),
+          make_g=lambda: FeedForwardSublayer(self.d_ff, self.dropout, self.ff_chunk_size, parent=None),
+          num_layers=self.num_layers, name="reversible")(x_BxLxD, mask_BxL, deterministic)
+    else:
+      for i in range(self.num_layers):
+        x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, self.ff_chunk_size, name=f"block_{i}")(
+            x_BxLxD, mask_BxL, deterministic, decode)
     x_BxLxD = nn.LayerNorm(dtype=jnp.float32, name="final_norm")(x_BxLxD)  # the heads run in float32
 
     if self.objective == "lm":
@@ -106,4 +166,5 @@ def build_model(config: ml_collections.ConfigDict) -> Transformer:
   return Transformer(
       make_mixer=functools.partial(mixer_cls, **config_lib.mixer_kwargs(mixer_cls, m)),
       vocab_size=task.vocab_size, num_classes=task.num_classes, objective=task.objective,
-      d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len, dropout=m.dropout, dtype=m.dtype)
+      d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len, dropout=m.dropout, dtype=m.dtype,
+      reversible=m.reversible, ff_chunk_size=m.ff_chunk_size)

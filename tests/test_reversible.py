@@ -1,0 +1,120 @@
+"""Reversible layers: exact gradients from the recomputing backward pass, and memory that does not grow with depth."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from efftx import config as config_lib
+from efftx import model as model_lib
+from efftx import reversible
+from efftx import train
+from efftx.data import TASKS
+from efftx.mixers import MIXERS
+
+B, L, D = 2, 16, 16
+
+
+def _stack(mixer, causal, dropout, ff_chunk_size=0, num_layers=3):
+  model_config = config_lib.default_config().model
+  model_config.update(num_heads=2, causal=causal, max_len=L, window=4)
+  make_mixer = functools.partial(MIXERS[mixer], **config_lib.mixer_kwargs(MIXERS[mixer], model_config))
+  return reversible.ReversibleStack(
+      make_f=lambda: model_lib.MixingSublayer(make_mixer, dropout, parent=None),
+      make_g=lambda: model_lib.FeedForwardSublayer(32, dropout, ff_chunk_size, parent=None), num_layers=num_layers)
+
+
+def _inputs():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(B, L, D)).astype(np.float32)
+  mask = np.ones((B, L), bool)
+  mask[1, 11:] = False
+  return jnp.asarray(x), jnp.asarray(mask)
+
+
+@pytest.mark.parametrize("mixer,causal", [("attention", False), ("attention", True), ("fnet", False),
+                                          ("aft_local", True), ("linear", False), ("aft_conv", True)])
+def test_recomputing_backward_equals_plain_autodiff(mixer, causal):
+  x, mask = _inputs()
+  stack = _stack(mixer, causal, dropout=0.2)
+  layers = stack.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x, mask, False)["params"]["layers"]
+  f, g = stack._apply_fns(deterministic=False)  # dropout on: the backward pass must replay it
+  key = jax.random.key(7)
+  weights = jnp.asarray(np.random.default_rng(1).normal(size=(B, L, D)).astype(np.float32))
+
+  def loss(forward):
+    def fn(layers, x1, x2):
+      y1, y2 = forward(f, g, layers, x1, x2, mask, key)
+      return ((y1 + 2 * y2) * weights).sum()
+    return fn
+
+  got = jax.jit(jax.grad(loss(reversible.reversible_forward), argnums=(0, 1, 2)))(layers, x, x)
+  want = jax.jit(jax.grad(loss(reversible.coupling_forward), argnums=(0, 1, 2)))(layers, x, x)
+  flat_got, flat_want = jax.tree.leaves(got), jax.tree.leaves(want)
+  assert len(flat_got) == len(flat_want) > 3
+  # 1e-5 relative; entries that are zero in exact arithmetic (e.g. AFT's key bias: a softmax over positions does not
+  # see it) are compared against the gradients' overall scale.
+  scale = max(float(jnp.abs(b).max()) for b in flat_want)
+  for a, b in zip(flat_got, flat_want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * scale)
+
+
+def _train_step_temp_bytes(num_layers, reversible_, ff_chunk_size=0, length=256, mixer="attention"):
+  config = config_lib.default_config()
+  config.model.update(mixer=mixer, d_model=32, num_heads=4, d_ff=64, max_len=length, num_layers=num_layers,
+                      reversible=reversible_, ff_chunk_size=ff_chunk_size, attention_impl="plain")
+  model = model_lib.build_model(config)
+  tx, schedule = train.make_optimizer(config)
+  step, _ = train.make_steps(model, TASKS["listops"], tx, schedule, jax.random.key(0))
+  tokens = jnp.zeros((8, length), jnp.int32)
+
+  def init():
+    params = model.init(jax.random.key(0), tokens[:1])["params"]
+    return train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  state = jax.eval_shape(init)
+  batch = {"tokens": tokens, "mask": jnp.ones((8, length), bool), "label": jnp.zeros((8,), jnp.int32)}
+  compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_reversible_memory_does_not_grow_with_depth():
+  rev = {n: _train_step_temp_bytes(n, True) for n in (2, 8, 24)}
+  plain = {n: _train_step_temp_bytes(n, False) for n in (2, 8, 24)}
+  assert rev[24] <= 1.25 * rev[2], rev
+  assert rev[8] <= 1.25 * rev[2], rev
+  assert plain[24] > 5 * plain[2], plain  # stored activations: roughly linear in depth
+  assert plain[8] > 2.5 * plain[2], plain
+
+
+def test_chunked_feed_forward_same_outputs_and_gradients():
+  x, mask = _inputs()
+  whole = model_lib.FeedForwardSublayer(64, 0.0, 0)
+  chunked = model_lib.FeedForwardSublayer(64, 0.0, 4)
+  params = chunked.init(jax.random.key(0), x, True)["params"]
+  # The chunked module keeps one FeedForward's parameters (shared by the chunks): map them onto the plain one.
+  whole_params = {"norm": params["norm"], "ff": params["chunks"]["ff"]}
+  np.testing.assert_allclose(chunked.apply({"params": params}, x, True), whole.apply({"params": whole_params}, x, True),
+                             rtol=1e-6, atol=1e-6)
+  grad = lambda module, p: jax.grad(lambda p, x: (module.apply({"params": p}, x, True) ** 2).sum(), argnums=(0, 1))(p, x)
+  (gp_c, gx_c), (gp_w, gx_w) = grad(chunked, params), grad(whole, whole_params)
+  np.testing.assert_allclose(gx_c, gx_w, rtol=1e-5, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               {"norm": gp_c["norm"], "ff": gp_c["chunks"]["ff"]}, gp_w)
+
+
+def test_chunked_feed_forward_lowers_compiled_memory_at_long_length():
+  whole = _train_step_temp_bytes(2, False, 0, length=2048, mixer="aft_simple")
+  chunked = _train_step_temp_bytes(2, False, 256, length=2048, mixer="aft_simple")
+  assert chunked < 0.8 * whole, (chunked, whole)
+
+
+def test_reconstruction_error_is_small_in_float32():
+  x, mask = _inputs()
+  stack = _stack("attention", False, dropout=0.0, num_layers=6)
+  layers = stack.init(jax.random.key(0), x, mask, True)["params"]["layers"]
+  f, g = stack._apply_fns(deterministic=True)
+  errors = np.asarray(jax.jit(lambda layers, x: reversible.reconstruction_errors(f, g, layers, x, mask,
+                                                                                jax.random.key(0)))(layers, x))
+  assert errors.shape == (6,) and errors.max() < 1e-4, errors
