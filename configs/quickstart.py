@@ -7,6 +7,7 @@ Arguments: mixer=<name> (a key of efftx.mixers.MIXERS; default attention), smoke
 Expected (2-core CPU, one run each, seed 0; majority class 15 %, chance 10 %):
   attention: validation accuracy 44.4 % after 1,500 steps, 3 min 00 s (data already prepared)
   fnet:      validation accuracy 42.3 % after 1,500 steps, 2 min 18 s (including ~35 s preparing the data)
+  every other mixer: 40.3–44.8 %, 3–5 min (experiments/quickstart/README.md)
 """
 from efftx import config as config_lib
 

@@ -3,6 +3,7 @@
     python -m efftx.bench                                   # every mixer, lengths 256…4096: tokens/s and memory
     python -m efftx.bench --mixers=attention,aft_simple --lengths=1024,4096 --json=/tmp/bench.json
     python -m efftx.bench --mode=fourier                    # FNet's fft / rfft / matmul paths, ms per call
+    python -m efftx.bench --mode=reversible --plot=mem.png  # memory vs depth, plain / reversible / chunked FF
 
 The fourier table is where the "auto" choice in efftx/mixers/fourier.py comes from. "mixers" mode times the full training step (forward, backward, AdamW) of the model at the peer benchmark's shape
 (../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
@@ -28,7 +29,7 @@ from efftx import model as model_lib
 from efftx import train
 from efftx.mixers import MIXERS
 
-_MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier"], "What to measure.")
+_MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "reversible"], "What to measure.")
 _MIXERS = flags.DEFINE_list("mixers", list(MIXERS), "Mixers to measure (keys of efftx.mixers.MIXERS).")
 _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths.")
 _TOKENS = flags.DEFINE_integer("tokens", 8192, "Tokens per step (batch = tokens // length).")
@@ -37,6 +38,10 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute
 _SECONDS = flags.DEFINE_float("seconds", 3.0, "Minimum timed seconds per row (after one warm-up step).")
 _OVERRIDES = flags.DEFINE_list("set", [], "config.model overrides for every row, e.g. attention_impl=plain.")
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as JSON here.")
+_DEPTHS = flags.DEFINE_list("depths", ["2", "8", "24", "48"], "reversible mode: numbers of layers.")
+_PLOT = flags.DEFINE_string("plot", None, "reversible mode: write the memory-vs-depth plot (PNG) here.")
+_TIME_DEPTHS = flags.DEFINE_list("time_depths", ["2", "8", "24"],
+                                 "reversible mode: depths whose steps are also timed (all are compiled).")
 
 
 def _model_config(mixer: str, length: int) -> ml_collections.ConfigDict:
@@ -50,12 +55,12 @@ def _model_config(mixer: str, length: int) -> ml_collections.ConfigDict:
 
 
 def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: float) -> dict[str, float]:
-  """Compiled memory and tokens/s of one jitted training step with per-token logits."""
+  """Compiled memory and tokens/s (unless min_seconds is 0) of one jitted training step with per-token logits."""
   m = config.model
   model = model_lib.Transformer(
       make_mixer=functools.partial(MIXERS[m.mixer], **config_lib.mixer_kwargs(MIXERS[m.mixer], m)),
       vocab_size=256, num_classes=0, objective="lm", d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff,
-      max_len=m.max_len, dropout=0.0, dtype=m.dtype)
+      max_len=m.max_len, dropout=0.0, dtype=m.dtype, reversible=m.reversible, ff_chunk_size=m.ff_chunk_size)
   tx = optax.adamw(1e-4)
   L = m.max_len
   tokens_BxL = jax.random.randint(jax.random.key(1), (batch, L), 0, 256)
@@ -72,6 +77,10 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
 
   compiled = jax.jit(step, donate_argnums=0).lower(state, tokens_BxL).compile()
   memory = compiled.memory_analysis()
+  out = {"temp_mib": memory.temp_size_in_bytes / 2**20, "argument_mib": memory.argument_size_in_bytes / 2**20,
+         "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20}
+  if not min_seconds:
+    return out
   state, loss = compiled(state, tokens_BxL)  # warm-up
   jax.block_until_ready(loss)
   steps, start = 0, time.perf_counter()
@@ -80,9 +89,7 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
     jax.block_until_ready(loss)
     steps += 1
   seconds = (time.perf_counter() - start) / steps
-  return {"tokens_per_sec": batch * L / seconds, "step_ms": 1e3 * seconds,
-          "temp_mib": memory.temp_size_in_bytes / 2**20, "argument_mib": memory.argument_size_in_bytes / 2**20,
-          "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20}
+  return {"tokens_per_sec": batch * L / seconds, "step_ms": 1e3 * seconds, **out}
 
 
 def _mixers_table() -> list[dict]:
@@ -127,9 +134,80 @@ def _fourier_table() -> list[dict]:
   return rows
 
 
+def _reversible_table() -> list[dict]:
+  """Memory and speed against depth: plain residual blocks, reversible couplings, each with and without the
+  chunked feed-forward. Model: width 128, 4 heads, FF 512, 4096 tokens a step, the --mixers' first mixer."""
+  mixer = _MIXERS.value[0] if len(_MIXERS.value) == 1 else "attention"
+  variants = {"plain": (False, 0), "reversible": (True, 0), "plain+ff_chunk": (False, 128),
+              "reversible+ff_chunk": (True, 128)}
+  depths = [int(d) for d in _DEPTHS.value]
+  timed = {int(d) for d in _TIME_DEPTHS.value}
+  print(f"backend {jax.default_backend()}: {mixer}, width 128, FF 512, {_TOKENS.value} tokens/step; temp MiB "
+        f"(compiled), tokens/s at depths {sorted(timed)}")
+  print(f"{'variant':<22}{'length':>7}{'depth':>6}{'temp MiB':>10}{'tokens/s':>10}")
+  rows = []
+  for length in [int(x) for x in _LENGTHS.value]:
+    for variant, (rev, chunk) in variants.items():
+      for depth in depths:
+        config = _model_config(mixer, length)
+        config.model.update(d_model=128, num_heads=4, d_ff=512, num_layers=depth, reversible=rev,
+                            ff_chunk_size=chunk if length % max(chunk, 1) == 0 else 0)
+        row = {"variant": variant, "length": length, "depth": depth,
+               **measure_step(config, max(1, _TOKENS.value // length), _SECONDS.value if depth in timed else 0)}
+        rows.append(row)
+        tokens = f"{row['tokens_per_sec']:.0f}" if "tokens_per_sec" in row else "-"
+        print(f"{variant:<22}{length:>7}{depth:>6}{row['temp_mib']:>10.1f}{tokens:>10}", flush=True)
+  if _PLOT.value:
+    _plot_memory(rows, mixer, _PLOT.value)
+  return rows + _reconstruction_rows(mixer, max(depths))
+
+
+def _reconstruction_rows(mixer: str, max_depth: int) -> list[dict]:
+  """max |x_rebuilt − x| after rebuilding a stack's input from its outputs, by depth and dtype (random init,
+  residual streams in the compute dtype, length 256, 4 sequences)."""
+  from efftx import reversible  # pylint: disable=g-import-not-at-top
+  config = _model_config(mixer, 256)
+  m = config.model
+  make_mixer = functools.partial(MIXERS[mixer], **config_lib.mixer_kwargs(MIXERS[mixer], m))
+  stack = reversible.ReversibleStack(
+      make_f=lambda: model_lib.MixingSublayer(make_mixer, 0.0, parent=None),
+      make_g=lambda: model_lib.FeedForwardSublayer(512, 0.0, 0, parent=None), num_layers=max_depth)
+  x = jax.random.normal(jax.random.key(0), (4, 256, 128))
+  mask = jnp.ones((4, 256), bool)
+  layers = jax.jit(lambda: stack.init(jax.random.key(1), x, mask, True)["params"]["layers"])()
+  f, g = stack._apply_fns(deterministic=True)  # pylint: disable=protected-access
+  rows = []
+  print(f"reconstruction error max|x_rebuilt - x| (inputs ~N(0, 1)), {mixer}, width 128, by depth:")
+  for dtype in ("float32", "bfloat16"):
+    errors = jax.jit(lambda layers, x: reversible.reconstruction_errors(f, g, layers, x, mask, jax.random.key(0)))(
+        layers, x.astype(dtype))
+    shown = [d for d in (1, 2, 4, 8, 16, 24, 32, 48) if d <= max_depth]
+    print(f"  {dtype:<9}" + "  ".join(f"{d}: {float(errors[d - 1]):.2e}" for d in shown))
+    rows += [{"dtype": dtype, "depth": d, "reconstruction_error": float(errors[d - 1])} for d in shown]
+  return rows
+
+
+def _plot_memory(rows: list[dict], mixer: str, path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  lengths = sorted({r["length"] for r in rows})
+  fig, axes = plt.subplots(1, len(lengths), figsize=(5.5 * len(lengths), 4), squeeze=False)
+  for ax, length in zip(axes[0], lengths):
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+      points = [(r["depth"], r["temp_mib"]) for r in rows if r["variant"] == variant and r["length"] == length]
+      ax.plot(*zip(*points), marker="o", label=variant)
+    ax.set(title=f"{mixer}, length {length}", xlabel="layers", ylabel="compiled temp memory (MiB)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print(f"plot: {path}")
+
+
 def main(argv):
   del argv
-  rows = _mixers_table() if _MODE.value == "mixers" else _fourier_table()
+  rows = {"mixers": _mixers_table, "fourier": _fourier_table, "reversible": _reversible_table}[_MODE.value]()
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump({"backend": jax.default_backend(), "mode": _MODE.value, "rows": rows}, f, indent=1)

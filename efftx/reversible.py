@@ -11,8 +11,10 @@ and differentiating F and G on the way. The layers' parameters are stacked along
 run under jax.lax.scan, so compile time and memory do not grow with depth. Dropout in F and G draws from keys
 folded per layer, so the recomputation replays it exactly.
 
-Precision: the rebuilt inputs differ from the true ones by rounding, and the difference accumulates with depth
-(measured by `efftx.bench --mode=reversible`, and in experiments/reversible/README.md).
+Precision: the rebuilt inputs differ from the true ones by rounding, and the difference accumulates with depth.
+Measured (experiments/reversible/README.md, `efftx.bench --mode=reversible`): max |x_rebuilt − x| is 5e-7 after
+one layer and 2e-5 after 48 in float32 — safe; in bfloat16 it is 3e-2 after one layer and 0.6 after 48 — use
+float32 for reversible stacks deeper than a few layers.
 """
 from __future__ import annotations
 

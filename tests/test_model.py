@@ -57,7 +57,7 @@ def test_build_model_passes_config_fields_to_the_mixer():
   config.model.update(num_heads=8, d_model=16, d_ff=32, max_len=L)
   model = model_lib.build_model(config)
   variables = model.init(jax.random.key(0), jnp.ones((1, L), jnp.int32))
-  assert variables["params"]["block_0"]["mixer"]["qkv"]["kernel"].shape == (16, 3, 8, 2)
+  assert variables["params"]["block_0"]["mixing"]["mixer"]["qkv"]["kernel"].shape == (16, 3, 8, 2)
   assert len([k for k in variables["params"] if k.startswith("block_")]) == config.model.num_layers
 
 
@@ -96,7 +96,8 @@ def test_model_decoding_token_by_token_equals_the_causal_forward_pass(mixer):
   variables = model.init(jax.random.key(0), tokens)
   full = np.asarray(model.apply(variables, tokens))
   cache = model.init(jax.random.key(0), tokens, decode=True)["cache"]
+  step = jax.jit(lambda cache, token: model.apply({**variables, "cache": cache}, token, decode=True, mutable=["cache"]))
   for t in range(L):
-    logits, mutated = model.apply({**variables, "cache": cache}, tokens[:, t:t + 1], decode=True, mutable=["cache"])
+    logits, mutated = step(cache, tokens[:, t:t + 1])
     cache = mutated["cache"]
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], rtol=1e-4, atol=1e-4)

@@ -33,12 +33,13 @@ def _inputs():
   return jnp.asarray(x), jnp.asarray(mask)
 
 
-@pytest.mark.parametrize("mixer,causal", [("attention", False), ("attention", True), ("fnet", False),
-                                          ("aft_local", True), ("linear", False), ("aft_conv", True)])
+@pytest.mark.parametrize("mixer,causal", [("attention", True), ("fnet", False), ("aft_local", True),
+                                          ("linear", False)])
 def test_recomputing_backward_equals_plain_autodiff(mixer, causal):
   x, mask = _inputs()
   stack = _stack(mixer, causal, dropout=0.2)
-  layers = stack.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x, mask, False)["params"]["layers"]
+  layers = jax.jit(lambda: stack.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x, mask,
+                                      False)["params"]["layers"])()
   f, g = stack._apply_fns(deterministic=False)  # dropout on: the backward pass must replay it
   key = jax.random.key(7)
   weights = jnp.asarray(np.random.default_rng(1).normal(size=(B, L, D)).astype(np.float32))
@@ -113,7 +114,7 @@ def test_chunked_feed_forward_lowers_compiled_memory_at_long_length():
 def test_reconstruction_error_is_small_in_float32():
   x, mask = _inputs()
   stack = _stack("attention", False, dropout=0.0, num_layers=6)
-  layers = stack.init(jax.random.key(0), x, mask, True)["params"]["layers"]
+  layers = jax.jit(lambda: stack.init(jax.random.key(0), x, mask, True)["params"]["layers"])()
   f, g = stack._apply_fns(deterministic=True)
   errors = np.asarray(jax.jit(lambda layers, x: reversible.reconstruction_errors(f, g, layers, x, mask,
                                                                                 jax.random.key(0)))(layers, x))

@@ -43,11 +43,12 @@ def _matmul(x_BxLxD: jax.Array) -> jax.Array:
 def _auto(x_BxLxD: jax.Array) -> jax.Array:
   """Picks the path by backend and length.
 
-  CPU, measured (2 cores, D=256, 8192 tokens, jit of forward+backward, ms per call):
+  CPU, measured (`python -m efftx.bench --mode=fourier`: 2 cores, D=256, 8192 tokens, jit of forward+backward,
+  ms per call, 2026-11-29):
       L        128   256   512  1024  2048  4096
-      fft     33.9  32.5  30.2  25.3  34.3  35.2
-      rfft    16.2  16.6  15.7  14.5  14.7  16.8
-      matmul  30.6  40.5  53.0  78.5 146.0 287.5
+      fft     28.9  24.1  29.0  34.8  29.4  38.5
+      rfft    14.3  14.5  17.4  16.6  16.0  13.9
+      matmul  30.7  40.4  50.2  86.4 148.7 273.2
   so rfft at every length. TPU: the FNet paper finds the DFT-as-matmul faster up to L≈4096 (MXU matmuls, slow
   FFTs); GPU: cuFFT, so rfft. The TPU and GPU choices follow the paper and are not measured here.
   """
