@@ -48,10 +48,13 @@ def load(workdir: str) -> tuple[ml_collections.ConfigDict, dict]:
   if step is None:
     raise ValueError(f"{workdir} has no checkpoint yet")
   model = build_model(config)
-  abstract_params = jax.eval_shape(
-      lambda: model.init(jax.random.key(0), jnp.zeros((1, config.model.max_len), jnp.int32))["params"])
-  restored = checkpoints.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore({"params": abstract_params}, partial_restore=True)))
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # sampling runs on one device
+  abstract_params = jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+      jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, config.model.max_len), jnp.int32))["params"]))
+  target = {"params": abstract_params}
+  restored = checkpoints.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+      target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
   return config, restored["state"]["params"]
 
 
