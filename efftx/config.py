@@ -120,6 +120,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ValueError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
   if m.d_model % m.num_heads:
     raise ValueError(f"config.model.d_model={m.d_model} must be divisible by config.model.num_heads={m.num_heads}")
+  if TASKS[d.task].max_len and m.max_len > TASKS[d.task].max_len:
+    raise ValueError(f"config.model.max_len={m.max_len}: task '{d.task}' examples hold at most "
+                     f"{TASKS[d.task].max_len} tokens")
   if TASKS[d.task].objective == "lm" and not m.causal:
     raise ValueError(f"task '{d.task}' is language modelling: set config.model.causal=True")
   if d.batch_size < 1 or d.batch_size % num_devices:

@@ -24,6 +24,7 @@ import flax.struct
 import grain
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_flags
 import ml_collections
@@ -63,8 +64,10 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
   o = config.optim
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, o.learning_rate, warmup_steps=o.warmup_steps, decay_steps=max(config.total_steps, o.warmup_steps + 1))
-  # Decay matrices and embeddings only, not biases and norm scales.
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  # Decay weight matrices and embeddings only, not biases, norm scales or position biases — chosen by name: shapes
+  # do not tell (DenseGeneral biases are 3-D; the reversible stack adds a layer axis to every leaf).
+  decay_mask = lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding"), params)
   tx = optax.chain(
       optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity(),
       optax.adamw(schedule, weight_decay=o.weight_decay, mask=decay_mask))
@@ -134,11 +137,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   task = TASKS[config.data.task]
   workdir = os.path.abspath(os.path.expanduser(workdir))
   is_chief = jax.process_index() == 0
+  # Process 0 checks the workdir, writes config.json and prepares the data; the others wait, and stop with it if
+  # it failed (instead of waiting forever at the next collective).
+  error = None
   if is_chief:
-    os.makedirs(workdir, exist_ok=True)
-    _check_same_run(config, workdir)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      _check_same_run(config, workdir)
+      with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+      pipeline.prepare(config)
+    except ValueError as e:
+      error = str(e)
+  if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(np.int32(error is not None)) and not error:
+    error = "process 0 failed during set-up (see its log)"
+  if error:
+    raise ValueError(error)
 
   # --------------------------------------------------------------------------------------------------- Mesh
   # One data axis over every device of every process: the batch is split along it, parameters are replicated.
@@ -150,8 +164,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local_batch.items()}
 
   # --------------------------------------------------------------------------------------------------- Data
-  pipeline.prepare(config)
-  train_source = pipeline.source(config, "train")
+  train_source = pipeline.source(config, "train")  # prepared above by process 0
   eval_source = pipeline.source(config, "validation")
   train_iter = pipeline.train_iterator(config, train_source)
 
@@ -245,9 +258,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           writer.write(step, row)
         report(f"step {step}: {_fmt(row)}")
         window_start += time.perf_counter() - eval_start  # keep eval time out of the train throughput
-      if step % config.checkpoint_every == 0 or done or stop.requested:
+      stopping = stop.requested
+      if jax.process_count() > 1:  # every process must stop at the same step, or the others hang
+        stopping = bool(multihost_utils.process_allgather(np.int32(stopping)).max())
+      if step % config.checkpoint_every == 0 or done or stopping:
         save(step)
-      if stop.requested:
+      if stopping:
         logging.warning("stopped by signal at step %d (checkpoint saved); re-run the same command to resume", step)
         break
   finally:
@@ -353,7 +369,10 @@ def main(argv: list[str]) -> None:
     config_lib.validate(_CONFIG.value, jax.device_count())
   except ValueError as e:
     config_lib.exit_with("efftx.train", str(e))
-  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  try:
+    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except ValueError as e:  # a workdir holding another run, a bad corpus, an example too long: one clear line
+    config_lib.exit_with("efftx.train", str(e))
   if jax.process_index() == 0:
     print(f"step {result['step']}: " + (_fmt({k: v for k, v in result.items() if k != "step"}) or "nothing to do"))
     print(f"outputs in {os.path.abspath(_WORKDIR.value)}")

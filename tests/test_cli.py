@@ -16,6 +16,8 @@ CASES = [
     (["--config.model.mixer=fnet", "--config.model.causal=true"], ["fnet", "cannot be causal"]),
     (["--config=configs/quickstart.py:mixr=fnet"], ["mixr", "valid: mixer, smoke"]),
     (["--config=configs/nope.py"], ["configs/nope.py", "no such config file"]),
+    (["--config=configs/lm_bytes.py", "--config.model.max_len=2048"], ["max_len=2048", "at most 1024"]),
+    (["--config=configs/lm_bytes.py", "--config.model.causal=false"], ["language modelling", "causal=True"]),
 ]
 
 

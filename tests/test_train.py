@@ -52,6 +52,18 @@ def test_steps_on_8_devices_reduce_the_loss(smoke_config):
   assert losses[-1] < 0.5 * losses[0], losses
 
 
+def test_weight_decay_applies_to_weight_matrices_only(smoke_config):
+  config = smoke_config()
+  config.optim.update(warmup_steps=0, weight_decay=0.5)
+  tx, _ = train.make_optimizer(config)
+  params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((3, 2, 2))}, "norm": {"scale": jnp.ones((2, 2))},
+            "embed": {"embedding": jnp.ones((4, 2))}}
+  zero_grads = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zero_grads, tx.init(params), params)
+  moved = jax.tree.map(lambda u: bool(jnp.any(u != 0)), updates)
+  assert moved == {"dense": {"kernel": True, "bias": False}, "norm": {"scale": False}, "embed": {"embedding": True}}
+
+
 def test_sharded_and_single_device_steps_agree(smoke_config):
   config = smoke_config()  # dropout on: its masks must not depend on the sharding either
   batch = _first_batch(config)

@@ -26,6 +26,7 @@ class Task:
   tokenize: Callable[[bytes], np.ndarray] | None = None
   detokenize: Callable[[np.ndarray], str] | None = None
   token_unit: str = "token"          # LM metrics are bits per <token_unit>
+  max_len: int | None = None         # the longest sequence an example holds, if the task has such a limit
 
 
 def _encode_listops(example: dict, max_len: int) -> dict[str, np.ndarray]:
@@ -34,8 +35,6 @@ def _encode_listops(example: dict, max_len: int) -> dict[str, np.ndarray]:
 
 
 def _encode_byte_text(example: dict, max_len: int) -> dict[str, np.ndarray]:
-  if max_len > byte_text.RECORD_LEN:
-    raise ValueError(f"byte_text records hold {byte_text.RECORD_LEN} bytes: config.model.max_len={max_len} is longer")
   tokens_L, mask_L = byte_text.encode_text(np.asarray(example["bytes"]).tobytes(), max_len)
   return {"tokens": tokens_L, "mask": mask_L}
 
@@ -47,5 +46,5 @@ TASKS = {
     "bytes": Task(
         builder=byte_text.ByteText, vocab_size=byte_text.VOCAB_SIZE, num_classes=0, objective="lm",
         encode=_encode_byte_text, tokenize=byte_text.tokenize, detokenize=byte_text.decode_tokens,
-        token_unit="byte"),
+        token_unit="byte", max_len=byte_text.RECORD_LEN),
 }

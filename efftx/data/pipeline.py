@@ -12,7 +12,6 @@ from typing import Iterator
 from absl import logging
 import grain
 import jax
-from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
@@ -28,27 +27,24 @@ def data_dir(config: ml_collections.ConfigDict) -> str:
 def prepare(config: ml_collections.ConfigDict) -> None:
   """Generates and writes the task's dataset as array_record in data_dir, unless it is there already.
 
-  On several processes, process 0 prepares while the others wait: data_dir must then be shared storage
-  (or prepared beforehand with `tfds build`).
+  Call it on process 0 only (train.py does, then synchronises): data_dir must be shared storage on several
+  hosts (or prepared beforehand with `tfds build`).
   """
-  if jax.process_index() == 0:
-    builder = TASKS[config.data.task].builder(config=config.data.variant, data_dir=data_dir(config),
-                                              file_format="array_record")
-    if not builder.is_prepared():
-      logging.info("preparing %s/%s in %s (once; later runs reuse it)", builder.name, config.data.variant,
-                   data_dir(config))
-    manual_dir = os.path.abspath(os.path.expanduser(config.data.corpus_dir)) if config.data.corpus_dir else None
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
-    # A dataset prepared from a folder remembers which: the same variant from another folder needs another data_dir.
-    marker = os.path.join(builder.data_dir, "efftx_corpus_dir.txt")
-    if manual_dir and not os.path.exists(marker):
-      with open(marker, "w") as f:
-        f.write(manual_dir)
-    if manual_dir and open(marker).read() != manual_dir:
-      raise ValueError(f"{builder.data_dir} was prepared from {open(marker).read()}, not {manual_dir}: "
-                       "set another config.data.data_dir for this corpus")
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("efftx: dataset prepared")
+  builder = TASKS[config.data.task].builder(config=config.data.variant, data_dir=data_dir(config),
+                                            file_format="array_record")
+  if not builder.is_prepared():
+    logging.info("preparing %s/%s in %s (once; later runs reuse it)", builder.name, config.data.variant,
+                 data_dir(config))
+  manual_dir = os.path.abspath(os.path.expanduser(config.data.corpus_dir)) if config.data.corpus_dir else None
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  # A dataset prepared from a folder remembers which: the same variant from another folder needs another data_dir.
+  marker = os.path.join(builder.data_dir, "efftx_corpus_dir.txt")
+  if manual_dir and not os.path.exists(marker):
+    with open(marker, "w") as f:
+      f.write(manual_dir)
+  if manual_dir and open(marker).read() != manual_dir:
+    raise ValueError(f"{builder.data_dir} was prepared from {open(marker).read()}, not {manual_dir}: "
+                     "set another config.data.data_dir for this corpus")
 
 
 def source(config: ml_collections.ConfigDict, split: str):
@@ -89,7 +85,9 @@ def eval_batches(config: ml_collections.ConfigDict, eval_source) -> Iterator[dic
   shard = shard.map(functools.partial(_encode, task_name=config.data.task, max_len=config.model.max_len))
   largest_shard = -(-len(eval_source) // jax.process_count())
   num_batches = -(-largest_shard // local_batch)
-  template = {k: np.asarray(v) for k, v in shard[0].items()} if len(shard) else None
+  # Shapes from the split's first example: a process's shard may be empty when the split has fewer examples.
+  template = {k: np.asarray(v) for k, v in _encode(eval_source[0], task_name=config.data.task,
+                                                   max_len=config.model.max_len).items()}
   for b in range(num_batches):
     rows = [shard[i] for i in range(b * local_batch, min((b + 1) * local_batch, len(shard)))]
     batch = {k: np.zeros((local_batch,) + template[k].shape, template[k].dtype) for k in template}

@@ -5,8 +5,8 @@ Four implementations of the same function (config `attention_impl`):
   - "chunked": queries and keys in blocks of `attention_chunk` with a running max and normaliser (online softmax),
                each query block rematerialised in the backward pass — O(L·chunk) memory ("Self-attention does not
                need O(n²) memory", Rabe & Staats 2021);
-  - "fused":   jax.nn.dot_product_attention, which picks a fused kernel (cuDNN flash attention on GPU, for
-               bfloat16/float16) and falls back to XLA elsewhere;
+  - "fused":   jax.nn.dot_product_attention: cuDNN's fused kernel on GPU for bfloat16/float16 (not tested here:
+               no GPU), XLA otherwise;
   - "auto":    fused on GPU; chunked when the sequence spans more than one chunk; else plain.
 """
 from __future__ import annotations
@@ -92,8 +92,16 @@ def _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk):
 
 
 def _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal):
-  return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=key_mask_BxL[:, None, None, :],
-                                      is_causal=causal)
+  attend = functools.partial(jax.nn.dot_product_attention, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
+                             mask=key_mask_BxL[:, None, None, :], is_causal=causal)
+  # implementation=None means XLA in current JAX; ask for cuDNN's fused kernel where it can run (GPU, 16-bit),
+  # and fall back to XLA when it refuses the configuration (it raises while tracing).
+  if jax.default_backend() == "gpu" and q_BxLxHxK.dtype in (jnp.bfloat16, jnp.float16):
+    try:
+      return attend(implementation="cudnn")
+    except (ValueError, NotImplementedError, RuntimeError):
+      pass
+  return attend(implementation="xla")
 
 
 class Attention(nn.Module):

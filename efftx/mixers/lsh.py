@@ -8,7 +8,8 @@ is lowered by 1e5 rather than removed); causal masking and the padding mask appl
 combined by their softmax normalisers: o = Σ_r softmax_r(logsumexp_r) o_r.
 
 The rotations are drawn from `lsh_seed` and the module's path, so a forward pass is reproducible and each layer
-hashes differently; they are fixed, not resampled every step.
+hashes differently (except in a reversible stack, whose layers share one path: there every layer hashes alike);
+they are fixed, not resampled every step.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class LSHAttention(nn.Module):
     if decode:
       # One new position re-hashes into a bucket, but which chunk it would share depends on the whole sorted
       # sequence: a step-by-step decode cannot equal the chunked forward pass. Not supported.
-      raise NotImplementedError("lsh: incremental decoding is not supported; sample with another causal mixer")
+      raise ValueError("lsh: incremental decoding is not supported; sample from a model with another causal mixer")
     B, L, D = x_BxLxD.shape
     H, R = self.num_heads, self.lsh_hashes
     if D % H:
