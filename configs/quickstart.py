@@ -4,9 +4,9 @@
     python -m efftx.train --config=configs/quickstart.py:mixer=fnet --workdir=/tmp/efftx/quickstart-fnet
 
 Arguments: mixer=<name> (a key of efftx.mixers.MIXERS; default attention), smoke (a few steps, for tests).
-Expected (2-core CPU, one run each, seed 0; majority class 15 %, chance 10 %):
-  attention: validation accuracy 44.4 % after 1,500 steps, 3 min 00 s (data already prepared)
-  fnet:      validation accuracy 42.3 % after 1,500 steps, 2 min 18 s (including ~35 s preparing the data)
+Expected (2-core CPU, one run each, seed 0; majority class 15 %, chance 10 %; a fresh data dir adds ~35 s):
+  attention: validation accuracy 41.9 % after 1,500 steps, 3 min 00 s
+  fnet:      validation accuracy 42.8 % after 1,500 steps, 1 min 45 s
   every other mixer: 40.3–44.8 %, 3–5 min (experiments/quickstart/README.md)
 """
 from efftx import config as config_lib
