@@ -5,8 +5,8 @@
     python -m efftx.bench --mode=fourier                    # FNet's fft / rfft / matmul paths, ms per call
     python -m efftx.bench --mode=reversible --plot=mem.png  # memory vs depth, plain / reversible / chunked FF
 
-The fourier table is where the "auto" choice in efftx/mixers/fourier.py comes from. "mixers" mode times the full training step (forward, backward, AdamW) of the model at the peer benchmark's shape
-(../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
+The fourier table is where the "auto" choice in efftx/mixers/fourier.py comes from. "mixers" mode times the full
+training step (forward, backward, AdamW) of the model at the peer benchmark's shape (../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
 per-token head) and reports the compiled step's memory from XLA's memory_analysis(): temp (activations and
 scratch) + argument bytes. Compiled sizes are deterministic; timings are ratios within one run, on one machine.
 """
@@ -81,15 +81,24 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
          "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20}
   if not min_seconds:
     return out
-  state, loss = compiled(state, tokens_BxL)  # warm-up
-  jax.block_until_ready(loss)
-  steps, start = 0, time.perf_counter()
-  while time.perf_counter() - start < min_seconds or steps < 2:
-    state, loss = compiled(state, tokens_BxL)
-    jax.block_until_ready(loss)
-    steps += 1
-  seconds = (time.perf_counter() - start) / steps
+  holder = {"state": state}
+
+  def one_step():
+    holder["state"], loss = compiled(holder["state"], tokens_BxL)
+    return loss
+
+  seconds = _seconds_per_call(one_step, min_seconds)
   return {"tokens_per_sec": batch * L / seconds, "step_ms": 1e3 * seconds, **out}
+
+
+def _seconds_per_call(fn, min_seconds: float) -> float:
+  """Mean wall time of fn() after one warm-up call, over at least min_seconds and two calls."""
+  jax.block_until_ready(fn())
+  calls, start = 0, time.perf_counter()
+  while time.perf_counter() - start < min_seconds or calls < 2:
+    jax.block_until_ready(fn())
+    calls += 1
+  return (time.perf_counter() - start) / calls
 
 
 def _mixers_table() -> list[dict]:
@@ -123,12 +132,7 @@ def _fourier_table() -> list[dict]:
     for impl in ("fft", "rfft", "matmul"):
       module = MIXERS["fnet"](fourier_impl=impl)
       grad = jax.jit(jax.grad(lambda x: (module.apply({}, x) ** 2).sum()))
-      grad(x_BxLxD).block_until_ready()
-      steps, start = 0, time.perf_counter()
-      while time.perf_counter() - start < _SECONDS.value / 3 or steps < 2:
-        grad(x_BxLxD).block_until_ready()
-        steps += 1
-      row[impl] = 1e3 * (time.perf_counter() - start) / steps
+      row[impl] = 1e3 * _seconds_per_call(lambda: grad(x_BxLxD), _SECONDS.value / 3)
     rows.append(row)
     print(f"{length:>8}" + "".join(f"{row[impl]:>10.1f}" for impl in ("fft", "rfft", "matmul")), flush=True)
   return rows
@@ -136,7 +140,8 @@ def _fourier_table() -> list[dict]:
 
 def _reversible_table() -> list[dict]:
   """Memory and speed against depth: plain residual blocks, reversible couplings, each with and without the
-  chunked feed-forward. Model: width 128, 4 heads, FF 512, 4096 tokens a step, the --mixers' first mixer."""
+  chunked feed-forward. Model: width 128, 4 heads, FF 512, --tokens a step; the mixer named by --mixers if it
+  names one, else attention."""
   mixer = _MIXERS.value[0] if len(_MIXERS.value) == 1 else "attention"
   variants = {"plain": (False, 0), "reversible": (True, 0), "plain+ff_chunk": (False, 128),
               "reversible+ff_chunk": (True, 128)}
