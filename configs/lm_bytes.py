@@ -33,5 +33,5 @@ def get_config(arg: str | None = None):
   if args.smoke:
     config.data.update(variant="files", corpus_dir=os.path.join(byte_text.stdlib_dir(), "json"), batch_size=16)
     config.model.update(d_model=32, num_layers=2, d_ff=64, max_len=64)
-    config.total_steps, config.log_every, config.eval_every, config.checkpoint_every = 4, 2, 4, 2
+    config_lib.smoke_schedule(config)
   return config

@@ -30,8 +30,5 @@ def get_config(arg: str | None = None):
     config.model.max_len = 48
     config.model.d_model = 32
     config.model.d_ff = 64
-    config.total_steps = 4
-    config.log_every = 2
-    config.eval_every = 4
-    config.checkpoint_every = 2
+    config_lib.smoke_schedule(config)
   return config

@@ -4,11 +4,16 @@
     python -m efftx.bench --mixers=attention,aft_simple --lengths=1024,4096 --json=/tmp/bench.json
     python -m efftx.bench --mode=fourier                    # FNet's fft / rfft / matmul paths, ms per call
     python -m efftx.bench --mode=reversible --plot=mem.png  # memory vs depth, plain / reversible / chunked FF
+    python -m efftx.bench --mode=pipeline --data_dir=DIR    # input pipeline examples/s vs the train step's
 
 The fourier table is where the "auto" choice in efftx/mixers/fourier.py comes from. "mixers" mode times the full
 training step (forward, backward, AdamW) of the model at the peer benchmark's shape (../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
 per-token head) and reports the compiled step's memory from XLA's memory_analysis(): temp (activations and
 scratch) + argument bytes. Compiled sizes are deterministic; timings are ratios within one run, on one machine.
+"pipeline" mode reads each task through the real grain pipeline (config.data.read_threads) and times, at the
+quickstart model size (attention, width 64, 2 layers, batch 32): the pipeline alone, the train step alone on one
+cached batch, and the two together as train.py runs them; "loop/step" near 1 means the pipeline is not the
+bottleneck.
 """
 from __future__ import annotations
 
@@ -21,15 +26,16 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
+
 import optax
 
 from efftx import config as config_lib
 from efftx import model as model_lib
 from efftx import train
+import efftx.data as data_lib
 from efftx.mixers import MIXERS
 
-_MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "reversible"], "What to measure.")
+_MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "reversible", "pipeline"], "What to measure.")
 _MIXERS = flags.DEFINE_list("mixers", list(MIXERS), "Mixers to measure (keys of efftx.mixers.MIXERS).")
 _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths.")
 _TOKENS = flags.DEFINE_integer("tokens", 8192, "Tokens per step (batch = tokens // length).")
@@ -40,6 +46,11 @@ _OVERRIDES = flags.DEFINE_list("set", [], "config.model overrides for every row,
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as JSON here.")
 _DEPTHS = flags.DEFINE_list("depths", ["2", "8", "24", "48"], "reversible mode: numbers of layers.")
 _PLOT = flags.DEFINE_string("plot", None, "reversible mode: write the memory-vs-depth plot (PNG) here.")
+_TASKS = flags.DEFINE_list(
+    "tasks", ["listops:small:128", "mqar:64x4:64", "bytes:stdlib:256", "bytes/mlm:stdlib:256",
+              "fashion_mnist:full:784", "fashion_mnist_ar:full:784"],
+    "pipeline mode: task[/objective]:variant:max_len (prepared in --data_dir on first use).")
+_DATA_DIR = flags.DEFINE_string("data_dir", "", "pipeline mode: the TFDS data dir ('' = ~/tensorflow_datasets).")
 _TIME_DEPTHS = flags.DEFINE_list("time_depths", ["2", "8", "24"],
                                  "reversible mode: depths whose steps are also timed (all are compiled).")
 
@@ -210,9 +221,54 @@ def _plot_memory(rows: list[dict], mixer: str, path: str) -> None:
   print(f"plot: {path}")
 
 
+def _pipeline_table() -> list[dict]:
+  from efftx.data import pipeline  # pylint: disable=g-import-not-at-top
+  rows = []
+  print(f"backend {jax.default_backend()}, {jax.device_count()} device(s); quickstart model (attention, d=64, "
+        "2 layers), batch 32; examples/s")
+  print(f"{'task':<22}{'variant':>9}{'len':>6}{'pipeline':>10}{'step':>9}{'loop':>9}{'pipe/step':>11}"
+        f"{'loop/step':>11}")
+  for spec in _TASKS.value:
+    name, variant, length = spec.split(":")
+    task, _, objective = name.partition("/")
+    config = config_lib.default_config()
+    config.data.update(task=task, variant=variant, objective=objective, data_dir=_DATA_DIR.value, batch_size=32)
+    config.model.update(mixer="attention", d_model=64, num_heads=4, num_layers=2, d_ff=256, max_len=int(length),
+                        causal=data_lib.objective(config) == "lm")
+    config_lib.validate(config, jax.device_count())
+    pipeline.prepare(config)
+    batches = pipeline.train_iterator(config, pipeline.source(config, "train"))
+    for _ in range(16):  # past grain's start-up and its prefetch buffer
+      next(batches)
+    pipeline_seconds = _seconds_per_call(lambda: next(batches), _SECONDS.value)
+
+    model = model_lib.build_model(config)
+    tx, schedule = train.make_optimizer(config)
+    train_step, _ = train.make_steps(model, data_lib.objective(config), tx, schedule, jax.random.key(0))
+    params = model.init(jax.random.key(0), jnp.zeros((1, config.model.max_len), jnp.int32))["params"]
+    holder = {"state": train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))}
+    step = jax.jit(train_step, donate_argnums=0)
+    cached = jax.device_put(next(batches))
+
+    def run_step(batch):
+      holder["state"], metrics = step(holder["state"], batch)
+      return metrics
+
+    step_seconds = _seconds_per_call(lambda: run_step(cached), _SECONDS.value)
+    loop_seconds = _seconds_per_call(lambda: run_step(next(batches)), _SECONDS.value)
+    row = {"task": name, "variant": variant, "length": int(length), "pipeline_examples_per_sec": 32 / pipeline_seconds,
+           "step_examples_per_sec": 32 / step_seconds, "loop_examples_per_sec": 32 / loop_seconds}
+    rows.append(row)
+    print(f"{name:<22}{variant:>9}{length:>6}{row['pipeline_examples_per_sec']:>10.0f}"
+          f"{row['step_examples_per_sec']:>9.0f}{row['loop_examples_per_sec']:>9.0f}"
+          f"{step_seconds / pipeline_seconds:>11.1f}{step_seconds / loop_seconds:>11.2f}", flush=True)
+  return rows
+
+
 def main(argv):
   del argv
-  rows = {"mixers": _mixers_table, "fourier": _fourier_table, "reversible": _reversible_table}[_MODE.value]()
+  rows = {"mixers": _mixers_table, "fourier": _fourier_table, "reversible": _reversible_table,
+          "pipeline": _pipeline_table}[_MODE.value]()
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump({"backend": jax.default_backend(), "mode": _MODE.value, "rows": rows}, f, indent=1)

@@ -45,10 +45,12 @@ def default_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.task = "listops"            # a key of efftx.data.TASKS
-  c.data.variant = "small"           # the task's TFDS builder config (ListOps: full, small, tiny)
+  c.data.variant = "small"           # the task's dataset variant (ListOps: full, small, tiny; MQAR: 256x16; ...)
+  c.data.objective = ""              # "" = the task's own ("classify" or "lm"); "mlm" = masked-LM on a text task
+  c.data.truncate = False            # cut examples longer than max_len (LRA text does); False: refuse them
   c.data.batch_size = 32             # global batch (examples per step, all processes together)
   c.data.data_dir = ""               # where TFDS data is prepared and read; "" = ~/tensorflow_datasets
-  c.data.corpus_dir = ""             # bytes task, variant "files": the folder of text files to model
+  c.data.corpus_dir = ""             # tasks read from local files: their folder (bytes "files", fashion_mnist)
   c.data.worker_count = 0            # grain worker processes (0: read in the training process)
   c.data.read_threads = 2            # grain reader threads per process
 
@@ -58,6 +60,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.optim.weight_decay = 0.01        # decoupled AdamW weight decay (not applied to biases and norms)
   c.optim.grad_clip = 1.0            # clip gradients to this global norm (0 disables)
 
+  c.init_from = ""                   # fine-tune: a workdir (or workdir/checkpoints/<step>) to load the encoder
+                                     # from; the head is new. "" = train from scratch
   c.seed = 0                         # seeds parameters, dropout and the data order
   c.total_steps = 1_000              # training steps
   c.log_every = 50                   # steps between train-metric rows in metrics.jsonl / TensorBoard
@@ -65,6 +69,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 250           # steps between checkpoints (and at the last step)
   c.keep_checkpoints = 2             # checkpoints kept in workdir/checkpoints
   return c
+
+
+def smoke_schedule(config: ml_collections.ConfigDict) -> None:
+  """The `smoke` argument's schedule, shared by every config: 4 steps, logged every 2, evaluated at the end,
+  checkpointed twice — a plumbing check that runs in seconds."""
+  config.total_steps, config.log_every, config.eval_every, config.checkpoint_every = 4, 2, 4, 2
 
 
 def parse_arg(arg: str | None, **defaults):
@@ -96,7 +106,7 @@ def parse_arg(arg: str | None, **defaults):
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Raises ValueError naming the first invalid field and, where there are choices, the valid ones."""
-  from efftx.data import TASKS  # pylint: disable=g-import-not-at-top
+  from efftx.data import objective, OBJECTIVES, TASKS  # pylint: disable=g-import-not-at-top
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
 
   m, d, o = config.model, config.data, config.optim
@@ -104,7 +114,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ValueError(f"config.model.mixer='{m.mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
   if d.task not in TASKS:
     raise ValueError(f"config.data.task='{d.task}' is not a task; choose from: {', '.join(TASKS)}")
-  variants = [c.name for c in TASKS[d.task].builder.BUILDER_CONFIGS]
+  task = TASKS[d.task]
+  variants = task.variant_names()
   if d.variant not in variants:
     raise ValueError(f"config.data.variant='{d.variant}' is not a variant of {d.task}; "
                      f"choose from: {', '.join(variants)}")
@@ -120,11 +131,26 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ValueError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
   if m.d_model % m.num_heads:
     raise ValueError(f"config.model.d_model={m.d_model} must be divisible by config.model.num_heads={m.num_heads}")
-  if TASKS[d.task].max_len and m.max_len > TASKS[d.task].max_len:
+  if task.max_len and m.max_len > task.max_len:
     raise ValueError(f"config.model.max_len={m.max_len}: task '{d.task}' examples hold at most "
-                     f"{TASKS[d.task].max_len} tokens")
-  if TASKS[d.task].objective == "lm" and not m.causal:
+                     f"{task.max_len} tokens")
+  if d.objective and d.objective not in OBJECTIVES:
+    raise ValueError(f"config.data.objective='{d.objective}' is not an objective; choose from: "
+                     f"'' (the task's own), {', '.join(OBJECTIVES)}")
+  if d.objective and d.objective != task.objective and d.objective != "mlm":
+    raise ValueError(f"task '{d.task}' has objective '{task.objective}'; only 'mlm' can replace it")
+  if objective(config) == "mlm" and task.mask_id is None:
+    raise ValueError(f"task '{d.task}' has no text to mask: masked-LM needs a text task (bytes, imdb_bytes, glue)")
+  if objective(config) == "mlm" and m.causal:
+    raise ValueError("masked-LM reads both sides of a token: set config.model.causal=False")
+  if objective(config) == "lm" and not m.causal:
     raise ValueError(f"task '{d.task}' is language modelling: set config.model.causal=True")
+  reads_folder = task.local and d.variant in getattr(task.dataset, "MANUAL_DIR_VARIANTS", ())
+  if d.corpus_dir and not reads_folder:
+    raise ValueError(f"config.data.corpus_dir is set, but task '{d.task}' ({d.variant}) does not read a folder "
+                     "(bytes with variant files, fashion_mnist, fashion_mnist_ar do)")
+  if reads_folder and not d.corpus_dir and not getattr(task.dataset, "DEFAULT_MANUAL_DIR", None):
+    raise ValueError(f"task '{d.task}' ({d.variant}) reads a folder: set config.data.corpus_dir")
   if d.batch_size < 1 or d.batch_size % num_devices:
     raise ValueError(f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
                      f"{num_devices} devices it is sharded over")

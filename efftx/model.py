@@ -1,8 +1,9 @@
 """The Transformer around a token mixer: embeddings → pre-LN blocks (mixer, feed-forward) → final norm → head.
 
-`build_model(config)` picks the mixer by name from `efftx.mixers.MIXERS` and the head from the task:
+`build_model(config)` picks the mixer by name from `efftx.mixers.MIXERS` and the head from the objective:
   - "classify": logits_BxC from the mean of the final states over real tokens;
-  - "lm": logits_BxLxV at every position (next-token prediction; needs a causal mixer).
+  - "lm", "mlm": logits_BxLxV at every position (next token or the task's targets with a causal mixer; masked
+    tokens with a bidirectional one).
 Applied as `model.apply(variables, tokens_BxL, mask=mask_BxL, deterministic=True)`.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from efftx import config as config_lib
+from efftx.data import objective
 from efftx.data import TASKS
 from efftx.mixers import MIXERS
 from efftx.reversible import ReversibleStack
@@ -103,7 +105,7 @@ class Transformer(nn.Module):
   make_mixer: Callable[..., nn.Module]
   vocab_size: int
   num_classes: int
-  objective: str        # "classify" or "lm"
+  objective: str        # "classify" (one label per sequence), "lm" or "mlm" (a prediction per position)
   d_model: int
   num_layers: int
   d_ff: int
@@ -149,7 +151,7 @@ class Transformer(nn.Module):
             x_BxLxD, mask_BxL, deterministic, decode)
     x_BxLxD = nn.LayerNorm(dtype=jnp.float32, name="final_norm")(x_BxLxD)  # the heads run in float32
 
-    if self.objective == "lm":
+    if self.objective != "classify":
       return nn.Dense(self.vocab_size, name="lm_head")(x_BxLxD)
     # Mean over real tokens only, so padding never reaches the classifier.
     weights_BxL = mask_BxL.astype(x_BxLxD.dtype)
@@ -165,6 +167,6 @@ def build_model(config: ml_collections.ConfigDict) -> Transformer:
   m = config.model
   return Transformer(
       make_mixer=functools.partial(mixer_cls, **config_lib.mixer_kwargs(mixer_cls, m)),
-      vocab_size=task.vocab_size, num_classes=task.num_classes, objective=task.objective,
+      vocab_size=task.vocab_size, num_classes=task.classes(config.data.variant), objective=objective(config),
       d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len, dropout=m.dropout, dtype=m.dtype,
       reversible=m.reversible, ff_chunk_size=m.ff_chunk_size)

@@ -6,8 +6,6 @@ Reads workdir/config.json and the latest checkpoint's parameters; prints the pro
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 from absl import app
@@ -16,11 +14,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 
 from efftx import config as config_lib
+from efftx import train
+import efftx.data as data_lib
 from efftx.data import TASKS
 from efftx.model import build_model
+
 
 def _define_flags() -> None:
   """Command-line flags, defined only when run as a program (so that this module imports cleanly)."""
@@ -35,27 +35,11 @@ def _define_flags() -> None:
 
 def load(workdir: str) -> tuple[ml_collections.ConfigDict, dict]:
   """The run's config and its latest parameters."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise ValueError(f"{workdir} has no config.json: not a training run's workdir")
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config, params, _ = train.restore_params(workdir)
   task = TASKS[config.data.task]
-  if task.objective != "lm" or task.tokenize is None:
-    raise ValueError(f"{workdir} trained task '{config.data.task}', not a language model: nothing to sample")
-  checkpoints = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
-  step = checkpoints.latest_step()
-  if step is None:
-    raise ValueError(f"{workdir} has no checkpoint yet")
-  model = build_model(config)
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # sampling runs on one device
-  abstract_params = jax.tree.map(
-      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-      jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, config.model.max_len), jnp.int32))["params"]))
-  target = {"params": abstract_params}
-  restored = checkpoints.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-      target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
-  return config, restored["state"]["params"]
+  if data_lib.objective(config) != "lm" or task.tokenize is None:
+    raise ValueError(f"{workdir} trained task '{config.data.task}', not a text language model: nothing to sample")
+  return config, params
 
 
 def generate(config: ml_collections.ConfigDict, params, prompt_P: np.ndarray, length: int, temperature: float,

@@ -21,6 +21,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import flax.struct
+import flax.traverse_util
 import grain
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,7 @@ import tensorboardX
 import tqdm
 
 from efftx import config as config_lib
+import efftx.data as data_lib
 from efftx.data import pipeline
 from efftx.data import TASKS
 from efftx.model import build_model
@@ -77,28 +79,31 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
 def loss_sums(objective: str, logits: jax.Array, batch: dict[str, jax.Array], row_weights_B: jax.Array
               ) -> dict[str, jax.Array]:
   """Weighted sums (not means) of loss, correct predictions and predictions, so that batches, devices and padded
-  eval rows combine exactly. "classify": one label per row; "lm": token t+1 predicted at t, real tokens only."""
+  eval rows combine exactly. "classify": one label per row; "lm"/"mlm": the targets at positions of weight > 0
+  (the next token, the value of a recall query, a masked token)."""
   if objective == "classify":
     logits_NxC, labels_N, weights_N = logits, batch["label"], row_weights_B
   else:
-    logits_NxC = logits[:, :-1].reshape(-1, logits.shape[-1])
-    labels_N = batch["tokens"][:, 1:].reshape(-1)
-    weights_N = (batch["mask"][:, 1:] * row_weights_B[:, None]).reshape(-1).astype(jnp.float32)
+    logits_NxC = logits.reshape(-1, logits.shape[-1])
+    labels_N = batch["targets"].reshape(-1)
+    weights_N = (batch["weights"] * row_weights_B[:, None]).reshape(-1).astype(jnp.float32)
   loss_N = optax.softmax_cross_entropy_with_integer_labels(logits_NxC.astype(jnp.float32), labels_N)
   correct_N = (jnp.argmax(logits_NxC, -1) == labels_N).astype(jnp.float32)
   return {"loss": (loss_N * weights_N).sum(), "correct": (correct_N * weights_N).sum(), "count": weights_N.sum()}
 
 
-def summarize(sums: dict[str, jax.Array], task, prefix: str = "") -> dict[str, jax.Array]:
-  """loss (nats), accuracy, and for LM tasks bits per token (per byte for byte-level text)."""
+def summarize(sums: dict[str, jax.Array], objective: str, token_unit: str | None = None, prefix: str = ""
+              ) -> dict[str, jax.Array]:
+  """loss (nats), accuracy, and for next-token LM tasks bits per token_unit (per byte, per dim, ...)."""
   count = jnp.maximum(sums["count"], 1.0)
   out = {f"{prefix}loss": sums["loss"] / count, f"{prefix}accuracy": sums["correct"] / count}
-  if task.objective == "lm":
-    out[f"{prefix}bits_per_{task.token_unit}"] = sums["loss"] / count / jnp.log(2.0)
+  if objective == "lm" and token_unit:
+    out[f"{prefix}bits_per_{token_unit}"] = sums["loss"] / count / jnp.log(2.0)
   return out
 
 
-def make_steps(model, task, tx: optax.GradientTransformation, schedule: optax.Schedule, dropout_key: jax.Array):
+def make_steps(model, objective: str, tx: optax.GradientTransformation, schedule: optax.Schedule,
+               dropout_key: jax.Array, token_unit: str | None = None):
   """The train step (loss, grads, AdamW update, metrics) and eval step (weighted sums), not yet jitted."""
 
   def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -107,21 +112,97 @@ def make_steps(model, task, tx: optax.GradientTransformation, schedule: optax.Sc
     def loss_fn(params):
       logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=False,
                            rngs={"dropout": rng})
-      sums = loss_sums(task.objective, logits, batch, jnp.ones(batch["tokens"].shape[:1], jnp.float32))
+      sums = loss_sums(objective, logits, batch, jnp.ones(batch["tokens"].shape[:1], jnp.float32))
       return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 
     (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                            opt_state=opt_state)
-    metrics = {**summarize(sums, task), "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
+    metrics = {**summarize(sums, objective, token_unit), "grad_norm": optax.tree.norm(grads),
+               "learning_rate": schedule(state.step)}
     return new_state, metrics
 
   def eval_step(params, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=True)
-    return loss_sums(task.objective, logits, batch, batch["weight"])
+    return loss_sums(objective, logits, batch, batch["weight"])
 
   return train_step, eval_step
+
+
+HEADS = ("classifier", "pool_dense", "lm_head")  # the parameters a fine-tuning run initialises anew
+
+
+def restore_params(path: str) -> tuple[ml_collections.ConfigDict, dict, int]:
+  """(config, parameters, step) of a run: `path` is its workdir (latest checkpoint) or workdir/checkpoints/<step>.
+  The parameters are restored on one device."""
+  path = os.path.abspath(os.path.expanduser(path))
+  step = None
+  if not os.path.exists(path):
+    raise ValueError(f"{path}: no such workdir or checkpoint")
+  if not os.path.exists(os.path.join(path, "config.json")):
+    workdir = os.path.dirname(os.path.dirname(path))
+    if (os.path.basename(path).isdigit() and os.path.basename(os.path.dirname(path)) == "checkpoints"
+        and os.path.exists(os.path.join(workdir, "config.json"))):
+      path, step = workdir, int(os.path.basename(path))
+    else:
+      raise ValueError(f"{path} is neither a training run's workdir (with config.json) nor "
+                       "<workdir>/checkpoints/<step>")
+  config = config_lib.default_config()  # fields added since the run was made take their defaults
+  with open(os.path.join(path, "config.json")) as f:
+    config.update(json.load(f))
+  checkpoints = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
+  step = checkpoints.latest_step() if step is None else step
+  if step is None or step not in checkpoints.all_steps():
+    raise ValueError(f"{path} has no checkpoint" + (f" at step {step}" if step is not None else " yet"))
+  model = build_model(config)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract_params = jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+      jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, config.model.max_len), jnp.int32))["params"]))
+  target = {"params": abstract_params}
+  restored = checkpoints.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+      target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+  checkpoints.close()
+  return config, restored["state"]["params"], step
+
+
+def load_encoder(params: dict, path: str) -> dict:
+  """`params` with every parameter but the heads replaced by the run's at `path` (see restore_params).
+
+  The encoders must match (mixer, widths, layers); position embeddings may be longer there (the first rows are
+  taken), so a model pre-trained at length 512 fine-tunes at 128. The heads (HEADS) keep their new values.
+  """
+  try:
+    source_config, loaded, step = restore_params(path)
+  except ValueError as e:
+    raise ValueError(f"config.init_from: {e}") from None
+  flat_loaded = flax.traverse_util.flatten_dict(jax.device_get(loaded), sep="/")
+  m = source_config.model
+  source_model = f"mixer={m.mixer}, num_layers={m.num_layers}, reversible={m.reversible}, d_model={m.d_model}"
+  flat_params = flax.traverse_util.flatten_dict(params, sep="/")
+  unused = sorted(n for n in flat_loaded if n.split("/")[0] not in HEADS and n not in flat_params)
+  if unused:
+    raise ValueError(f"config.init_from: this model has no parameter {unused[0]} of {path} ({source_model}): "
+                     "the encoders must match")
+  out = {}
+  for name, value in flat_params.items():
+    if name.split("/")[0] in HEADS:
+      out[name] = value
+      continue
+    if name not in flat_loaded:
+      raise ValueError(f"config.init_from: {path} has no parameter {name} (it trained {source_model}): "
+                       "the encoders must match")
+    old = np.asarray(flat_loaded[name])
+    if name == "pos_embed" and old.shape[1:] == value.shape[1:] and len(old) >= len(value):
+      old = old[:len(value)]
+    if old.shape != value.shape:
+      raise ValueError(f"config.init_from: parameter {name} has shape {old.shape} in {path}, {value.shape} here: "
+                       "the encoders must match")
+    out[name] = old.astype(value.dtype)
+  logging.info("fine-tuning from %s (step %d): encoder loaded, new heads: %s", path, step,
+               ", ".join(sorted({n.split("/")[0] for n in out if n.split("/")[0] in HEADS})))
+  return flax.traverse_util.unflatten_dict(out, sep="/")
 
 
 def make_mesh(devices=None) -> jax.sharding.Mesh:
@@ -135,18 +216,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """Trains to config.total_steps (resuming from workdir if it holds a checkpoint); returns the last metrics."""
   config_lib.validate(config, jax.device_count())
   task = TASKS[config.data.task]
+  objective = data_lib.objective(config)
   workdir = os.path.abspath(os.path.expanduser(workdir))
   is_chief = jax.process_index() == 0
-  # Process 0 checks the workdir, writes config.json and prepares the data; the others wait, and stop with it if
-  # it failed (instead of waiting forever at the next collective).
+  resuming = _has_checkpoint(workdir)
+  if config.init_from and not resuming and not os.path.exists(os.path.expanduser(config.init_from)):
+    raise ValueError(f"config.init_from='{config.init_from}': no such workdir or checkpoint")
+  # Process 0 checks the workdir, prepares the data, encodes a few examples of each split (so that a setting
+  # that cannot work fails before anything is written in workdir), then writes config.json; the others wait,
+  # and stop with it if it failed (instead of waiting forever at the next collective).
   error = None
   if is_chief:
     try:
-      os.makedirs(workdir, exist_ok=True)
       _check_same_run(config, workdir)
+      pipeline.prepare(config)
+      pipeline.check(config, pipeline.source(config, "train"), pipeline.source(config, "eval"))
+      if config.init_from and not resuming:  # the encoder must load before anything is written
+        load_encoder(jax.eval_shape(lambda: build_model(config).init(
+            jax.random.key(0), jnp.zeros((1, config.model.max_len), jnp.int32))["params"]), config.init_from)
+      os.makedirs(workdir, exist_ok=True)
       with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-      pipeline.prepare(config)
     except ValueError as e:
       error = str(e)
   if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(np.int32(error is not None)) and not error:
@@ -165,7 +255,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   # --------------------------------------------------------------------------------------------------- Data
   train_source = pipeline.source(config, "train")  # prepared above by process 0
-  eval_source = pipeline.source(config, "validation")
+  eval_source = pipeline.source(config, "eval")
   train_iter = pipeline.train_iterator(config, train_source)
 
   # ---------------------------------------------------------------------------------------- Model, optimizer
@@ -193,11 +283,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("resumed from %s at step %d", checkpoints.directory, start_step)
   else:
     state = jax.jit(init_state, out_shardings=state_sharding)()
+    if config.init_from:  # fine-tuning: the encoder from another run, new heads, a fresh optimizer
+      params = load_encoder(jax.device_get(state.params), config.init_from)
+      state = jax.jit(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
+                      out_shardings=state_sharding)(params)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("model: %s mixer, %d parameters; %d devices", config.model.mixer, num_params, jax.device_count())
 
   # ---------------------------------------------------------------------------------------------- Steps
-  train_step, eval_step = make_steps(model, task, tx, schedule, dropout_key)
+  train_step, eval_step = make_steps(model, objective, tx, schedule, dropout_key, task.token_unit)
   jit_train_step = jax.jit(train_step, in_shardings=(state_sharding, batch_sharding),
                            out_shardings=(state_sharding, replicated), donate_argnums=0)
   jit_eval_step = jax.jit(eval_step, in_shardings=(state_sharding.params, batch_sharding), out_shardings=replicated)
@@ -207,7 +301,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     for batch in pipeline.eval_batches(config, eval_source):
       sums = jit_eval_step(params, to_global(batch))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-    return {k: float(v) for k, v in jax.device_get(summarize(totals, task, prefix="eval_")).items()}
+    return {k: float(v) for k, v in jax.device_get(summarize(totals, objective, task.token_unit, prefix="eval_")).items()}
 
   def save(step: int) -> None:
     checkpoints.save(step, args=ocp.args.Composite(
@@ -330,13 +424,20 @@ def _fmt(row: dict[str, float]) -> str:
   return ", ".join(f"{k}={v:.4g}" for k, v in row.items())
 
 
+def _has_checkpoint(workdir: str) -> bool:
+  folder = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
+
+
 def _check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses to resume a workdir whose checkpoint belongs to a different model or data setup."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path) or not os.path.isdir(os.path.join(workdir, "checkpoints")):
     return
+  saved = json.loads(config_lib.default_config().to_json_best_effort())  # fields added since take their defaults
   with open(path) as f:
-    saved = json.load(f)
+    for section, values in json.load(f).items():
+      saved[section] = {**saved.get(section, {}), **values} if isinstance(values, dict) else values
   current = json.loads(config.to_json_best_effort())
   for section in ("model", "data"):
     for key, value in current[section].items():

@@ -1,4 +1,5 @@
 """Every config under configs/ builds, validates, and trains one step in its smoke variant."""
+import contextlib
 import glob
 import os
 import runpy
@@ -6,10 +7,12 @@ import runpy
 import jax
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 from conftest import REPO
 from efftx import config as config_lib
 from efftx import train
+from efftx.data import TASKS
 
 CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.py")) if not p.endswith("__init__.py"))
 
@@ -21,8 +24,14 @@ def test_config_builds_validates_and_trains_a_step(path, data_dir, tmp_path):
   config = get_config("smoke")
   config.data.data_dir = data_dir
   config.total_steps = 1
-  result = train.train_and_evaluate(config, str(tmp_path))
+  # Registered TFDS datasets (IMDb, CIFAR-10, GLUE) cannot be downloaded here: random examples of their features.
+  mocked = tfds.testing.mock_data(num_examples=24) if not TASKS[config.data.task].local else contextlib.nullcontext()
+  with mocked:
+    result = train.train_and_evaluate(config, str(tmp_path))
   assert result["step"] == 1 and np.isfinite(result["loss"]) and np.isfinite(result["eval_loss"])
+  task = TASKS[config.data.task]
+  if config.data.objective in ("", "lm") and task.objective == "lm" and task.token_unit:  # bits/byte, bits/dim
+    assert result[f"eval_bits_per_{task.token_unit}"] == pytest.approx(result["eval_loss"] / np.log(2), rel=1e-5)
 
 
 def test_parse_arg():
@@ -33,3 +42,11 @@ def test_parse_arg():
     config_lib.parse_arg("steps=x", steps=1)
   with pytest.raises(ValueError, match="unknown config argument 'foo'"):
     config_lib.parse_arg("foo", steps=1)
+
+
+def test_glue_fine_tunes_the_encoder_mlm_bytes_pre_trains():
+  glue = runpy.run_path(os.path.join(REPO, "configs", "glue.py"))
+  mlm = runpy.run_path(os.path.join(REPO, "configs", "mlm_bytes.py"))
+  assert glue["ENCODER"] == mlm["ENCODER"]
+  a, b = glue["get_config"]().model, mlm["get_config"]().model
+  assert all(a[k] == b[k] for k in ("mixer", "d_model", "num_heads", "num_layers", "d_ff"))

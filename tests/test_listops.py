@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from efftx.data import listops
+from efftx.data import TASKS
 
 
 def _evaluate(tokens: list[str]) -> int:
@@ -57,12 +58,16 @@ def test_lra_length_range_and_label_spread():
   assert len(collections.Counter(label for _, label in examples)) == 10
 
 
-def test_encode_pads_and_refuses_too_long():
-  ids, mask = listops.encode("[MAX 2 9 [MIN 4 7 ] 0 ]", 12)
-  assert [listops.VOCAB[i] for i in ids[:9]] == "[MAX 2 9 [MIN 4 7 ] 0 ]".split()
+def test_encode_pads_and_refuses_too_long_unless_truncating():
+  encode = TASKS["listops"].encode
+  example = encode({"source": b"[MAX 2 9 [MIN 4 7 ] 0 ]", "label": 9}, 12, False)
+  ids, mask = example["tokens"], example["mask"]
+  assert [listops.VOCAB[i] for i in ids[:9]] == "[MAX 2 9 [MIN 4 7 ] 0 ]".split() and example["label"] == 9
   assert mask.tolist() == [True] * 9 + [False] * 3 and ids[9:].tolist() == [0, 0, 0]
   with pytest.raises(ValueError, match="max_len=5"):
-    listops.encode("[MAX 2 9 [MIN 4 7 ] 0 ]", 5)
+    encode({"source": b"[MAX 2 9 [MIN 4 7 ] 0 ]", "label": 9}, 5, False)
+  cut = encode({"source": b"[MAX 2 9 [MIN 4 7 ] 0 ]", "label": 9}, 5, True)
+  assert cut["mask"].all() and cut["tokens"].tolist() == ids[:5].tolist()
 
 
 def test_prepared_tiny_builder_has_disjoint_correct_splits(smoke_config):

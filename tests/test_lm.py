@@ -13,6 +13,7 @@ from efftx import sample
 from efftx import train
 from efftx.data import TASKS
 from efftx.data import byte_text
+from efftx.data import sequence
 
 
 def test_byte_records_are_contiguous_disjoint_slices_of_the_corpus():
@@ -26,10 +27,13 @@ def test_byte_records_are_contiguous_disjoint_slices_of_the_corpus():
     offset += int(len(corpus) * fraction)
 
 
-def test_tokens_round_trip_and_padding():
-  tokens, mask = byte_text.encode_text("héllo".encode(), 8)
-  assert tokens[0] == ord("h") + 1 and mask.sum() == 6 and tokens[6:].tolist() == [0, 0]
-  assert byte_text.decode_tokens(tokens) == "héllo"
+def test_tokens_round_trip_and_next_token_targets():
+  example = TASKS["bytes"].encode({"bytes": np.frombuffer("héllo!!".encode(), np.uint8)}, 8, False)
+  tokens, mask = example["tokens"], example["mask"]
+  assert tokens[0] == ord("h") + 1 and mask.sum() == 8 and byte_text.decode_tokens(tokens) == "héllo!!"[:7]
+  assert example["targets"][:7].tolist() == tokens[1:].tolist() and example["weights"].tolist() == [1.0] * 7 + [0.0]
+  short = TASKS["bytes"].encode({"bytes": np.frombuffer(b"hi", np.uint8)}, 4, False)
+  assert short["tokens"].tolist() == [ord("h") + 1, ord("i") + 1, 0, 0] and short["weights"].tolist() == [1, 0, 0, 0]
 
 
 def test_lm_loss_is_next_token_cross_entropy_on_real_tokens():
@@ -37,7 +41,8 @@ def test_lm_loss_is_next_token_cross_entropy_on_real_tokens():
   logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
   tokens = rng.integers(1, 7, size=(2, 5)).astype(np.int32)
   mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)
-  sums = train.loss_sums("lm", jnp.asarray(logits), {"tokens": tokens, "mask": mask}, jnp.ones(2))
+  batch = {k: np.stack([sequence.next_token(t, m)[k] for t, m in zip(tokens, mask)]) for k in ("targets", "weights")}
+  sums = train.loss_sums("lm", jnp.asarray(logits), batch, jnp.ones(2))
   want, count = 0.0, 0
   for b in range(2):
     for t in range(4):

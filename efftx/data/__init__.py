@@ -1,50 +1,157 @@
-"""Tasks: a TFDS builder (prepared as array_record), its vocabulary and labels, and its encoder.
+"""Tasks: a TFDS dataset (prepared as array_record), its vocabulary, labels or targets, and its encoder.
 
-`TASKS[config.data.task]` names the task; `config.data.variant` picks the builder config (e.g. ListOps "small").
-The grain pipeline that reads them is `efftx.data.pipeline`.
+`TASKS[config.data.task]` names the task; `config.data.variant` picks the dataset's builder config (ListOps
+"small", MQAR "256x16", GLUE "sst2", ...). A task's dataset is either a builder of this package, generated or
+read from local files, or a dataset registered in TFDS that a user builds once with
+`tfds build <name> --file_format=array_record` (it downloads) — here those are tested under
+`tfds.testing.mock_data`. The grain pipeline that reads them is `efftx.data.pipeline`.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Callable
 
 import numpy as np
 
 from efftx.data import byte_text
+from efftx.data import images
 from efftx.data import listops
+from efftx.data import mqar
+from efftx.data import sequence
+
+OBJECTIVES = ("classify", "lm", "mlm")
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  builder: type                      # a tfds.core.GeneratorBasedBuilder
-  vocab_size: int                    # token ids are in [0, vocab_size); 0 is padding
-  num_classes: int                   # classes for "classify"; unused for "lm"
-  objective: str                     # "classify" (one label per sequence) or "lm" (next token)
-  # (raw TFDS example, max_len) -> {"tokens": int32[L], "mask": bool[L]} (+ "label": int32[] to classify)
-  encode: Callable[[dict, int], dict[str, np.ndarray]]
+  # A builder class of this package, or the name of a registered TFDS dataset ("{variant}" is replaced).
+  dataset: type | str
+  vocab_size: int                    # token ids are in [0, vocab_size)
+  num_classes: int | dict[str, int]  # classes of "classify" tasks (per variant, if a dict); 0 otherwise
+  # "classify" (one label per sequence) or "lm" (a target per position: next token, or the task's own targets)
+  objective: str
+  # (raw TFDS example, max_len, truncate) -> {"tokens", "mask"} and {"label"} or {"targets", "weights"}
+  encode: Callable[[dict, int, bool], dict[str, np.ndarray]]
+  variants: tuple[str, ...] = ()     # registered datasets: the accepted variants (local builders list their own)
+  # TFDS split names (slices allowed) for training and evaluation; a dict gives them per variant
+  splits: tuple[str, str] | dict[str, tuple[str, str]] = ("train", "validation")
+  mask_id: int | None = None         # the [MASK] token: the task's text can be masked-LM pre-training data
+  random_ids: tuple[int, int] = (0, 0)  # masked-LM: replacement tokens are drawn from [low, high)
+  special_ids: tuple[int, ...] = ()  # masked-LM: never chosen (e.g. SEP)
   # LM tasks, for sampling: text -> token ids, and token ids -> text
   tokenize: Callable[[bytes], np.ndarray] | None = None
   detokenize: Callable[[np.ndarray], str] | None = None
-  token_unit: str = "token"          # LM metrics are bits per <token_unit>
+  token_unit: str | None = None      # next-token LM metrics are bits per <token_unit>
   max_len: int | None = None         # the longest sequence an example holds, if the task has such a limit
+  module: str | None = None          # a TFDS module to import before building a registered dataset
+
+  @property
+  def local(self) -> bool:
+    return not isinstance(self.dataset, str)
+
+  def variant_names(self) -> list[str]:
+    return [c.name for c in self.dataset.BUILDER_CONFIGS] if self.local else list(self.variants)
+
+  def tfds_name(self, variant: str) -> str:
+    if self.local:
+      return f"{self.dataset.name}/{variant}"
+    if self.module:
+      importlib.import_module(self.module)
+    return self.dataset.format(variant=variant)
+
+  def split_names(self, variant: str) -> tuple[str, str]:
+    return self.splits[variant] if isinstance(self.splits, dict) else self.splits
+
+  def classes(self, variant: str) -> int:
+    return self.num_classes[variant] if isinstance(self.num_classes, dict) else self.num_classes
 
 
-def _encode_listops(example: dict, max_len: int) -> dict[str, np.ndarray]:
-  tokens_L, mask_L = listops.encode(example["source"], max_len)
+# ------------------------------------------------------------------------------------------------ encoders
+def _listops(example, max_len, truncate):
+  tokens_L, mask_L = sequence.pad_to(listops.tokenize(example["source"]), max_len, truncate, "a ListOps example")
   return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(example["label"])}
 
 
-def _encode_byte_text(example: dict, max_len: int) -> dict[str, np.ndarray]:
-  tokens_L, mask_L = byte_text.encode_text(np.asarray(example["bytes"]).tobytes(), max_len)
-  return {"tokens": tokens_L, "mask": mask_L}
+def _byte_lm(example, max_len, truncate):
+  del truncate  # a training sequence is the first max_len bytes of its record, by design
+  record = np.asarray(example["bytes"]).tobytes()[:max_len]
+  return sequence.next_token(*sequence.pad_to(byte_text.tokenize(record), max_len, False, "a record"))
 
+
+def _mqar(example, max_len, truncate):
+  del truncate  # never: a cut example loses queries
+  return mqar.encode(example, max_len)
+
+
+def _text_classify(example, max_len, truncate):
+  tokens_L, mask_L = sequence.pad_to(byte_text.tokenize(example["text"]), max_len, truncate, "a text")
+  return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(example["label"])}
+
+
+# GLUE's text fields: a pair joined by SEP (the first pair the example has), or one sentence.
+_GLUE_PAIRS = (("sentence1", "sentence2"), ("question1", "question2"), ("premise", "hypothesis"),
+               ("question", "sentence"))
+_GLUE_VARIANTS = ("cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli")
+
+
+def _glue(example, max_len, truncate):
+  pair = next((p for p in _GLUE_PAIRS if p[0] in example and p[1] in example), None)
+  ids = byte_text.tokenize_pair(example[pair[0]], example[pair[1]]) if pair else byte_text.tokenize(
+      example["sentence"])
+  tokens_L, mask_L = sequence.pad_to(ids, max_len, truncate, "a GLUE example")
+  label = int(example["label"])
+  if label < 0:
+    raise ValueError("GLUE test splits have no labels (label -1): evaluate on a validation split")
+  return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(label)}
+
+
+def _pixels_classify(example, max_len, truncate):
+  del truncate  # an image is never cut
+  return images.encode_classify(example, max_len)
+
+
+def _pixels_autoregressive(example, max_len, truncate):
+  del truncate
+  return images.encode_autoregressive(example, max_len)
+
+
+_BYTE_MLM = {"mask_id": byte_text.MASK_ID, "random_ids": (1, 257), "special_ids": (byte_text.SEP_ID,)}
 
 TASKS = {
-    "listops": Task(
-        builder=listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
-        objective="classify", encode=_encode_listops),
-    "bytes": Task(
-        builder=byte_text.ByteText, vocab_size=byte_text.VOCAB_SIZE, num_classes=0, objective="lm",
-        encode=_encode_byte_text, tokenize=byte_text.tokenize, detokenize=byte_text.decode_tokens,
-        token_unit="byte", max_len=byte_text.RECORD_LEN),
+    "listops": Task(listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
+                    objective="classify", encode=_listops),
+    "mqar": Task(mqar.Mqar, vocab_size=mqar.VOCAB_SIZE, num_classes=0, objective="lm", encode=_mqar),
+    "bytes": Task(byte_text.ByteText, vocab_size=byte_text.VOCAB_SIZE, num_classes=0, objective="lm",
+                  encode=_byte_lm, tokenize=byte_text.tokenize, detokenize=byte_text.decode_tokens,
+                  token_unit="byte", max_len=byte_text.RECORD_LEN, **_BYTE_MLM),
+    "fashion_mnist": Task(images.FashionMnistIdx, vocab_size=images.PIXEL_VOCAB, num_classes=10,
+                          objective="classify", encode=_pixels_classify),
+    "fashion_mnist_ar": Task(images.FashionMnistIdx, vocab_size=images.AR_VOCAB, num_classes=0, objective="lm",
+                             encode=_pixels_autoregressive, token_unit="dim"),
+    # LRA Text: IMDb reviews as bytes, cut at max_len (LRA: 1,000 in its configs, 4K in the paper); LRA
+    # evaluates on the test split (IMDb has no validation split).
+    "imdb_bytes": Task("imdb_reviews/{variant}", vocab_size=byte_text.VOCAB_SIZE, num_classes=2,
+                       objective="classify", encode=_text_classify, variants=("plain_text",),
+                       splits=("train", "test"), **_BYTE_MLM),
+    # LRA Image: CIFAR-10 in grey, 1,024 tokens; LRA trains on train[:90%] and validates on train[90%:].
+    "cifar10_grey": Task("cifar10", vocab_size=images.PIXEL_VOCAB, num_classes=10, objective="classify",
+                         encode=_pixels_classify, variants=("default",), splits=("train[:90%]", "train[90%:]")),
+    # AFT's CIFAR-10 density estimation: RGB sub-pixels, 3,072 tokens, bits per dim on the test split.
+    "cifar10_ar": Task("cifar10", vocab_size=images.AR_VOCAB, num_classes=0, objective="lm",
+                       encode=_pixels_autoregressive, variants=("default",), splits=("train", "test"),
+                       token_unit="dim"),
+    # FNet's GLUE fine-tuning, byte-level (FNet itself uses a SentencePiece vocabulary); MNLI validates on
+    # validation_matched. STS-B (regression) is not included.
+    "glue": Task("glue/{variant}", vocab_size=byte_text.VOCAB_SIZE,
+                 num_classes={v: 3 if v == "mnli" else 2 for v in _GLUE_VARIANTS}, objective="classify",
+                 encode=_glue, variants=_GLUE_VARIANTS, splits={"mnli": ("train", "validation_matched"),
+                                                                **{v: ("train", "validation") for v in _GLUE_VARIANTS
+                                                                   if v != "mnli"}},
+                 module="tensorflow_datasets.text.glue", **_BYTE_MLM),
 }
+
+
+def objective(config) -> str:
+  """The run's objective: config.data.objective if set (e.g. "mlm" on a text task), else the task's own."""
+  return config.data.objective or TASKS[config.data.task].objective

@@ -3,7 +3,11 @@
 The corpus is one byte string: the files of a folder, sorted by path and concatenated. It is split by byte
 offset into contiguous train / validation / test parts (90 / 5 / 5 %, enwik8's 90M/5M/5M scaled to the corpus)
 and each part is cut into non-overlapping records of RECORD_LEN bytes. A training sequence is the first max_len
-bytes of a record (max_len ≤ RECORD_LEN). Tokens are byte + 1 (0 is padding); report bits per byte.
+bytes of a record (max_len ≤ RECORD_LEN). Report bits per byte.
+
+The byte vocabulary, shared by every byte-level text task (LM, LRA text, GLUE), so that a model pre-trained on
+one fine-tunes on another: 0 padding, byte b → b + 1, SEP_ID between the two texts of a pair, MASK_ID for
+masked-LM pre-training.
 
 Builder configs: "stdlib" — the Python standard library's .py sources of the running interpreter (~31 MB,
 present on every machine); "files" — every file under the folder given as config.data.corpus_dir (e.g. Debian's
@@ -18,7 +22,9 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 RECORD_LEN = 1024
-VOCAB_SIZE = 257  # 256 byte values + padding
+SEP_ID = 257
+MASK_ID = 258
+VOCAB_SIZE = 259
 SPLITS = (("train", 0.90), ("validation", 0.05), ("test", 0.05))
 
 
@@ -47,20 +53,19 @@ def split_records(corpus: bytes) -> dict[str, np.ndarray]:
   return out
 
 
-def tokenize(text: bytes) -> np.ndarray:
+def tokenize(text: bytes | str) -> np.ndarray:
+  if isinstance(text, str):
+    text = text.encode("utf-8")
   return np.frombuffer(text, np.uint8).astype(np.int32) + 1
 
 
-def encode_text(text: bytes, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens, mask) for the first max_len bytes, padded to max_len."""
-  ids = tokenize(text[:max_len])
-  tokens_L = np.zeros((max_len,), np.int32)
-  tokens_L[:len(ids)] = ids
-  return tokens_L, tokens_L > 0
+def tokenize_pair(first: bytes | str, second: bytes | str) -> np.ndarray:
+  """`first SEP second`, the input of a sentence-pair task."""
+  return np.concatenate([tokenize(first), [SEP_ID], tokenize(second)]).astype(np.int32)
 
 
 def decode_tokens(tokens: np.ndarray) -> str:
-  return bytes(int(t) - 1 for t in tokens if t > 0).decode("utf-8", errors="replace")
+  return bytes(int(t) - 1 for t in tokens if 0 < t <= 256).decode("utf-8", errors="replace")
 
 
 class ByteText(tfds.core.GeneratorBasedBuilder):
@@ -72,7 +77,8 @@ class ByteText(tfds.core.GeneratorBasedBuilder):
       tfds.core.BuilderConfig(name="stdlib", description="The Python standard library's .py sources."),
       tfds.core.BuilderConfig(name="files", description="Every file under the manual dir (config.data.corpus_dir)."),
   ]
-  MANUAL_DOWNLOAD_INSTRUCTIONS = "Pass the folder of text files as config.data.corpus_dir."
+  MANUAL_DOWNLOAD_INSTRUCTIONS = "give a folder of text files as config.data.corpus_dir"
+  MANUAL_DIR_VARIANTS = ("files",)  # the variants that read config.data.corpus_dir
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

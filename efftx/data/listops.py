@@ -6,7 +6,7 @@ The generator follows the LRA data script as specified in shared/PAPERS.md: a ra
 no expression appears in two splits. The label is the value of the tree.
 
 The TFDS builder stores each example as its source string (`"[MAX 2 9 [MIN 4 7 ] 0 ]"`) and its label; the
-input pipeline tokenises (`encode`) — exactly LRA's tokenisation: whitespace-split, one id per token.
+input pipeline tokenises (`tokenize`) — exactly LRA's tokenisation: whitespace-split, one id per token.
 """
 from __future__ import annotations
 
@@ -83,18 +83,11 @@ def generate(
   return examples
 
 
-def encode(source: str | bytes, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-  """Token ids padded to max_len, and the mask (True at real tokens)."""
+def tokenize(source: str | bytes) -> np.ndarray:
+  """LRA's tokenisation: whitespace-split, one id per token."""
   if isinstance(source, bytes):
     source = source.decode()
-  tokens = source.split()
-  if len(tokens) > max_len:
-    raise ValueError(f"a ListOps example has {len(tokens)} tokens, more than config.model.max_len={max_len}")
-  ids_L = np.full((max_len,), PAD_ID, np.int32)
-  ids_L[: len(tokens)] = [TOKEN_IDS[t] for t in tokens]
-  mask_L = np.zeros((max_len,), bool)
-  mask_L[: len(tokens)] = True
-  return ids_L, mask_L
+  return np.array([TOKEN_IDS[t] for t in source.split()], np.int32)
 
 
 @dataclasses.dataclass

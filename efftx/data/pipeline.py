@@ -5,7 +5,7 @@ cover the data once per epoch without overlap; train.py assembles the global bat
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 import os
 from typing import Iterator
 
@@ -15,7 +15,10 @@ import jax
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
+import tqdm
 
+from efftx.data import objective
+from efftx.data import sequence
 from efftx.data import TASKS
 
 
@@ -25,18 +28,44 @@ def data_dir(config: ml_collections.ConfigDict) -> str:
 
 
 def prepare(config: ml_collections.ConfigDict) -> None:
-  """Generates and writes the task's dataset as array_record in data_dir, unless it is there already.
+  """Makes the task's dataset ready as array_record in data_dir, unless it is there already.
 
-  Call it on process 0 only (train.py does, then synchronises): data_dir must be shared storage on several
-  hosts (or prepared beforehand with `tfds build`).
+  Local builders generate or read their data (a folder of files: config.data.corpus_dir); registered TFDS
+  datasets are downloaded and prepared by TFDS, which needs the network (or a data_dir where
+  `tfds build <name> --file_format=array_record` ran). Call it on process 0 only (train.py does, then
+  synchronises): data_dir must be shared storage on several hosts.
   """
-  builder = TASKS[config.data.task].builder(config=config.data.variant, data_dir=data_dir(config),
-                                            file_format="array_record")
+  task = TASKS[config.data.task]
+  name = task.tfds_name(config.data.variant)
+  if not task.local:
+    builder = tfds.builder(name, data_dir=data_dir(config), file_format="array_record")
+    if builder.is_prepared():
+      return
+    logging.info("preparing %s in %s with TFDS (downloads; once)", name, data_dir(config))
+    try:
+      builder.download_and_prepare()
+    except Exception as e:  # pylint: disable=broad-except  # no network, no TensorFlow for its generator, ...
+      first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ValueError(f"TFDS could not prepare {name} ({type(e).__name__}: {first_line}); on a machine that can "
+                       f"download it, run: tfds build {name} --file_format=array_record "
+                       f"--data_dir={data_dir(config)}") from None
+    return
+  builder = task.dataset(config=config.data.variant, data_dir=data_dir(config), file_format="array_record")
   if not builder.is_prepared():
-    logging.info("preparing %s/%s in %s (once; later runs reuse it)", builder.name, config.data.variant,
-                 data_dir(config))
-  manual_dir = os.path.abspath(os.path.expanduser(config.data.corpus_dir)) if config.data.corpus_dir else None
-  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+    logging.info("preparing %s in %s (once; later runs reuse it)", name, data_dir(config))
+  folder = config.data.corpus_dir or getattr(task.dataset, "DEFAULT_MANUAL_DIR", "")
+  manual_dir = os.path.abspath(os.path.expanduser(folder)) if folder else None
+  if manual_dir and not builder.is_prepared() and not (os.path.isdir(manual_dir) and os.listdir(manual_dir)):
+    raise ValueError(f"{name}: the folder {manual_dir} is missing or empty; "
+                     f"{getattr(task.dataset, 'MANUAL_DOWNLOAD_INSTRUCTIONS', 'set config.data.corpus_dir')}")
+  try:
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  except ValueError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # a corrupt file, an unreadable folder, ...
+    first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise ValueError(f"preparing {name} from {manual_dir or 'generated data'} failed: {type(e).__name__}: "
+                     f"{first_line}") from None
   # A dataset prepared from a folder remembers which: the same variant from another folder needs another data_dir.
   marker = os.path.join(builder.data_dir, "efftx_corpus_dir.txt")
   if manual_dir and not os.path.exists(marker):
@@ -48,46 +77,111 @@ def prepare(config: ml_collections.ConfigDict) -> None:
 
 
 def source(config: ml_collections.ConfigDict, split: str):
-  """The random-access source of one prepared split (see `prepare`)."""
+  """The random-access source of one prepared split (see `prepare`): "train" and "eval" are the task's training
+  and evaluation splits; any other name is a TFDS split of the dataset ("test", "train[:10%]", ...)."""
   task = TASKS[config.data.task]
-  return tfds.data_source(f"{task.builder.name}/{config.data.variant}", split=split, data_dir=data_dir(config),
-                          download=False, try_gcs=False)
+  train_split, eval_split = task.split_names(config.data.variant)
+  split = {"train": train_split, "eval": eval_split}.get(split, split)
+  name = task.tfds_name(config.data.variant)
+  try:
+    return tfds.data_source(name, split=split, data_dir=data_dir(config), download=False, try_gcs=False)
+  except Exception as e:  # pylint: disable=broad-except  # e.g. prepared as tfrecord: no random access
+    first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise ValueError(f"cannot read {name} split '{split}' from {data_dir(config)} ({type(e).__name__}: "
+                     f"{first_line}); it must be prepared as array_record: tfds build {name} "
+                     f"--file_format=array_record --data_dir={data_dir(config)}") from None
 
 
-def _encode(example: dict, *, task_name: str, max_len: int) -> dict[str, np.ndarray]:
-  return TASKS[task_name].encode(example, max_len)
+@dataclasses.dataclass(frozen=True)
+class Encode:
+  """A raw TFDS example → the model's fixed-length arrays (efftx.data.sequence), with its token ids checked."""
+
+  task_name: str
+  max_len: int
+  truncate: bool
+
+  def __call__(self, example: dict) -> dict[str, np.ndarray]:
+    task = TASKS[self.task_name]
+    out = task.encode(example, self.max_len, self.truncate)
+    for key in ("tokens", "targets"):
+      if key in out and len(out[key]) and (out[key].max() >= task.vocab_size or out[key].min() < 0):
+        bad = out[key][(out[key] >= task.vocab_size) | (out[key] < 0)][0]
+        raise ValueError(f"task '{self.task_name}': an example has token id {bad} in its {key}, outside the "
+                         f"vocabulary [0, {task.vocab_size})")
+    return out
 
 
-def _local_batch_size(config: ml_collections.ConfigDict) -> int:
-  return config.data.batch_size // jax.process_count()
+@dataclasses.dataclass(frozen=True)
+class MaskForMlm:
+  """Masked-LM corruption of an encoded example (a grain random map: a seeded generator per element)."""
+
+  mask_id: int
+  random_ids: tuple[int, int]
+  special_ids: tuple[int, ...]
+
+  def __call__(self, example: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return sequence.mask_for_mlm({"tokens": example["tokens"], "mask": example["mask"]}, rng,
+                                 mask_id=self.mask_id, random_ids=self.random_ids, special_ids=self.special_ids)
 
 
-def train_iterator(config: ml_collections.ConfigDict, train_source) -> grain.DatasetIterator:
-  """Endless process-local batches, reshuffled every epoch from config.seed; checkpointable (get/set_state)."""
-  ds = grain.MapDataset.source(train_source)[jax.process_index()::jax.process_count()]
+def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset) -> grain.MapDataset:
+  """Encodes the elements of ds; for masked-LM also corrupts them, seeded from config.seed and the index."""
+  ds = ds.map(Encode(config.data.task, config.model.max_len, config.data.truncate))
+  if objective(config) == "mlm":
+    task = TASKS[config.data.task]
+    ds = ds.seed(config.seed).random_map(MaskForMlm(task.mask_id, task.random_ids, task.special_ids))
+  return ds
+
+
+def check(config: ml_collections.ConfigDict, *sources, num_examples: int = 100_000) -> None:
+  """Encodes the first num_examples of each source (all of every task here but the largest registered ones), so
+  that an example too long for max_len or a token outside the vocabulary stops the run before it writes anything."""
+  for src in sources:
+    if not len(src):
+      raise ValueError(f"task '{config.data.task}' ({config.data.variant}): a split is empty")
+    ds = _encoded(config, grain.MapDataset.source(src))
+    for i in tqdm.trange(min(num_examples, len(src)), desc="checking examples", unit="ex", disable=None,
+                         leave=False):
+      ds[i]  # pylint: disable=pointless-statement
+
+
+def _process(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+  return (jax.process_index() if process_index is None else process_index,
+          jax.process_count() if process_count is None else process_count)
+
+
+def train_iterator(config: ml_collections.ConfigDict, train_source, process_index: int | None = None,
+                   process_count: int | None = None) -> grain.DatasetIterator:
+  """Endless process-local batches, reshuffled every epoch from config.seed; checkpointable (get/set_state).
+
+  Process p of n reads the examples p, p + n, p + 2n, ... (default: this JAX process of all of them).
+  """
+  index, count = _process(process_index, process_count)
+  ds = grain.MapDataset.source(train_source)[index::count]
   ds = ds.seed(config.seed).shuffle().repeat()  # shuffle before repeat: a new order each epoch
-  ds = ds.map(functools.partial(_encode, task_name=config.data.task, max_len=config.model.max_len))
-  ds = ds.batch(_local_batch_size(config), drop_remainder=True)
+  ds = _encoded(config, ds)
+  ds = ds.batch(config.data.batch_size // count, drop_remainder=True)
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=config.data.read_threads, prefetch_buffer_size=8))
   if config.data.worker_count:
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=config.data.worker_count))
   return iter(it_ds)
 
 
-def eval_batches(config: ml_collections.ConfigDict, eval_source) -> Iterator[dict[str, np.ndarray]]:
+def eval_batches(config: ml_collections.ConfigDict, eval_source, process_index: int | None = None,
+                 process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
   """One pass over a split in process-local batches of fixed size; rows with `weight` 0 are padding.
 
   Every process yields the same number of batches (padding whole batches if its shard is shorter), so the
-  sharded eval step runs in lockstep on all processes.
+  sharded eval step runs in lockstep on all processes. Masked-LM corruption is the same on every pass.
   """
-  local_batch = _local_batch_size(config)
-  shard = grain.MapDataset.source(eval_source)[jax.process_index()::jax.process_count()]
-  shard = shard.map(functools.partial(_encode, task_name=config.data.task, max_len=config.model.max_len))
-  largest_shard = -(-len(eval_source) // jax.process_count())
+  index, count = _process(process_index, process_count)
+  local_batch = config.data.batch_size // count
+  # Sharded after encoding: masked-LM corruption is seeded by the global index, the same for any process count.
+  shard = _encoded(config, grain.MapDataset.source(eval_source))[index::count]
+  largest_shard = -(-len(eval_source) // count)
   num_batches = -(-largest_shard // local_batch)
   # Shapes from the split's first example: a process's shard may be empty when the split has fewer examples.
-  template = {k: np.asarray(v) for k, v in _encode(eval_source[0], task_name=config.data.task,
-                                                   max_len=config.model.max_len).items()}
+  template = {k: np.asarray(v) for k, v in _encoded(config, grain.MapDataset.source(eval_source))[0].items()}
   for b in range(num_batches):
     rows = [shard[i] for i in range(b * local_batch, min((b + 1) * local_batch, len(shard)))]
     batch = {k: np.zeros((local_batch,) + template[k].shape, template[k].dtype) for k in template}

@@ -1,0 +1,88 @@
+"""Masked-LM pre-training, then fine-tuning from its checkpoint (config.init_from): encoder loaded, head new."""
+import flax.traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from efftx import train
+from efftx.model import build_model
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, data_dir):
+  from configs import mlm_bytes  # pylint: disable=g-import-not-at-top
+  config = mlm_bytes.get_config("smoke")
+  config.data.data_dir = data_dir
+  config.total_steps = 3
+  workdir = str(tmp_path_factory.mktemp("mlm"))
+  result = train.train_and_evaluate(config, workdir)
+  assert np.isfinite(result["eval_loss"]) and "eval_bits_per_byte" not in result  # masked tokens, not bits/byte
+  return workdir
+
+
+def _glue_config(data_dir):
+  from configs import glue  # pylint: disable=g-import-not-at-top
+  config = glue.get_config("smoke")
+  config.data.data_dir = data_dir
+  return config
+
+
+def test_load_encoder_takes_every_encoder_parameter_and_keeps_new_heads(pretrained, data_dir):
+  _, source_params, step = train.restore_params(pretrained)
+  assert step == 3 and "lm_head" in source_params
+  config = _glue_config(data_dir)
+  config.model.max_len = 32  # fine-tuned shorter than pre-trained (64): the first position embeddings are taken
+  new = build_model(config).init(jax.random.key(5), jnp.zeros((1, config.model.max_len), jnp.int32))["params"]
+  loaded = flax.traverse_util.flatten_dict(train.load_encoder(jax.device_get(new), pretrained), sep="/")
+  source = flax.traverse_util.flatten_dict(jax.device_get(source_params), sep="/")
+  fresh = flax.traverse_util.flatten_dict(jax.device_get(new), sep="/")
+  heads = {k for k in loaded if k.split("/")[0] in train.HEADS}
+  assert heads == {k for k in fresh if k.startswith(("classifier/", "pool_dense/"))}  # MLM head left behind
+  for name, value in loaded.items():
+    if name in heads:
+      np.testing.assert_array_equal(value, fresh[name])
+    elif name == "pos_embed":
+      assert value.shape == (32, 32) and source[name].shape == (64, 32)
+      np.testing.assert_array_equal(value, source[name][:32])
+    else:
+      np.testing.assert_array_equal(value, source[name])
+  # The checkpoint's own step directory works too.
+  by_step = train.load_encoder(jax.device_get(new), f"{pretrained}/checkpoints/3")
+  np.testing.assert_array_equal(by_step["embed"]["embedding"], source["embed/embedding"])
+
+
+def test_fine_tuning_run_starts_from_the_encoder(pretrained, data_dir, tmp_path):
+  config = _glue_config(data_dir)
+  config.init_from = pretrained
+  config.total_steps = 1
+  with tfds.testing.mock_data(num_examples=24):
+    result = train.train_and_evaluate(config, str(tmp_path / "sst2"))
+  assert result["step"] == 1 and np.isfinite(result["eval_loss"])
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"num_layers": 3}, "has no parameter block_2/.*num_layers=2"),
+    ({"num_layers": 1}, "this model has no parameter block_1/.*num_layers=2"),
+    ({"mixer": "attention"}, "has no parameter block_0/mixing/mixer/.*mixer=fnet"),
+    ({"d_model": 64}, "has shape"),
+])
+def test_a_different_encoder_is_refused_clearly(pretrained, data_dir, change, message):
+  config = _glue_config(data_dir)
+  config.model.update(**change)
+  new = jax.eval_shape(lambda: build_model(config).init(jax.random.key(0), jnp.zeros((1, 64), jnp.int32))["params"])
+  with pytest.raises(ValueError, match=message):
+    train.load_encoder(new, pretrained)
+
+
+def test_init_from_must_be_a_run(pretrained, data_dir, tmp_path):
+  config = _glue_config(data_dir)
+  new = jax.eval_shape(lambda: build_model(config).init(jax.random.key(0), jnp.zeros((1, 64), jnp.int32))["params"])
+  with pytest.raises(ValueError, match="init_from: .* neither a training run's workdir"):
+    train.load_encoder(new, data_dir)
+  config.init_from = data_dir  # refused before the fine-tuning run writes anything
+  with tfds.testing.mock_data(num_examples=24):
+    with pytest.raises(ValueError, match="neither a training run's workdir"):
+      train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()

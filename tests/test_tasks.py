@@ -1,0 +1,270 @@
+"""The tasks and the pipeline: generators against independent checkers, splits, determinism, sharding over
+processes, iterator state, images from idx files, masked-LM corruption, registered TFDS tasks (mocked)."""
+import gzip
+import os
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from efftx import train
+from efftx.data import images
+from efftx.data import mqar
+from efftx.data import pipeline
+from efftx.data import sequence
+from efftx.data import TASKS
+
+
+# ------------------------------------------------------------------------------------------------------ MQAR
+@pytest.mark.parametrize("seq_len,num_kv", [(64, 4), (128, 8), (256, 16)])
+def test_mqar_every_query_is_answered_by_its_keys_value(seq_len, num_kv):
+  tokens, targets = mqar.generate(300, seq_len=seq_len, num_kv=num_kv, seed=1)
+  assert tokens.shape == targets.shape == (300, seq_len)
+  first_offsets = []
+  for row_tokens, row_targets in zip(tokens, targets):
+    keys, values = row_tokens[0:2 * num_kv:2], row_tokens[1:2 * num_kv:2]
+    assert len(set(keys)) == num_kv and len(set(values)) == num_kv
+    assert all(1 <= k < mqar.VOCAB_SIZE // 2 for k in keys) and all(mqar.VOCAB_SIZE // 2 <= v < mqar.VOCAB_SIZE
+                                                                     for v in values)
+    value_of = dict(zip(keys.tolist(), values.tolist()))
+    queries = np.flatnonzero(row_targets)
+    assert len(queries) == num_kv and all(q >= 2 * num_kv and (q - 2 * num_kv) % 2 == 0 for q in queries)
+    assert sorted(row_tokens[queries].tolist()) == sorted(keys.tolist())  # each key queried once
+    for q in queries:
+      assert row_targets[q] == value_of[row_tokens[q]]
+    rest = np.ones(seq_len, bool)
+    rest[:2 * num_kv] = False
+    rest[queries] = False
+    assert (row_tokens[rest] == 0).all()  # every other slot is blank: answers are never inputs
+    first_offsets.append((queries.min() - 2 * num_kv) // 2)
+  # Power-law placement favours near slots: the nearest query sits well before a uniform draw's expectation.
+  slots = (seq_len - 2 * num_kv) // 2
+  assert np.mean(first_offsets) < 0.5 * slots / (num_kv + 1)
+
+
+def test_mqar_non_query_positions_do_not_count():
+  example = mqar.encode({k: v[0] for k, v in zip(("tokens", "targets"), mqar.generate(1, seq_len=64, num_kv=4,
+                                                                                        seed=0))}, 64)
+  batch = {k: jnp.asarray(v[None]) for k, v in example.items()}
+  logits = jax.random.normal(jax.random.key(0), (1, 64, mqar.VOCAB_SIZE))
+  ignored = example["weights"] == 0
+  noisy = logits + 10.0 * jax.random.normal(jax.random.key(1), logits.shape) * jnp.asarray(ignored)[None, :, None]
+  a = train.loss_sums("lm", logits, batch, jnp.ones(1))
+  b = train.loss_sums("lm", noisy, batch, jnp.ones(1))
+  assert float(a["count"]) == 4 and float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-6)
+
+
+def test_mqar_generation_is_seeded_and_prepared_splits_are_disjoint(data_dir):
+  a, b, c = (mqar.generate(50, seq_len=64, num_kv=4, seed=s)[0] for s in (3, 3, 4))
+  assert (a == b).all() and not (a == c).all()
+  config = _config("mqar", "tiny", data_dir, max_len=64)
+  pipeline.prepare(config)
+  rows = {}
+  for split, size in (("train", 2000), ("validation", 256), ("test", 256)):
+    source = pipeline.source(config, split)
+    assert len(source) == size
+    rows[split] = {np.asarray(source[i]["tokens"]).tobytes() for i in range(len(source))}
+  assert not rows["train"] & rows["validation"] and not rows["train"] & rows["test"]
+  assert not rows["validation"] & rows["test"]
+
+
+# -------------------------------------------------------------------------------------- pipeline mechanics
+def _config(task, variant, data_dir, **model):
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+  config = quickstart.get_config("smoke")
+  config.data.update(task=task, variant=variant, data_dir=data_dir, batch_size=16)
+  config.model.update(**model)
+  return config
+
+
+def test_two_processes_cover_each_epoch_without_overlap(smoke_config):
+  config = smoke_config()
+  pipeline.prepare(config)
+  train_source, eval_source = pipeline.source(config, "train"), pipeline.source(config, "eval")
+  row_key = lambda tokens: tokens.tobytes()  # ListOps expressions are distinct, and so are their token rows
+  everything = {row_key(pipeline.Encode("listops", 48, False)(train_source[i])["tokens"])
+                for i in range(len(train_source))}
+  seen = []
+  for p in range(2):
+    it = pipeline.train_iterator(config, train_source, process_index=p, process_count=2)
+    local_batch = config.data.batch_size // 2
+    batches = [next(it) for _ in range(-(-len(train_source) // 2 // local_batch) + 1)]
+    assert all(b["tokens"].shape == (local_batch, 48) for b in batches)
+    rows = [row_key(t) for b in batches for t in b["tokens"]][:len(train_source) // 2]  # this shard's epoch
+    assert len(set(rows)) == len(rows)
+    seen.append(set(rows))
+  assert not seen[0] & seen[1] and seen[0] | seen[1] == everything
+  eval_rows, counts = [], []
+  for p in range(2):
+    batches = list(pipeline.eval_batches(config, eval_source, process_index=p, process_count=2))
+    counts.append(len(batches))
+    eval_rows += [row_key(t) for b in batches for t, w in zip(b["tokens"], b["weight"]) if w]
+  assert counts[0] == counts[1] and len(eval_rows) == len(set(eval_rows)) == len(eval_source)
+
+
+def test_iterator_state_restores_the_same_next_batches(smoke_config):
+  config = smoke_config()
+  pipeline.prepare(config)
+  source = pipeline.source(config, "train")
+  it = pipeline.train_iterator(config, source)
+  for _ in range(70):  # past the first epoch of 62 batches: the restored state must hold the epoch too
+    next(it)
+  state = it.get_state()
+  want = [next(it) for _ in range(3)]
+  fresh = pipeline.train_iterator(config, source)
+  fresh.set_state(state)
+  for w in want:
+    got = next(fresh)
+    assert all((got[k] == w[k]).all() for k in w)
+  other_seed = config.copy_and_resolve_references()
+  other_seed.seed = 1
+  assert not (next(pipeline.train_iterator(other_seed, source))["tokens"] ==
+              next(pipeline.train_iterator(config, source))["tokens"]).all()
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_anything_is_written(smoke_config, monkeypatch,
+                                                                                   tmp_path):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(TASKS, "listops_small_vocab", dataclasses.replace(TASKS["listops"], vocab_size=5))
+  config = smoke_config()
+  pipeline.prepare(config)
+  config.data.task = "listops_small_vocab"
+  with pytest.raises(ValueError, match=r"token id \d+ in its tokens, outside the vocabulary \[0, 5\)"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------------ masked LM
+def test_mlm_corruption_follows_bert_80_10_10():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(1, 257, size=(400, 128)).astype(np.int32)
+  mask = np.arange(128)[None, :] < rng.integers(64, 129, size=(400, 1))
+  tokens[~mask] = 0
+  chosen = masked = randomised = kept = real = 0
+  for i in range(400):
+    out = sequence.mask_for_mlm({"tokens": tokens[i], "mask": mask[i]}, np.random.default_rng(i), mask_id=258,
+                                random_ids=(1, 257))
+    c = out["weights"] > 0
+    assert not (c & ~mask[i]).any()  # padding is never chosen
+    assert (out["targets"][c] == tokens[i][c]).all() and (out["tokens"][~c] == tokens[i][~c]).all()
+    assert c.sum() == max(1, round(0.15 * mask[i].sum()))
+    chosen += c.sum()
+    real += mask[i].sum()
+    masked += (out["tokens"][c] == 258).sum()
+    changed = c & (out["tokens"] != 258) & (out["tokens"] != tokens[i])
+    randomised += changed.sum()
+    kept += (c & (out["tokens"] == tokens[i])).sum()
+  assert chosen / real == pytest.approx(0.15, abs=0.005)
+  assert masked / chosen == pytest.approx(0.8, abs=0.02)
+  # a random replacement equals the original 1 time in 256: it then counts as kept
+  assert randomised / chosen == pytest.approx(0.1 * 255 / 256, abs=0.015)
+  assert kept / chosen == pytest.approx(0.1 + 0.1 / 256, abs=0.015)
+
+
+def test_mlm_eval_corruption_is_the_same_on_every_pass_and_for_any_process_count(data_dir):
+  from configs import mlm_bytes  # pylint: disable=g-import-not-at-top
+  config = mlm_bytes.get_config("smoke")
+  config.data.data_dir = data_dir
+  pipeline.prepare(config)
+  source = pipeline.source(config, "eval")
+  first, second = (next(pipeline.eval_batches(config, source)) for _ in range(2))
+  assert (first["tokens"] == second["tokens"]).all() and first["weights"].sum() > 0
+  assert ((first["tokens"] == 258) == (first["weights"] > 0))[first["weights"] > 0].mean() > 0.6
+  # Process 1 of 2 holds examples 1, 3, 5, ...: corrupted exactly as in the one-process pass.
+  half = next(pipeline.eval_batches(config, source, process_index=1, process_count=2))
+  assert (half["tokens"][:4] == first["tokens"][1:8:2]).all()
+
+
+# ------------------------------------------------------------------------------------------------ images
+def _write_idx(path, array):
+  """An idx file written from the format's definition (independent of images.read_idx)."""
+  header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + b"".join(struct.pack(">i", d) for d in array.shape)
+  with gzip.open(path, "wb") as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture(scope="module")
+def fashion_dir(tmp_path_factory):
+  """Synthetic Fashion-MNIST idx files: 5,300 training and 300 test images whose label is readable from the
+  pixels (class c has its top-left pixel at 25·c), so the task is learnable."""
+  folder = tmp_path_factory.mktemp("fashion")
+  rng = np.random.default_rng(0)
+  for prefix, n in (("train", 5_300), ("t10k", 300)):
+    labels = rng.integers(0, 10, size=n).astype(np.uint8)
+    pixels = rng.integers(0, 256, size=(n, 28, 28)).astype(np.uint8)
+    pixels[:, 0, 0] = labels * 25
+    _write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", pixels)
+    _write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
+  return str(folder)
+
+
+def test_idx_reader_and_fashion_mnist_splits(fashion_dir, tmp_path):
+  pixels = images.read_idx(os.path.join(fashion_dir, "train-images-idx3-ubyte.gz"))
+  labels = images.read_idx(os.path.join(fashion_dir, "train-labels-idx1-ubyte.gz"))
+  assert pixels.shape == (5_300, 28, 28) and labels.shape == (5_300,) and (pixels[:, 0, 0] == labels * 25).all()
+  config = _config("fashion_mnist", "full", str(tmp_path), max_len=784)
+  config.data.corpus_dir = fashion_dir
+  pipeline.prepare(config)
+  sizes = {s: len(pipeline.source(config, s)) for s in ("train", "validation", "test")}
+  assert sizes == {"train": 300, "validation": 5_000, "test": 300}
+  validation = pipeline.source(config, "validation")  # the last 5,000 training images (TFDS stores them shuffled)
+  got = {(np.asarray(validation[i]["image"]).tobytes(), int(validation[i]["label"])) for i in range(len(validation))}
+  assert got == {(p.tobytes(), int(y)) for p, y in zip(pixels[300:], labels[300:])}
+  example = validation[7]
+  image = np.asarray(example["image"]).reshape(-1)
+  encoded = TASKS["fashion_mnist"].encode(example, 784, False)
+  assert (encoded["tokens"] == image).all() and encoded["mask"].all() and encoded["label"] == image[0] // 25
+  ar = TASKS["fashion_mnist_ar"].encode(example, 784, False)
+  assert ar["tokens"][0] == images.START_ID and (ar["tokens"][1:] == image[:-1]).all()
+  assert (ar["targets"] == image).all() and ar["weights"].sum() == 784
+
+
+def test_missing_fashion_mnist_files_say_how_to_get_them(tmp_path):
+  config = _config("fashion_mnist", "tiny", str(tmp_path / "tfds"), max_len=784)
+  config.data.corpus_dir = str(tmp_path / "empty")
+  os.makedirs(config.data.corpus_dir)
+  with pytest.raises(ValueError, match="empty is missing or empty; apt-get install dataset-fashion-mnist"):
+    pipeline.prepare(config)
+  (tmp_path / "empty" / "README").write_text("not the data")
+  with pytest.raises(ValueError, match="train-images-idx3-ubyte.gz is missing; apt-get install dataset-fashion-mnist"):
+    pipeline.prepare(config)
+
+
+def test_grey_conversion_follows_tf_rgb_to_grayscale_on_uint8():
+  # TF: luma of the [0, 1] floats, then convert_image_dtype back to uint8 = truncate(x * 255.5).
+  rgb = np.array([[[255, 0, 0], [0, 255, 0], [0, 0, 255], [10, 20, 30], [255, 255, 255], [0, 0, 0]]], np.uint8)
+  luma = lambda r, g, b: (r * .2989 + g * .587 + b * .114) / 255
+  want = [int(luma(*px) * 255.5) for px in rgb[0].tolist()]
+  assert want[:4] == [76, 149, 29, 18] and want[4] == 255  # 0.9999 * 255.5 = 255.47: white stays white
+  assert images.grey(rgb).tolist() == [want]
+
+
+# ------------------------------------------------------------------------------------ registered datasets
+@pytest.mark.parametrize("variant", ["sst2", "mrpc", "qnli", "mnli"])
+def test_glue_examples_encode_as_bytes_with_sep(variant, tmp_path):
+  config = _config("glue", variant, str(tmp_path), max_len=256)
+  with tfds.testing.mock_data(num_examples=4):
+    example = pipeline.source(config, "eval")[0]
+  encoded = pipeline.Encode("glue", 256, True)(example)
+  fields = [k for k in ("premise", "hypothesis", "question", "sentence1", "sentence2", "sentence") if k in example]
+  if variant == "sst2":
+    want = [b + 1 for b in example["sentence"].encode()]
+  else:
+    first, second = {"mrpc": ("sentence1", "sentence2"), "qnli": ("question", "sentence"),
+                     "mnli": ("premise", "hypothesis")}[variant]
+    assert first in fields and second in fields
+    want = [b + 1 for b in example[first].encode()] + [257] + [b + 1 for b in example[second].encode()]  # 257: SEP
+  assert encoded["tokens"][:encoded["mask"].sum()].tolist() == want
+  assert TASKS["glue"].classes(variant) == (3 if variant == "mnli" else 2)
+
+
+def test_registered_datasets_say_how_to_build_them_when_absent(tmp_path):
+  config = _config("imdb_bytes", "plain_text", str(tmp_path), max_len=128)
+  import unittest.mock  # pylint: disable=g-import-not-at-top
+  with unittest.mock.patch("tensorflow_datasets.core.dataset_builder.DatasetBuilder.download_and_prepare",
+                           side_effect=ConnectionError("no network")):
+    with pytest.raises(ValueError, match="tfds build imdb_reviews/plain_text --file_format=array_record"):
+      pipeline.prepare(config)
