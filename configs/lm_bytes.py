@@ -8,6 +8,8 @@ Arguments: mixer=<name> (a causal mixer; default attention), smoke (the stdlib's
 a tiny model, a few steps: a plumbing check). Another corpus: --config.data.variant=files
 --config.data.corpus_dir=DIR --config.data.data_dir=ANOTHER_DIR (e.g. /usr/share/dictd text, or enwik8).
 
+Data: the corpus is cut into 1,024-byte records (90/5/5 % contiguous train/validation/test); a sequence is
+the first max_len bytes of a record, so at max_len 256 a quarter of each record is read.
 Model: 4 layers, width 128, 256-byte context, causal, 3,000 steps of batch 32 — a CPU-sized cousin of the papers'
 24-layer, 1024-byte enwik8 models. Papers' reference (enwik8 test bits per byte): Transformer L24 1.130,
 AFT-local-32 1.154, AFT-simple 1.209, Reformer 1.195. The stdlib corpus is not enwik8: compare mixers with each

@@ -151,7 +151,10 @@ def restore_params(path: str) -> tuple[ml_collections.ConfigDict, dict, int]:
   config = config_lib.default_config()  # fields added since the run was made take their defaults
   with open(os.path.join(path, "config.json")) as f:
     config.update(json.load(f))
-  checkpoints = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
+  if not os.path.isdir(os.path.join(path, "checkpoints")):
+    raise ValueError(f"{path} has no checkpoint yet")
+  checkpoints = ocp.CheckpointManager(os.path.join(path, "checkpoints"),
+                                      options=ocp.CheckpointManagerOptions(create=False, read_only=True))
   step = checkpoints.latest_step() if step is None else step
   if step is None or step not in checkpoints.all_steps():
     raise ValueError(f"{path} has no checkpoint" + (f" at step {step}" if step is not None else " yet"))

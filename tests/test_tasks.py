@@ -141,18 +141,20 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_anything_is_written
 def test_mlm_corruption_follows_bert_80_10_10():
   rng = np.random.default_rng(0)
   tokens = rng.integers(1, 257, size=(400, 128)).astype(np.int32)
+  tokens[:, 5::11] = 257  # SEP, a special token
   mask = np.arange(128)[None, :] < rng.integers(64, 129, size=(400, 1))
   tokens[~mask] = 0
   chosen = masked = randomised = kept = real = 0
   for i in range(400):
     out = sequence.mask_for_mlm({"tokens": tokens[i], "mask": mask[i]}, np.random.default_rng(i), mask_id=258,
-                                random_ids=(1, 257))
+                                random_ids=(1, 257), special_ids=(257,))
     c = out["weights"] > 0
-    assert not (c & ~mask[i]).any()  # padding is never chosen
+    assert not (c & ~mask[i]).any() and not (c & (tokens[i] == 257)).any()  # never padding, never SEP
     assert (out["targets"][c] == tokens[i][c]).all() and (out["tokens"][~c] == tokens[i][~c]).all()
-    assert c.sum() == max(1, round(0.15 * mask[i].sum()))
+    candidates = mask[i] & (tokens[i] != 257)
+    assert c.sum() == max(1, round(0.15 * candidates.sum()))
     chosen += c.sum()
-    real += mask[i].sum()
+    real += candidates.sum()
     masked += (out["tokens"][c] == 258).sum()
     changed = c & (out["tokens"] != 258) & (out["tokens"] != tokens[i])
     randomised += changed.sum()
@@ -176,6 +178,10 @@ def test_mlm_eval_corruption_is_the_same_on_every_pass_and_for_any_process_count
   # Process 1 of 2 holds examples 1, 3, 5, ...: corrupted exactly as in the one-process pass.
   half = next(pipeline.eval_batches(config, source, process_index=1, process_count=2))
   assert (half["tokens"][:4] == first["tokens"][1:8:2]).all()
+  # In training, each process draws its own masks (records are all full length: equal streams would repeat them).
+  train_source = pipeline.source(config, "train")
+  p0, p1 = (next(pipeline.train_iterator(config, train_source, process_index=p, process_count=2)) for p in (0, 1))
+  assert (p0["mask"].all() and p1["mask"].all()) and not (p0["weights"] == p1["weights"]).all()
 
 
 # ------------------------------------------------------------------------------------------------ images

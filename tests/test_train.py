@@ -140,3 +140,15 @@ def test_resuming_with_another_model_is_refused(smoke_config, tmp_path):
   config.model.d_model = 64
   with pytest.raises(ValueError, match="config.model.d_model=32"):
     train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_a_workdir_made_before_new_config_fields_still_resumes(smoke_config, tmp_path):
+  config = smoke_config()
+  saved = json.loads(config.to_json_best_effort())
+  del saved["data"]["objective"], saved["data"]["truncate"], saved["init_from"]  # fields added later
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  train._check_same_run(config, str(tmp_path))  # pylint: disable=protected-access  # the defaults match
+  config.model.mixer = "fnet"
+  with pytest.raises(ValueError, match="config.model.mixer='attention', not 'fnet'"):
+    train._check_same_run(config, str(tmp_path))  # pylint: disable=protected-access

@@ -56,9 +56,9 @@ def grey(image_HxWxC: np.ndarray) -> np.ndarray:
   scaled to [0, 1], converted back by tf.image.convert_image_dtype (× 255.5, then cut to an integer)."""
   if image_HxWxC.ndim == 2:
     return image_HxWxC
-  rgb = image_HxWxC.astype(np.float32) / 255.0
+  rgb = image_HxWxC.astype(np.float32) * np.float32(1 / 255)  # as TF computes it, in float32
   luma = rgb[..., 0] * 0.2989 + rgb[..., 1] * 0.5870 + rgb[..., 2] * 0.1140
-  return np.floor(luma * 255.5).clip(0, 255).astype(np.uint8)
+  return np.floor(luma * np.float32(255.5)).clip(0, 255).astype(np.uint8)
 
 
 def encode_classify(example: dict, max_len: int) -> dict[str, np.ndarray]:

@@ -51,13 +51,13 @@ def prepare(config: ml_collections.ConfigDict) -> None:
                        f"--data_dir={data_dir(config)}") from None
     return
   builder = task.dataset(config=config.data.variant, data_dir=data_dir(config), file_format="array_record")
-  if not builder.is_prepared():
-    logging.info("preparing %s in %s (once; later runs reuse it)", name, data_dir(config))
   folder = config.data.corpus_dir or getattr(task.dataset, "DEFAULT_MANUAL_DIR", "")
   manual_dir = os.path.abspath(os.path.expanduser(folder)) if folder else None
   if manual_dir and not builder.is_prepared() and not (os.path.isdir(manual_dir) and os.listdir(manual_dir)):
     raise ValueError(f"{name}: the folder {manual_dir} is missing or empty; "
                      f"{getattr(task.dataset, 'MANUAL_DOWNLOAD_INSTRUCTIONS', 'set config.data.corpus_dir')}")
+  if not builder.is_prepared():
+    logging.info("preparing %s in %s (once; later runs reuse it)", name, data_dir(config))
   try:
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
   except ValueError:
@@ -124,12 +124,14 @@ class MaskForMlm:
                                  mask_id=self.mask_id, random_ids=self.random_ids, special_ids=self.special_ids)
 
 
-def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset) -> grain.MapDataset:
-  """Encodes the elements of ds; for masked-LM also corrupts them, seeded from config.seed and the index."""
+def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset, stream: int = 0) -> grain.MapDataset:
+  """Encodes the elements of ds; for masked-LM also corrupts them, seeded from (config.seed, stream) and the
+  element's index in ds — train.py gives each process its own stream, so processes draw different masks."""
   ds = ds.map(Encode(config.data.task, config.model.max_len, config.data.truncate))
   if objective(config) == "mlm":
     task = TASKS[config.data.task]
-    ds = ds.seed(config.seed).random_map(MaskForMlm(task.mask_id, task.random_ids, task.special_ids))
+    seed = int(np.random.SeedSequence([config.seed, stream]).generate_state(1)[0])
+    ds = ds.random_map(MaskForMlm(task.mask_id, task.random_ids, task.special_ids), seed=seed)
   return ds
 
 
@@ -159,7 +161,7 @@ def train_iterator(config: ml_collections.ConfigDict, train_source, process_inde
   index, count = _process(process_index, process_count)
   ds = grain.MapDataset.source(train_source)[index::count]
   ds = ds.seed(config.seed).shuffle().repeat()  # shuffle before repeat: a new order each epoch
-  ds = _encoded(config, ds)
+  ds = _encoded(config, ds, stream=index)
   ds = ds.batch(config.data.batch_size // count, drop_remainder=True)
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=config.data.read_threads, prefetch_buffer_size=8))
   if config.data.worker_count:
