@@ -135,9 +135,10 @@ def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset, stream: in
   return ds
 
 
-def check(config: ml_collections.ConfigDict, *sources, num_examples: int = 100_000) -> None:
-  """Encodes the first num_examples of each source (all of every task here but the largest registered ones), so
-  that an example too long for max_len or a token outside the vocabulary stops the run before it writes anything."""
+def check(config: ml_collections.ConfigDict, *sources, num_examples: int = 10_000) -> None:
+  """Encodes the first num_examples of each source, so that an example too long for max_len or a token outside the
+  vocabulary there stops the run before it writes anything (1.2 s for ListOps small, 4.7 s for MQAR 64x4 on
+  a 2-core CPU)."""
   for src in sources:
     if not len(src):
       raise ValueError(f"task '{config.data.task}' ({config.data.variant}): a split is empty")
