@@ -180,11 +180,12 @@ def eval_batches(config: ml_collections.ConfigDict, eval_source, process_index: 
   index, count = _process(process_index, process_count)
   local_batch = config.data.batch_size // count
   # Sharded after encoding: masked-LM corruption is seeded by the global index, the same for any process count.
-  shard = _encoded(config, grain.MapDataset.source(eval_source))[index::count]
+  encoded = _encoded(config, grain.MapDataset.source(eval_source))
+  shard = encoded[index::count]
   largest_shard = -(-len(eval_source) // count)
   num_batches = -(-largest_shard // local_batch)
   # Shapes from the split's first example: a process's shard may be empty when the split has fewer examples.
-  template = {k: np.asarray(v) for k, v in _encoded(config, grain.MapDataset.source(eval_source))[0].items()}
+  template = {k: np.asarray(v) for k, v in encoded[0].items()}
   for b in range(num_batches):
     rows = [shard[i] for i in range(b * local_batch, min((b + 1) * local_batch, len(shard)))]
     batch = {k: np.zeros((local_batch,) + template[k].shape, template[k].dtype) for k in template}
