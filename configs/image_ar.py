@@ -22,9 +22,10 @@ from efftx import config as config_lib
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, mixer="attention", data="cifar10", steps=0, smoke=False)
   if args.data not in ("cifar10", "fashion_mnist"):
-    raise ValueError(f"data={args.data}: choose cifar10 or fashion_mnist")
-  config = config_lib.default_config()
-  config.model.update(mixer=args.mixer, causal=True, num_heads=4, dropout=0.1, window=256, aft_bias_dim=64)
+    raise config_lib.UserError(f"data={args.data}: choose cifar10 or fashion_mnist")
+  config = config_lib.default_config(args.mixer)
+  config.model.update(causal=True, dropout=0.1)
+  config_lib.set_where_declared(config.mixer, num_heads=4, window=256, aft_bias_dim=64)  # where the mixer has them
   config.optim.update(learning_rate=1e-3, warmup_steps=1_000, weight_decay=0.01, grad_clip=1.0)
   config.data.batch_size = 32
   if args.data == "cifar10":

@@ -23,9 +23,9 @@ from efftx.data import byte_text
 
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, mixer="attention", smoke=False)
-  config = config_lib.default_config()
-  config.model.mixer = args.mixer
-  config.model.update(causal=True, d_model=128, num_heads=4, num_layers=4, d_ff=512, max_len=256, dropout=0.1)
+  config = config_lib.default_config(args.mixer)
+  config.model.update(causal=True, d_model=128, num_layers=4, d_ff=512, max_len=256, dropout=0.1)
+  config_lib.set_where_declared(config.mixer, num_heads=4)  # mixers with heads
   config.data.update(task="bytes", variant="stdlib", batch_size=32)
   config.optim.update(learning_rate=1e-3, warmup_steps=200, weight_decay=0.01, grad_clip=1.0)
   config.total_steps = 3_000

@@ -23,10 +23,11 @@ from efftx import config as config_lib
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, mixer="attention", data="cifar10", steps=0, smoke=False)
   if args.data not in ("cifar10", "fashion_mnist"):
-    raise ValueError(f"data={args.data}: choose cifar10 or fashion_mnist")
-  config = config_lib.default_config()
-  config.model.update(mixer=args.mixer, d_model=32, num_heads=1, num_layers=1, d_ff=64, dropout=0.3,
-                      attention_dropout=0.2)
+    raise config_lib.UserError(f"data={args.data}: choose cifar10 or fashion_mnist")
+  config = config_lib.default_config(args.mixer)
+  config.model.update(d_model=32, num_layers=1, d_ff=64, dropout=0.3)
+  # One head for every mixer with heads; attention dropout 0.2 wherever there are attention probabilities.
+  config_lib.set_where_declared(config.mixer, num_heads=1, attention_dropout=0.2)
   config.optim.update(learning_rate=5e-4, warmup_steps=175, weight_decay=0.0, grad_clip=0.0)
   config.data.batch_size = 256
   if args.data == "cifar10":

@@ -19,10 +19,10 @@ from efftx import config as config_lib
 
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, mixer="attention", smoke=False)
-  config = config_lib.default_config()
-  config.model.mixer = args.mixer
-  config.model.update(d_model=512, num_heads=8, num_layers=6, d_ff=2048, max_len=2000, dropout=0.1,
-                      attention_dropout=0.1)
+  config = config_lib.default_config(args.mixer)
+  config.model.update(d_model=512, num_layers=6, d_ff=2048, max_len=2000, dropout=0.1)
+  # Every mixer with heads gets 8, every mixer with attention probabilities (attention, local, lsh) dropout 0.1.
+  config_lib.set_where_declared(config.mixer, num_heads=8, attention_dropout=0.1)
   config.data.update(task="listops", variant="full", batch_size=32)
   config.optim.update(learning_rate=1.6e-3, warmup_steps=1_000, weight_decay=0.1, grad_clip=1.0)
   config.total_steps = 5_000
@@ -31,7 +31,8 @@ def get_config(arg: str | None = None):
   config.checkpoint_every = 500
   if args.smoke:
     config.data.variant = "tiny"
-    config.model.update(d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=48)
+    config.model.update(d_model=32, num_layers=2, d_ff=64, max_len=48)
+    config_lib.set_where_declared(config.mixer, num_heads=4)
     config.data.batch_size = 16
     config_lib.smoke_schedule(config)
   return config

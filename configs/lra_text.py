@@ -20,9 +20,10 @@ from efftx import config as config_lib
 
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, mixer="attention", len=1000, smoke=False)
-  config = config_lib.default_config()
-  config.model.update(mixer=args.mixer, d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=args.len,
-                      dropout=0.1, attention_dropout=0.1)
+  config = config_lib.default_config(args.mixer)
+  config.model.update(d_model=256, num_layers=4, d_ff=1024, max_len=args.len, dropout=0.1)
+  # Every mixer with heads gets 4, every mixer with attention probabilities (attention, local, lsh) dropout 0.1.
+  config_lib.set_where_declared(config.mixer, num_heads=4, attention_dropout=0.1)
   config.data.update(task="imdb_bytes", variant="plain_text", batch_size=32, truncate=True)
   config.optim.update(learning_rate=5.6e-4, warmup_steps=8_000, weight_decay=0.1, grad_clip=1.0)
   config.total_steps = 20_000

@@ -22,13 +22,15 @@ from efftx import config as config_lib
 from efftx.data import byte_text
 
 # configs/glue.py fine-tunes this encoder and repeats these numbers (tests/test_configs.py checks they agree).
-ENCODER = dict(d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=512)
+ENCODER = dict(d_model=256, num_layers=4, d_ff=1024, max_len=512)
+NUM_HEADS = 4  # for mixers with heads
 
 
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, mixer="fnet", smoke=False)
-  config = config_lib.default_config()
-  config.model.update(mixer=args.mixer, causal=False, dropout=0.1, **ENCODER)
+  config = config_lib.default_config(args.mixer)
+  config.model.update(causal=False, dropout=0.1, **ENCODER)
+  config_lib.set_where_declared(config.mixer, num_heads=NUM_HEADS)
   config.data.update(task="bytes", variant="stdlib", objective="mlm", batch_size=64)
   config.optim.update(learning_rate=1e-4, warmup_steps=1_000, weight_decay=0.01, grad_clip=1.0)
   config.total_steps = 20_000

@@ -22,9 +22,10 @@ from efftx import config as config_lib
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, mixer="attention", setting="64x4", d_model=64, lr=2.2e-3, smoke=False)
   seq_len = int(args.setting.split("x")[0]) if "x" in args.setting else 64
-  config = config_lib.default_config()
-  config.model.update(mixer=args.mixer, causal=True, d_model=args.d_model, num_heads=1, num_layers=2,
-                      d_ff=2 * args.d_model, max_len=seq_len, dropout=0.1, window=seq_len)
+  config = config_lib.default_config(args.mixer)
+  config.model.update(causal=True, d_model=args.d_model, num_layers=2, d_ff=2 * args.d_model, max_len=seq_len,
+                      dropout=0.1)
+  config_lib.set_where_declared(config.mixer, num_heads=1, window=seq_len)  # where the mixer has them
   config.data.update(task="mqar", variant=args.setting, batch_size=256 if seq_len >= 256 else 512)
   steps_per_epoch = 100_000 // config.data.batch_size
   config.optim.update(learning_rate=args.lr, warmup_steps=steps_per_epoch, weight_decay=0.1, grad_clip=1.0)

@@ -14,11 +14,11 @@ from efftx import config as config_lib
 
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, mixer="attention", smoke=False)
-  config = config_lib.default_config()
-  config.model.mixer = args.mixer
+  config = config_lib.default_config(args.mixer)
   config.data.task = "listops"
   config.data.variant = "small"
-  config.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, max_len=128, dropout=0.1)
+  config.model.update(d_model=64, num_layers=2, d_ff=256, max_len=128, dropout=0.1)
+  config_lib.set_where_declared(config.mixer, num_heads=4)  # mixers with heads
   config.data.batch_size = 32
   config.optim.update(learning_rate=1e-3, warmup_steps=100, weight_decay=0.01, grad_clip=1.0)
   config.total_steps = 1_500

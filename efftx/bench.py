@@ -17,7 +17,6 @@ bottleneck.
 """
 from __future__ import annotations
 
-import functools
 import json
 import time
 
@@ -27,12 +26,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-import optax
-
 from efftx import config as config_lib
 from efftx import model as model_lib
-from efftx import train
-import efftx.data as data_lib
+from efftx import objectives
+from efftx import trainer
+from efftx.data import TASKS
+from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
 _MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "reversible", "pipeline"], "What to measure.")
@@ -42,7 +41,9 @@ _TOKENS = flags.DEFINE_integer("tokens", 8192, "Tokens per step (batch = tokens 
 _CAUSAL = flags.DEFINE_bool("causal", False, "Causal mixers (FNet is skipped).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 _SECONDS = flags.DEFINE_float("seconds", 3.0, "Minimum timed seconds per row (after one warm-up step).")
-_OVERRIDES = flags.DEFINE_list("set", [], "config.model overrides for every row, e.g. attention_impl=plain.")
+_OVERRIDES = flags.DEFINE_list(
+    "set", [], "Overrides for every row: config.model fields, or mixer options (applied to the mixers that declare "
+    "them, e.g. attention_impl=plain), e.g. dtype=bfloat16.")
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as JSON here.")
 _DEPTHS = flags.DEFINE_list("depths", ["2", "8", "24", "48"], "reversible mode: numbers of layers.")
 _PLOT = flags.DEFINE_string("plot", None, "reversible mode: write the memory-vs-depth plot (PNG) here.")
@@ -56,37 +57,39 @@ _TIME_DEPTHS = flags.DEFINE_list("time_depths", ["2", "8", "24"],
 
 
 def _model_config(mixer: str, length: int) -> ml_collections.ConfigDict:
-  config = config_lib.default_config()
-  config.model.update(mixer=mixer, d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=length, dropout=0.0,
-                      causal=_CAUSAL.value, dtype=_DTYPE.value)
+  config = config_lib.default_config(mixer)
+  config.model.update(d_model=256, num_layers=4, d_ff=1024, max_len=length, dropout=0.0, causal=_CAUSAL.value,
+                      dtype=_DTYPE.value)
+  config_lib.set_where_declared(config.mixer, num_heads=4)
+  config.optim.grad_clip = 0.0  # the peers' step is AdamW alone
   for item in _OVERRIDES.value:
     key, value = item.split("=", 1)
-    config.model[key] = type(config.model[key])(value) if not isinstance(config.model[key], bool) else value == "true"
+    section = config.model if key in config.model else config.mixer if key in config.mixer else None
+    if section is None:
+      if not any(key in s.options for s in MIXERS.values()):
+        raise UserError(f"--set {key}: neither a config.model field nor an option of any mixer")
+      continue  # an option of other mixers: this row's mixer is measured without it
+    section[key] = type(section[key])(value) if not isinstance(section[key], bool) else value == "true"
   return config
 
 
+def lm_model(config: ml_collections.ConfigDict, vocab_size: int = 256) -> model_lib.Transformer:
+  """config's model with a next-token head at every position (the peers' shape), through the users' builder."""
+  return model_lib.build_model(config, objectives.OBJECTIVES["lm"].head(vocab_size, 0), vocab_size)
+
+
 def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: float) -> dict[str, float]:
-  """Compiled memory and tokens/s (unless min_seconds is 0) of one jitted training step with per-token logits."""
-  m = config.model
-  model = model_lib.Transformer(
-      make_mixer=functools.partial(MIXERS[m.mixer], **config_lib.mixer_kwargs(MIXERS[m.mixer], m)),
-      vocab_size=256, num_classes=0, objective="lm", d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff,
-      max_len=m.max_len, dropout=0.0, dtype=m.dtype, reversible=m.reversible, ff_chunk_size=m.ff_chunk_size)
-  tx = optax.adamw(1e-4)
-  L = m.max_len
+  """Compiled memory and tokens/s (unless min_seconds is 0) of one jitted training step with per-token logits:
+  efftx's own train step (trainer.make_train_step) on a per-position objective with every position weighted."""
+  model = lm_model(config)
+  tx, schedule = trainer.make_optimizer(config)
+  L = config.model.max_len
   tokens_BxL = jax.random.randint(jax.random.key(1), (batch, L), 0, 256)
-  params = model.init(jax.random.key(0), tokens_BxL[:1])["params"]
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-
-  def step(state, tokens_BxL):
-    def loss_fn(params):
-      logits_BxLxV = model.apply({"params": params}, tokens_BxL)
-      return optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, tokens_BxL).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    return train.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), loss
-
-  compiled = jax.jit(step, donate_argnums=0).lower(state, tokens_BxL).compile()
+  batch_arrays = {"tokens": tokens_BxL, "mask": jnp.ones((batch, L), bool), "targets": tokens_BxL,
+                  "weights": jnp.ones((batch, L), jnp.float32)}
+  state = trainer.create_state(model, tx, jax.random.key(0))
+  step = trainer.make_train_step(model, objectives.OBJECTIVES["lm"], tx, schedule, jax.random.key(2))
+  compiled = jax.jit(step, donate_argnums=0).lower(state, batch_arrays).compile()
   memory = compiled.memory_analysis()
   out = {"temp_mib": memory.temp_size_in_bytes / 2**20, "argument_mib": memory.argument_size_in_bytes / 2**20,
          "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20}
@@ -95,8 +98,8 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
   holder = {"state": state}
 
   def one_step():
-    holder["state"], loss = compiled(holder["state"], tokens_BxL)
-    return loss
+    holder["state"], metrics = compiled(holder["state"], batch_arrays)
+    return metrics
 
   seconds = _seconds_per_call(one_step, min_seconds)
   return {"tokens_per_sec": batch * L / seconds, "step_ms": 1e3 * seconds, **out}
@@ -121,7 +124,7 @@ def _mixers_table() -> list[dict]:
   for mixer in _MIXERS.value:
     if mixer not in MIXERS:
       raise app.UsageError(f"--mixers: '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
-    if _CAUSAL.value and mixer == "fnet":
+    if _CAUSAL.value and not MIXERS[mixer].can_be_causal:
       continue
     for length in lengths:
       config = _model_config(mixer, length)
@@ -166,7 +169,7 @@ def _reversible_table() -> list[dict]:
     for variant, (rev, chunk) in variants.items():
       for depth in depths:
         config = _model_config(mixer, length)
-        config.model.update(d_model=128, num_heads=4, d_ff=512, num_layers=depth, reversible=rev,
+        config.model.update(d_model=128, d_ff=512, num_layers=depth, reversible=rev,
                             ff_chunk_size=chunk if length % max(chunk, 1) == 0 else 0)
         row = {"variant": variant, "length": length, "depth": depth,
                **measure_step(config, max(1, _TOKENS.value // length), _SECONDS.value if depth in timed else 0)}
@@ -183,8 +186,8 @@ def _reconstruction_rows(mixer: str, max_depth: int) -> list[dict]:
   residual streams in the compute dtype, length 256, 4 sequences)."""
   from efftx import reversible  # pylint: disable=g-import-not-at-top
   config = _model_config(mixer, 256)
-  m = config.model
-  make_mixer = functools.partial(MIXERS[mixer], **config_lib.mixer_kwargs(MIXERS[mixer], m))
+  config.model.d_model = 128
+  make_mixer = lm_model(config).make_mixer
   stack = reversible.ReversibleStack(
       make_f=lambda: model_lib.MixingSublayer(make_mixer, 0.0, parent=None),
       make_g=lambda: model_lib.FeedForwardSublayer(512, 0.0, 0, parent=None), num_layers=max_depth)
@@ -231,10 +234,10 @@ def _pipeline_table() -> list[dict]:
   for spec in _TASKS.value:
     name, variant, length = spec.split(":")
     task, _, objective = name.partition("/")
-    config = config_lib.default_config()
+    config = config_lib.default_config("attention")
     config.data.update(task=task, variant=variant, objective=objective, data_dir=_DATA_DIR.value, batch_size=32)
-    config.model.update(mixer="attention", d_model=64, num_heads=4, num_layers=2, d_ff=256, max_len=int(length),
-                        causal=data_lib.objective(config) == "lm")
+    own = objectives.OBJECTIVES[objective or TASKS[task].objective]
+    config.model.update(d_model=64, num_layers=2, d_ff=256, max_len=int(length), causal=own.next_token)
     config_lib.validate(config, jax.device_count())
     pipeline.prepare(config)
     batches = pipeline.train_iterator(config, pipeline.source(config, "train"))
@@ -242,12 +245,11 @@ def _pipeline_table() -> list[dict]:
       next(batches)
     pipeline_seconds = _seconds_per_call(lambda: next(batches), _SECONDS.value)
 
-    model = model_lib.build_model(config)
-    tx, schedule = train.make_optimizer(config)
-    train_step, _ = train.make_steps(model, data_lib.objective(config), tx, schedule, jax.random.key(0))
-    params = model.init(jax.random.key(0), jnp.zeros((1, config.model.max_len), jnp.int32))["params"]
-    holder = {"state": train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))}
-    step = jax.jit(train_step, donate_argnums=0)
+    parts = trainer.parts(config)
+    tx, schedule = trainer.make_optimizer(config)
+    holder = {"state": trainer.create_state(parts.model, tx, jax.random.key(0))}
+    step = jax.jit(trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(0)),
+                   donate_argnums=0)
     cached = jax.device_put(next(batches))
 
     def run_step(batch):

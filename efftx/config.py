@@ -1,47 +1,43 @@
 """The config vocabulary shared by every file under configs/, its argument parser, and its checks.
 
-Every config starts from `default_config()`: one vocabulary of fields for all configs (later work adds fields,
-never renames them), each commented with its meaning and unit. A config file's `get_config(arg)` parses its
-argument string with `parse_arg` and overrides what it needs.
+Every config starts from `default_config(mixer)`: one vocabulary of fields for all configs, each commented with its
+meaning and unit, plus `config.mixer`: the options the chosen mixer declares (efftx/mixers/spec.py), and only
+those. A config file's `get_config(arg)` parses its argument string with `parse_arg` and overrides what it needs.
+`validate` runs every declared check (mixer options, the objective's rules, the task's limits) before a run
+writes anything; `from_saved` reads an older run's config.json (fields added since take their defaults).
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
+import importlib.util
 import os
 import runpy
 import sys
 
 import ml_collections
 
+from efftx.errors import UserError
 
-def default_config() -> ml_collections.ConfigDict:
+
+def default_config(mixer: str = "attention") -> ml_collections.ConfigDict:
+  """Every field at its default, with `config.mixer` holding the options of `mixer` (and only those)."""
   c = ml_collections.ConfigDict()
 
   c.model = ml_collections.ConfigDict()
-  c.model.mixer = "attention"        # token mixer, a key of efftx.mixers.MIXERS
+  c.model.mixer = mixer              # token mixer, a key of efftx.mixers.MIXERS; its options are config.mixer
   c.model.d_model = 128              # width of the residual stream
-  c.model.num_heads = 4              # attention heads (mixers with heads)
   c.model.num_layers = 2             # blocks (mixer sublayer + feed-forward sublayer)
   c.model.d_ff = 512                 # hidden width of the feed-forward sublayer
   c.model.max_len = 128              # sequence length every example is padded to (tokens)
   c.model.dropout = 0.1              # dropout rate on embeddings, residual branches and FF hidden
-  c.model.attention_dropout = 0.0    # dropout rate on attention probabilities (attention mixers)
   c.model.dtype = "float32"          # compute dtype, "float32" or "bfloat16"; parameters stay float32
   c.model.causal = False             # causal mixing (required by LM objectives); FNet cannot be causal
   c.model.reversible = False         # reversible couplings: activation memory independent of num_layers
   c.model.ff_chunk_size = 0          # feed-forward over chunks of this many positions (0: all at once)
-  c.model.attention_impl = "auto"    # attention: "plain", "chunked" (O(L) memory), "fused" (cuDNN on GPU), "auto"
-  c.model.attention_chunk = 256      # attention "chunked" block size; linear attention's causal chunk (tokens)
-  c.model.window = 32                # AFT-local: bias for |t - t'| < window; local: keys with |t - t'| < window
-  c.model.aft_bias_dim = 64          # AFT-full/local: d' of the factorised position bias w = u v^T
-  c.model.aft_factorized = True      # AFT-full/local: False learns a full max_len x max_len bias instead
-  c.model.kernel_size = 7            # AFT-conv: kernel length over t - t' per head (tokens)
-  c.model.lsh_buckets = 8            # LSH attention: hash buckets per round (1 or even)
-  c.model.lsh_hashes = 2             # LSH attention: hash rounds (8 is close to full attention)
-  c.model.lsh_chunk = 64             # LSH attention: chunk of the sorted sequence (tokens)
-  c.model.lsh_seed = 0               # LSH attention: seed of the random rotations (fixed, reproducible)
-  c.model.fourier_impl = "auto"      # FNet: "fft", "rfft" (Hermitian symmetry), "matmul" (DFT matrices), "auto"
+
+  # The chosen mixer's options, declared by the mixer (efftx/mixers/<file>.py: SPEC; `python -m efftx.mixers`
+  # lists them all). Only the chosen mixer's options are here: setting another is an error, never ignored.
+  c.mixer = mixer_options(mixer)
 
   c.data = ml_collections.ConfigDict()
   c.data.task = "listops"            # a key of efftx.data.TASKS
@@ -71,6 +67,23 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
+def mixer_options(mixer: str) -> ml_collections.ConfigDict:
+  """The declared options of `mixer` at their defaults (raises UserError for an unknown mixer)."""
+  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+  if mixer not in MIXERS:
+    raise UserError(f"mixer '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
+  return ml_collections.ConfigDict(MIXERS[mixer].defaults())
+
+
+def set_where_declared(mixer_config: ml_collections.ConfigDict, **options) -> None:
+  """Sets each option the chosen mixer declares, and skips the others — for a config file that gives one
+  setting to every mixer that has it (LRA: 8 heads and attention dropout 0.1 wherever there are heads and
+  attention probabilities). Command-line overrides never go through here: there a missing option is an error."""
+  for name, value in options.items():
+    if name in mixer_config:
+      mixer_config[name] = value
+
+
 def smoke_schedule(config: ml_collections.ConfigDict) -> None:
   """The `smoke` argument's schedule, shared by every config: 4 steps, logged every 2, evaluated at the end,
   checkpointed twice — a plumbing check that runs in seconds."""
@@ -81,93 +94,116 @@ def parse_arg(arg: str | None, **defaults):
   """Parses a config argument string: comma-separated `key=value` pairs or bare words that switch a flag on.
 
   `defaults` names the accepted keys and their types: `parse_arg("mixer=fnet,smoke", mixer="attention",
-  smoke=False)` returns `ConfigDict(mixer="fnet", smoke=True)`. An unknown key or a bad value raises ValueError.
+  smoke=False)` returns `ConfigDict(mixer="fnet", smoke=True)`. An unknown key or a bad value raises UserError.
   """
   out = ml_collections.ConfigDict(defaults)
   for item in filter(None, (arg or "").split(",")):
     key, has_value, value = item.partition("=")
     key = key.strip()
     if key not in defaults:
-      raise ValueError(f"unknown config argument '{key}'; valid: {', '.join(sorted(defaults))}")
+      raise UserError(f"unknown config argument '{key}'; valid: {', '.join(sorted(defaults))}")
     default = defaults[key]
     if isinstance(default, bool):
       if has_value and value.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(f"config argument '{key}' takes true or false, not '{value}'")
+        raise UserError(f"config argument '{key}' takes true or false, not '{value}'")
       out[key] = not has_value or value.lower() in ("true", "1")
     elif not has_value:
-      raise ValueError(f"config argument '{key}' needs a value: {key}=...")
+      raise UserError(f"config argument '{key}' needs a value: {key}=...")
     else:
       try:
         out[key] = type(default)(value)
       except ValueError:
-        raise ValueError(f"config argument '{key}' must be {type(default).__name__}, not '{value}'") from None
+        raise UserError(f"config argument '{key}' must be {type(default).__name__}, not '{value}'") from None
   return out
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
-  """Raises ValueError naming the first invalid field and, where there are choices, the valid ones."""
-  from efftx.data import objective, OBJECTIVES, TASKS  # pylint: disable=g-import-not-at-top
+  """Raises UserError naming the first invalid field and, where there are choices, the valid ones. Runs every
+  declared check — the mixer's options, the objective's rules, the task's limits — before anything is written."""
+  from efftx import objectives  # pylint: disable=g-import-not-at-top
+  from efftx.data import TASKS  # pylint: disable=g-import-not-at-top
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
 
   m, d, o = config.model, config.data, config.optim
   if m.mixer not in MIXERS:
-    raise ValueError(f"config.model.mixer='{m.mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
+    raise UserError(f"config.model.mixer='{m.mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
+  spec = MIXERS[m.mixer]
+  if "mixer" not in config:
+    raise UserError("the config has no config.mixer section: build it with config_lib.default_config(mixer)")
+  declared, present = set(spec.options), set(config.mixer.keys())
+  other = next((n for n, s in MIXERS.items() if present != declared and present == set(s.options)), None)
+  if other:  # e.g. --config.model.mixer=fnet on a config file built for attention
+    raise UserError(f"config.mixer holds the options of mixer '{other}', not of '{m.mixer}': choose the mixer "
+                    f"in the config argument (--config=FILE:mixer={m.mixer}), which fills config.mixer with its "
+                    "options")
+  if present - declared:
+    name = sorted(present - declared)[0]
+    raise UserError(f"config.mixer.{name}: mixer '{m.mixer}' has no option '{name}'; its options: "
+                    f"{spec.describe()}")
   if d.task not in TASKS:
-    raise ValueError(f"config.data.task='{d.task}' is not a task; choose from: {', '.join(TASKS)}")
+    raise UserError(f"config.data.task='{d.task}' is not a task; choose from: {', '.join(TASKS)}")
   task = TASKS[d.task]
   variants = task.variant_names()
   if d.variant not in variants:
-    raise ValueError(f"config.data.variant='{d.variant}' is not a variant of {d.task}; "
-                     f"choose from: {', '.join(variants)}")
-  for name in ("d_model", "num_heads", "num_layers", "d_ff", "max_len"):
+    raise UserError(f"config.data.variant='{d.variant}' is not a variant of {d.task}; "
+                    f"choose from: {', '.join(variants)}")
+  for name in ("d_model", "num_layers", "d_ff", "max_len"):
     if m[name] < 1:
-      raise ValueError(f"config.model.{name}={m[name]} must be a positive integer")
-  for name in ("dropout", "attention_dropout"):
-    if not 0 <= m[name] < 1:
-      raise ValueError(f"config.model.{name}={m[name]} must be in [0, 1)")
+      raise UserError(f"config.model.{name}={m[name]} must be a positive integer")
+  if not 0 <= m.dropout < 1:
+    raise UserError(f"config.model.dropout={m.dropout} must be in [0, 1)")
   if m.dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"config.model.dtype='{m.dtype}' must be float32 or bfloat16")
+    raise UserError(f"config.model.dtype='{m.dtype}' must be float32 or bfloat16")
   if m.ff_chunk_size < 0 or (m.ff_chunk_size and m.max_len % m.ff_chunk_size):
-    raise ValueError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
-  if m.d_model % m.num_heads:
-    raise ValueError(f"config.model.d_model={m.d_model} must be divisible by config.model.num_heads={m.num_heads}")
+    raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
+  spec.check(dict(config.mixer), m.d_model, m.causal)
   if task.max_len and m.max_len > task.max_len:
-    raise ValueError(f"config.model.max_len={m.max_len}: task '{d.task}' examples hold at most "
-                     f"{task.max_len} tokens")
-  if d.objective and d.objective not in OBJECTIVES:
-    raise ValueError(f"config.data.objective='{d.objective}' is not an objective; choose from: "
-                     f"'' (the task's own), {', '.join(OBJECTIVES)}")
-  if d.objective and d.objective != task.objective and d.objective != "mlm":
-    raise ValueError(f"task '{d.task}' has objective '{task.objective}'; only 'mlm' can replace it")
-  if objective(config) == "mlm" and task.mask_id is None:
-    raise ValueError(f"task '{d.task}' has no text to mask: masked-LM needs a text task (bytes, imdb_bytes, glue)")
-  if objective(config) == "mlm" and m.causal:
-    raise ValueError("masked-LM reads both sides of a token: set config.model.causal=False")
-  if objective(config) == "lm" and not m.causal:
-    raise ValueError(f"task '{d.task}' is language modelling: set config.model.causal=True")
+    raise UserError(f"config.model.max_len={m.max_len}: task '{d.task}' examples hold at most "
+                    f"{task.max_len} tokens")
+  objectives.for_run(config, task)  # the objective's own rules (an LM must be causal, ...)
   reads_folder = task.local and d.variant in getattr(task.dataset, "MANUAL_DIR_VARIANTS", ())
   if d.corpus_dir and not reads_folder:
-    raise ValueError(f"config.data.corpus_dir is set, but task '{d.task}' ({d.variant}) does not read a folder "
-                     "(bytes with variant files, fashion_mnist, fashion_mnist_ar do)")
+    raise UserError(f"config.data.corpus_dir is set, but task '{d.task}' ({d.variant}) does not read a folder "
+                    "(bytes with variant files, fashion_mnist, fashion_mnist_ar do)")
   if reads_folder and not d.corpus_dir and not getattr(task.dataset, "DEFAULT_MANUAL_DIR", None):
-    raise ValueError(f"task '{d.task}' ({d.variant}) reads a folder: set config.data.corpus_dir")
+    raise UserError(f"task '{d.task}' ({d.variant}) reads a folder: set config.data.corpus_dir")
   if d.batch_size < 1 or d.batch_size % num_devices:
-    raise ValueError(f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
-                     f"{num_devices} devices it is sharded over")
+    raise UserError(f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
+                    f"{num_devices} devices it is sharded over")
   if o.learning_rate <= 0 or o.warmup_steps < 0 or o.weight_decay < 0 or o.grad_clip < 0:
-    raise ValueError("config.optim: learning_rate must be > 0; warmup_steps, weight_decay, grad_clip >= 0")
+    raise UserError("config.optim: learning_rate must be > 0; warmup_steps, weight_decay, grad_clip >= 0")
   for name in ("total_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     if config[name] < 1:
-      raise ValueError(f"config.{name}={config[name]} must be a positive integer")
-  # Constructing the mixer runs its own checks (e.g. FNet refuses causal=True).
-  mixer_cls = MIXERS[m.mixer]
-  mixer_cls(**mixer_kwargs(mixer_cls, m))
+      raise UserError(f"config.{name}={config[name]} must be a positive integer")
 
 
-def mixer_kwargs(mixer_cls: type, model_config: ml_collections.ConfigDict) -> dict:
-  """The mixer's hyperparameters: the config.model fields named like the mixer class's fields."""
-  names = {f.name for f in dataclasses.fields(mixer_cls)} - {"parent", "name"}
-  return {name: model_config[name] for name in names if name in model_config}
+# Options that lived in config.model before mixers declared their own (config.json of older runs): those of the
+# run's mixer move to config.mixer (renamed where a name changed), the others had no effect and are dropped.
+_OLD_MODEL_FIELDS = ("num_heads", "attention_dropout", "attention_impl", "attention_chunk", "window",
+                     "aft_bias_dim", "aft_factorized", "kernel_size", "lsh_buckets", "lsh_hashes", "lsh_chunk",
+                     "lsh_seed", "fourier_impl")
+_RENAMED = {("linear", "attention_chunk"): "chunk"}
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """The config of a run from its config.json, with fields added since then at their defaults. A config.json
+  written before mixers declared their options (flat config.model) is converted: the run's mixer options move to
+  config.mixer, and an option its mixer did not have then (attention dropout of local and lsh) is 0, as it was."""
+  model = dict(saved.get("model", {}))
+  mixer = model.get("mixer", "attention")
+  config = default_config(mixer)
+  if "mixer" not in saved:
+    old = {k: model.pop(k) for k in _OLD_MODEL_FIELDS if k in model}
+    options = {}
+    for name in config.mixer:
+      old_name = next((o for (m, o), n in _RENAMED.items() if m == mixer and n == name), name)
+      if old_name in old and not (name == "attention_dropout" and mixer != "attention"):
+        options[name] = old[old_name]
+      elif name == "attention_dropout":
+        options[name] = 0.0  # only attention applied it then
+    saved = {**saved, "model": model, "mixer": options}
+  config.update(saved)
+  return config
 
 
 def explain_flag_error(argv: list[str], error: Exception) -> str:
@@ -176,7 +212,7 @@ def explain_flag_error(argv: list[str], error: Exception) -> str:
   For a mistyped override key (`--config.model.mixerr=...`), names the field and the valid fields beside it;
   otherwise the first line of the error.
   """
-  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), default_config_file())
   overrides = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--config.")]
   if config_arg:
     path, _, arg = config_arg.partition(":")
@@ -192,18 +228,40 @@ def explain_flag_error(argv: list[str], error: Exception) -> str:
         if not isinstance(node, ml_collections.ConfigDict):
           break
         if part not in node:
-          parent = ".".join(["config"] + parts[:depth])
-          guess = difflib.get_close_matches(part, list(node.keys()), n=1)
-          hint = f" (did you mean '{guess[0]}'?)" if guess else ""
-          return (f"--{key}: {parent} has no field '{part}'{hint}; "
-                  f"fields of {parent}: {', '.join(sorted(node.keys()))}")
+          return f"--{key}: " + _missing_field(config, ".".join(["config"] + parts[:depth]), node, part)
         node = node[part]
   return _first_line(error)
+
+
+def _missing_field(config: ml_collections.ConfigDict, parent: str, node: ml_collections.ConfigDict,
+                   part: str) -> str:
+  """Why `parent.part` does not exist: a mixer option the chosen mixer lacks, a mixer option set in the wrong
+  section, or a typo (with the closest field)."""
+  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+  mixer = config.model.mixer
+  spec = MIXERS.get(mixer)
+  if parent == "config.mixer" and spec:
+    return f"mixer '{mixer}' has no option '{part}'; its options: {spec.describe()}"
+  if parent == "config.model" and spec and any(part in s.options for s in MIXERS.values()):
+    where = f"config.mixer.{part}" if part in spec.options else f"not an option of mixer '{mixer}'"
+    return f"'{part}' is a mixer option ({where}); mixer '{mixer}' has options: {spec.describe()}"
+  guess = difflib.get_close_matches(part, list(node.keys()), n=1)
+  hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+  return f"{parent} has no field '{part}'{hint}; fields of {parent}: {', '.join(sorted(node.keys()))}"
 
 
 def _first_line(error: Exception) -> str:
   lines = str(error).strip().strip("'\"").splitlines()
   return lines[0] if lines else type(error).__name__
+
+
+def default_config_file() -> str:
+  """The quickstart config's path: configs/ is installed as the package efftx.configs (pyproject.toml), so this
+  works from a checkout, an editable install and a plain one."""
+  spec = importlib.util.find_spec("efftx.configs.quickstart")
+  if spec is None or spec.origin is None:
+    raise UserError("efftx.configs is not installed: pass --config=PATH/TO/configs/quickstart.py")
+  return spec.origin
 
 
 def quiet_orbax_logs() -> None:

@@ -1,10 +1,9 @@
 """The Transformer around a token mixer: embeddings → pre-LN blocks (mixer, feed-forward) → final norm → head.
 
-`build_model(config)` picks the mixer by name from `efftx.mixers.MIXERS` and the head from the objective:
-  - "classify": logits_BxC from the mean of the final states over real tokens;
-  - "lm", "mlm": logits_BxLxV at every position (next token or the task's targets with a causal mixer; masked
-    tokens with a bidirectional one).
-Applied as `model.apply(variables, tokens_BxL, mask=mask_BxL, deterministic=True)`.
+`build_model(config, head)` picks the mixer by name from `efftx.mixers.MIXERS` with the options in
+`config.mixer`; the head comes from the objective (`efftx.objectives`: e.g. `OBJECTIVES["lm"].head(vocab, 0)`).
+The model knows nothing of data or objectives beyond that function. Applied as
+`model.apply(variables, tokens_BxL, mask=mask_BxL, deterministic=True)`.
 """
 from __future__ import annotations
 
@@ -16,9 +15,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from efftx import config as config_lib
-from efftx.data import objective
-from efftx.data import TASKS
 from efftx.mixers import MIXERS
 from efftx.reversible import ReversibleStack
 
@@ -102,10 +98,10 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-  make_mixer: Callable[..., nn.Module]
+  make_mixer: Callable[..., nn.Module]  # (name=...) → the mixer module
+  # (final states x_BxLxD in float32, mask_BxL) → logits; its parameters are created in this module's scope
+  head: Callable[[jax.Array, jax.Array], jax.Array]
   vocab_size: int
-  num_classes: int
-  objective: str        # "classify" (one label per sequence), "lm" or "mlm" (a prediction per position)
   d_model: int
   num_layers: int
   d_ff: int
@@ -150,23 +146,19 @@ class Transformer(nn.Module):
         x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, self.ff_chunk_size, name=f"block_{i}")(
             x_BxLxD, mask_BxL, deterministic, decode)
     x_BxLxD = nn.LayerNorm(dtype=jnp.float32, name="final_norm")(x_BxLxD)  # the heads run in float32
-
-    if self.objective != "classify":
-      return nn.Dense(self.vocab_size, name="lm_head")(x_BxLxD)
-    # Mean over real tokens only, so padding never reaches the classifier.
-    weights_BxL = mask_BxL.astype(x_BxLxD.dtype)
-    pooled_BxD = jnp.einsum("bld,bl->bd", x_BxLxD, weights_BxL) / jnp.maximum(weights_BxL.sum(-1, keepdims=True), 1)
-    h_BxD = nn.relu(nn.Dense(self.d_model, name="pool_dense")(pooled_BxD))
-    return nn.Dense(self.num_classes, name="classifier")(h_BxD)
+    return self.head(x_BxLxD, mask_BxL)
 
 
-def build_model(config: ml_collections.ConfigDict) -> Transformer:
-  """The model for a full run config: mixer from config.model.mixer, vocabulary and head from config.data.task."""
-  task = TASKS[config.data.task]
-  mixer_cls = MIXERS[config.model.mixer]
+def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, jax.Array], jax.Array],
+                vocab_size: int) -> Transformer:
+  """The model of a run config (config.model, and config.mixer: the options of config.model.mixer) with the
+  objective's head over a vocabulary of vocab_size tokens. Checks the mixer options (raises UserError)."""
   m = config.model
+  spec = MIXERS[m.mixer]
+  options = dict(config.mixer)
+  spec.check(options, m.d_model, m.causal)
+  extra = {"max_len": m.max_len} if spec.takes_max_len else {}
   return Transformer(
-      make_mixer=functools.partial(mixer_cls, **config_lib.mixer_kwargs(mixer_cls, m)),
-      vocab_size=task.vocab_size, num_classes=task.classes(config.data.variant), objective=objective(config),
-      d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len, dropout=m.dropout, dtype=m.dtype,
-      reversible=m.reversible, ff_chunk_size=m.ff_chunk_size)
+      make_mixer=functools.partial(spec.module, causal=m.causal, **extra, **options), head=head,
+      vocab_size=vocab_size, d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len,
+      dropout=m.dropout, dtype=m.dtype, reversible=m.reversible, ff_chunk_size=m.ff_chunk_size)

@@ -15,11 +15,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from efftx import checkpoints
 from efftx import config as config_lib
-from efftx import train
-import efftx.data as data_lib
-from efftx.data import TASKS
-from efftx.model import build_model
+from efftx import trainer
+from efftx.errors import UserError
 
 
 def _define_flags() -> None:
@@ -35,10 +34,10 @@ def _define_flags() -> None:
 
 def load(workdir: str) -> tuple[ml_collections.ConfigDict, dict]:
   """The run's config and its latest parameters."""
-  config, params, _ = train.restore_params(workdir)
-  task = TASKS[config.data.task]
-  if data_lib.objective(config) != "lm" or task.tokenize is None:
-    raise ValueError(f"{workdir} trained task '{config.data.task}', not a text language model: nothing to sample")
+  config, params, _ = checkpoints.restore_params(workdir)
+  parts = trainer.parts(config)
+  if not parts.objective.next_token or parts.task.tokenize is None:
+    raise UserError(f"{workdir} trained task '{config.data.task}', not a text language model: nothing to sample")
   return config, params
 
 
@@ -46,12 +45,12 @@ def generate(config: ml_collections.ConfigDict, params, prompt_P: np.ndarray, le
              top_k: int, rng: jax.Array) -> np.ndarray:
   """prompt_P followed by `length` sampled tokens (len(prompt_P) + length ≤ config.model.max_len)."""
   if not len(prompt_P):
-    raise ValueError("give a --prompt of at least one token: the model was trained to continue text")
-  model = build_model(config)
+    raise UserError("give a --prompt of at least one token: the model was trained to continue text")
+  model = trainer.parts(config).model
   total = len(prompt_P) + length
   if total > config.model.max_len:
-    raise ValueError(f"prompt ({len(prompt_P)}) + length ({length}) exceeds the model's max_len="
-                     f"{config.model.max_len}")
+    raise UserError(f"prompt ({len(prompt_P)}) + length ({length}) exceeds the model's max_len="
+                    f"{config.model.max_len}")
   cache = model.init(jax.random.key(0), jnp.zeros((1, total), jnp.int32), decode=True)["cache"]
 
   @jax.jit
@@ -81,11 +80,11 @@ def main(argv):
     config_lib.exit_with("efftx.sample", "--workdir is required")
   try:
     config, params = load(_WORKDIR.value)
-    task = TASKS[config.data.task]
+    task = trainer.parts(config).task
     prompt_P = task.tokenize(_PROMPT.value.encode())
     tokens = generate(config, params, prompt_P, _LENGTH.value, _TEMPERATURE.value, _TOP_K.value,
                       jax.random.key(_SEED.value))
-  except ValueError as e:
+  except UserError as e:
     config_lib.exit_with("efftx.sample", str(e))
   sys.stdout.write(task.detokenize(tokens) + "\n")
 

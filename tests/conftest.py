@@ -27,3 +27,31 @@ def smoke_config(data_dir):
     return config
 
   return make
+
+
+def mixer_config(mixer: str, **fields):
+  """default_config(mixer) with `fields` set: config.model fields by name, and mixer options (window, num_heads,
+  ...) for the mixers that declare them — so one call serves every mixer in a parametrized test."""
+  from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.default_config(mixer)
+  config.model.update({k: v for k, v in fields.items() if k in config.model})
+  config_lib.set_where_declared(config.mixer, **{k: v for k, v in fields.items() if k not in config.model})
+  return config
+
+
+def lm_model(config, vocab_size: int = 16):
+  """config's model with a per-position LM head, built by the users' builder."""
+  from efftx import model as model_lib  # pylint: disable=g-import-not-at-top
+  from efftx.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
+  return model_lib.build_model(config, OBJECTIVES["lm"].head(vocab_size, 0), vocab_size)
+
+
+def padded_inputs(B: int, L: int, D: int, second_length: int, seed: int = 0):
+  """(x_BxLxD ~ N(0, 1) float32, mask_BxL): the second sequence holds second_length real positions, the rest is
+  padding at the end."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  x_BxLxD = rng.normal(size=(B, L, D)).astype(np.float32)
+  mask_BxL = np.ones((B, L), bool)
+  mask_BxL[1, second_length:] = False
+  return x_BxLxD, mask_BxL

@@ -48,5 +48,7 @@ def test_glue_fine_tunes_the_encoder_mlm_bytes_pre_trains():
   glue = runpy.run_path(os.path.join(REPO, "configs", "glue.py"))
   mlm = runpy.run_path(os.path.join(REPO, "configs", "mlm_bytes.py"))
   assert glue["ENCODER"] == mlm["ENCODER"]
-  a, b = glue["get_config"]().model, mlm["get_config"]().model
-  assert all(a[k] == b[k] for k in ("mixer", "d_model", "num_heads", "num_layers", "d_ff"))
+  assert glue["NUM_HEADS"] == mlm["NUM_HEADS"]
+  a, b = glue["get_config"](), mlm["get_config"]()
+  assert all(a.model[k] == b.model[k] for k in ("mixer", "d_model", "num_layers", "d_ff"))
+  assert a.mixer.to_dict() == b.mixer.to_dict()

@@ -11,9 +11,11 @@ import pytest
 from conftest import REPO
 from efftx import sample
 from efftx import train
-from efftx.data import TASKS
+from efftx import trainer
 from efftx.data import byte_text
 from efftx.data import sequence
+from efftx.data import TASKS
+from efftx.objectives import OBJECTIVES
 
 
 def test_byte_records_are_contiguous_disjoint_slices_of_the_corpus():
@@ -42,7 +44,7 @@ def test_lm_loss_is_next_token_cross_entropy_on_real_tokens():
   tokens = rng.integers(1, 7, size=(2, 5)).astype(np.int32)
   mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)
   batch = {k: np.stack([sequence.next_token(t, m)[k] for t, m in zip(tokens, mask)]) for k in ("targets", "weights")}
-  sums = train.loss_sums("lm", jnp.asarray(logits), batch, jnp.ones(2))
+  sums = OBJECTIVES["lm"].loss_sums(jnp.asarray(logits), batch, jnp.ones(2))
   want, count = 0.0, 0
   for b in range(2):
     for t in range(4):
@@ -79,11 +81,12 @@ def test_greedy_sampling_through_the_caches_matches_the_full_forward_pass(traine
   assert len(tokens) == len(prompt) + 12 and tokens[:len(prompt)].tolist() == prompt.tolist()
   # One causal forward pass over the result: the logits at t - 1 see tokens < t only, so each greedy choice is
   # their argmax (padding, id 0, is never sampled).
-  logits = sample.build_model(config).apply({"params": params}, jnp.asarray(tokens[None]))
+  logits = trainer.parts(config).model.apply({"params": params}, jnp.asarray(tokens[None]))
   greedy = np.asarray(jnp.argmax(logits[0, :, 1:], axis=-1)) + 1
   np.testing.assert_array_equal(tokens[len(prompt):], greedy[len(prompt) - 1:-1])
 
 
+@pytest.mark.slow
 def test_sample_command(trained_lm):
   workdir, _ = trained_lm
   proc = subprocess.run([sys.executable, "-m", "efftx.sample", f"--workdir={workdir}", "--prompt=def ", "--length=20",

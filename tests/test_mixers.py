@@ -1,21 +1,21 @@
 """Mixers against independent references: naive numpy attention, numpy's FFT; causality and padding properties."""
+import os
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import padded_inputs, REPO
+from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
 B, L, D = 2, 7, 8
 
 
 def _inputs(seed=0):
-  rng = np.random.default_rng(seed)
-  x_BxLxD = rng.normal(size=(B, L, D)).astype(np.float32)
-  mask_BxL = np.ones((B, L), bool)
-  mask_BxL[1, 4:] = False  # the second sequence has 3 padded positions at the end
-  return x_BxLxD, mask_BxL
+  return padded_inputs(B, L, D, 4, seed)  # the second sequence has 3 padded positions at the end
 
 
 def _numpy_attention(x, mask, params, num_heads, causal, window=None, feature_map=None):
@@ -69,7 +69,7 @@ def test_local_attention_matches_numpy(causal, window):
 @pytest.mark.parametrize("causal,chunk", [(False, 256), (True, 2), (True, 3), (True, 256)])
 def test_linear_attention_matches_numpy(causal, chunk):
   x, mask = _inputs()
-  module = MIXERS["linear"](num_heads=2, causal=causal, attention_chunk=chunk)
+  module = MIXERS["linear"](num_heads=2, causal=causal, chunk=chunk)
   variables = module.init(jax.random.key(0), x)
   params = jax.tree.map(np.asarray, variables["params"])
   elu_plus_one = lambda z: np.where(z > 0, z + 1, np.exp(z))
@@ -100,15 +100,8 @@ def test_fnet_cannot_be_causal_and_checks_its_impl():
     MIXERS["fnet"](fourier_impl="fast")
 
 
-def _can_be_causal(name):
-  try:
-    MIXERS[name](causal=True)
-    return True
-  except ValueError:
-    return False
-
-
-CAUSAL_MIXERS = sorted(n for n in MIXERS if _can_be_causal(n))
+CAUSAL_MIXERS = sorted(n for n, spec in MIXERS.items() if spec.can_be_causal)
+DECODING_MIXERS = sorted(n for n, spec in MIXERS.items() if spec.can_decode)
 
 
 @pytest.mark.parametrize("name", CAUSAL_MIXERS)
@@ -126,8 +119,18 @@ def test_causal_mixers_gradients_never_reach_the_past(name):
     assert np.all(np.diag(per_position_LxL) > 0.0)
 
 
-def test_the_causal_mixers_are_all_but_fnet():  # so the tests above cover every other mixer
-  assert set(MIXERS) - set(CAUSAL_MIXERS) == {"fnet"}
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_declared_capabilities_hold(name):
+  """What a spec says it cannot do is refused (the tests above and below check what it says it can do)."""
+  spec = MIXERS[name]
+  if not spec.can_be_causal:
+    with pytest.raises(UserError, match="cannot be causal"):
+      spec(causal=True)
+  if spec.can_be_causal and not spec.can_decode:
+    x, _ = _inputs()
+    with pytest.raises(ValueError, match="decod"):
+      spec(causal=True).init(jax.random.key(0), x, decode=True)
+  assert spec.has_heads == ("num_heads" in spec.options)
 
 
 @pytest.mark.parametrize("name,causal", [(n, False) for n in sorted(MIXERS)] + [(n, True) for n in CAUSAL_MIXERS])
@@ -160,10 +163,11 @@ def test_every_mixer_jits_keeps_shape_and_dtype_and_has_finite_grads(name, dtype
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
-def test_every_mixer_is_a_linen_module_with_defaults():
-  for name, cls in MIXERS.items():
-    assert issubclass(cls, nn.Module), name
-    cls(causal=False)  # every hyperparameter has a default
+def test_every_mixer_is_a_linen_module_with_declared_defaults():
+  for name, spec in MIXERS.items():
+    assert issubclass(spec.module, nn.Module), name
+    spec(causal=False)  # every option has a default
+    assert all(option.help for option in spec.options.values()), name  # and a meaning
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -198,9 +202,6 @@ def test_chunked_attention_memory_does_not_grow_with_the_square_of_length():
   assert chunked < plain / 8, (chunked, plain)
 
 
-DECODING_MIXERS = sorted(set(CAUSAL_MIXERS) - {"lsh"})
-
-
 @pytest.mark.parametrize("name", DECODING_MIXERS)
 def test_step_by_step_decoding_equals_the_causal_forward_pass(name):
   x, _ = _inputs()
@@ -222,3 +223,10 @@ def test_aft_simple_decodes_in_constant_memory():
   module = MIXERS["aft_simple"](causal=True)
   cache = module.init(jax.random.key(0), x, decode=True)["cache"]
   assert all(leaf.shape[1] == 1 for leaf in jax.tree.leaves(cache))  # running sums, not per-position buffers
+
+
+def test_readme_shows_the_registry_table():
+  """README's mixer table is `python -m efftx.mixers`, so it cannot drift from the declared specs."""
+  from efftx.mixers.__main__ import table  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, "README.md")) as f:
+    assert table() in f.read(), "README.md: paste the output of `python -m efftx.mixers`"

@@ -1,13 +1,14 @@
 """The model around the mixers: padding never reaches the classifier; a causal LM never sees the future."""
-import functools
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from efftx import config as config_lib
-from efftx import model as model_lib
+from conftest import lm_model, mixer_config
+from efftx import trainer
 from efftx.mixers import MIXERS
 
 B, L = 3, 12
@@ -24,9 +25,8 @@ def _tokens_and_mask(vocab=16):
 
 @pytest.mark.parametrize("mixer", sorted(MIXERS))
 def test_classifier_ignores_padded_tokens(mixer):
-  config = config_lib.default_config()
-  config.model.update(mixer=mixer, d_model=16, d_ff=32, num_heads=2, max_len=L)
-  model = model_lib.build_model(config)
+  config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L)
+  model = trainer.parts(config).model
   tokens, mask = _tokens_and_mask()
   variables = model.init(jax.random.key(0), tokens)
   other = np.where(mask, tokens, np.random.default_rng(1).integers(0, 16, size=tokens.shape)).astype(np.int32)
@@ -36,10 +36,9 @@ def test_classifier_ignores_padded_tokens(mixer):
 
 
 def test_causal_lm_logits_do_not_depend_on_later_tokens():
-  config = config_lib.default_config()
-  model = model_lib.Transformer(
-      make_mixer=functools.partial(MIXERS["attention"], num_heads=2, causal=True), vocab_size=16, num_classes=0,
-      objective="lm", d_model=16, num_layers=2, d_ff=32, max_len=L, dropout=0.0)
+  config = mixer_config("attention", num_heads=2, causal=True, d_model=16, num_layers=2, d_ff=32, max_len=L,
+                        dropout=0.0)
+  model = lm_model(config)
   tokens, _ = _tokens_and_mask()
   variables = model.init(jax.random.key(0), tokens)
   logits = np.asarray(model.apply(variables, tokens))
@@ -52,46 +51,40 @@ def test_causal_lm_logits_do_not_depend_on_later_tokens():
     assert not np.allclose(new[:, t + 1:], logits[:, t + 1:])
 
 
-def test_build_model_passes_config_fields_to_the_mixer():
-  config = config_lib.default_config()
-  config.model.update(num_heads=8, d_model=16, d_ff=32, max_len=L)
-  model = model_lib.build_model(config)
+def test_build_model_passes_mixer_options_to_the_mixer():
+  config = mixer_config("attention", num_heads=8, d_model=16, d_ff=32, max_len=L)
+  model = trainer.parts(config).model
   variables = model.init(jax.random.key(0), jnp.ones((1, L), jnp.int32))
   assert variables["params"]["block_0"]["mixing"]["mixer"]["qkv"]["kernel"].shape == (16, 3, 8, 2)
   assert len([k for k in variables["params"] if k.startswith("block_")]) == config.model.num_layers
 
 
 def test_sequence_longer_than_max_len_is_refused():
-  config = config_lib.default_config()
-  config.model.update(d_model=16, d_ff=32, max_len=8)
-  model = model_lib.build_model(config)
+  config = mixer_config("attention", d_model=16, d_ff=32, max_len=8)
+  model = trainer.parts(config).model
   with pytest.raises(ValueError, match="exceeds max_len"):
     model.init(jax.random.key(0), jnp.ones((1, 9), jnp.int32))
 
 
 @pytest.mark.parametrize("mixer", sorted(MIXERS))
 def test_bfloat16_model_runs_close_to_float32(mixer):
-  config = config_lib.default_config()
-  config.model.update(mixer=mixer, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, lsh_chunk=4,
-                      attention_chunk=4)
+  config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, lsh_chunk=4,
+                        attention_chunk=4)
   tokens, mask = _tokens_and_mask()
-  model = model_lib.build_model(config)
+  model = trainer.parts(config).model
   variables = model.init(jax.random.key(0), tokens)
   want = np.asarray(model.apply(variables, tokens, mask=mask))
   config.model.dtype = "bfloat16"
-  got = model_lib.build_model(config).apply(variables, tokens, mask=mask)
+  got = trainer.parts(config).model.apply(variables, tokens, mask=mask)
   assert got.dtype == jnp.float32  # logits in float32; parameters were float32 all along
   np.testing.assert_allclose(np.asarray(got), want, atol=0.05 + 0.05 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("mixer", sorted(set(MIXERS) - {"fnet", "lsh"}))
+@pytest.mark.parametrize("mixer", sorted(n for n, spec in MIXERS.items() if spec.can_decode))
 def test_model_decoding_token_by_token_equals_the_causal_forward_pass(mixer):
-  config = config_lib.default_config()
-  config.model.update(mixer=mixer, causal=True, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4)
-  mixer_cls = MIXERS[mixer]
-  model = model_lib.Transformer(
-      make_mixer=functools.partial(mixer_cls, **config_lib.mixer_kwargs(mixer_cls, config.model)), vocab_size=16,
-      num_classes=0, objective="lm", d_model=16, num_layers=2, d_ff=32, max_len=L, dropout=0.0)
+  config = mixer_config(mixer, causal=True, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, num_layers=2,
+                        dropout=0.0)
+  model = lm_model(config)
   tokens, _ = _tokens_and_mask()
   variables = model.init(jax.random.key(0), tokens)
   full = np.asarray(model.apply(variables, tokens))
@@ -101,3 +94,12 @@ def test_model_decoding_token_by_token_equals_the_causal_forward_pass(mixer):
     logits, mutated = step(cache, tokens[:, t:t + 1])
     cache = mutated["cache"]
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_model_does_not_import_the_data_package():
+  """Arrows point one way: the model gets its head from the objective and knows nothing of data (or TFDS)."""
+  code = ("import sys, efftx.model, efftx.objectives; "
+          "assert not [m for m in sys.modules if m.startswith(('efftx.data', 'tensorflow_datasets'))], "
+          "sorted(m for m in sys.modules if m.startswith(('efftx.data', 'tensorflow_datasets')))")
+  subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,24 +1,21 @@
 """Reversible layers: exact gradients from the recomputing backward pass, and memory that does not grow with depth."""
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from efftx import config as config_lib
+from conftest import mixer_config
 from efftx import model as model_lib
 from efftx import reversible
-from efftx import train
-from efftx.mixers import MIXERS
+from efftx import trainer
 
 B, L, D = 2, 16, 16
 
 
 def _stack(mixer, causal, dropout, ff_chunk_size=0, num_layers=3):
-  model_config = config_lib.default_config().model
-  model_config.update(num_heads=2, causal=causal, max_len=L, window=4)
-  make_mixer = functools.partial(MIXERS[mixer], **config_lib.mixer_kwargs(MIXERS[mixer], model_config))
+  config = mixer_config(mixer, num_heads=2, causal=causal, max_len=L, window=4, d_model=D)
+  make_mixer = trainer.parts(config).model.make_mixer
   return reversible.ReversibleStack(
       make_f=lambda: model_lib.MixingSublayer(make_mixer, dropout, parent=None),
       make_g=lambda: model_lib.FeedForwardSublayer(32, dropout, ff_chunk_size, parent=None), num_layers=num_layers)
@@ -61,19 +58,13 @@ def test_recomputing_backward_equals_plain_autodiff(mixer, causal):
 
 
 def _train_step_temp_bytes(num_layers, reversible_, ff_chunk_size=0, length=256, mixer="attention"):
-  config = config_lib.default_config()
-  config.model.update(mixer=mixer, d_model=32, num_heads=4, d_ff=64, max_len=length, num_layers=num_layers,
-                      reversible=reversible_, ff_chunk_size=ff_chunk_size, attention_impl="plain")
-  model = model_lib.build_model(config)
-  tx, schedule = train.make_optimizer(config)
-  step, _ = train.make_steps(model, "classify", tx, schedule, jax.random.key(0))
+  config = mixer_config(mixer, d_model=32, num_heads=4, d_ff=64, max_len=length, num_layers=num_layers,
+                        reversible=reversible_, ff_chunk_size=ff_chunk_size, attention_impl="plain")
+  parts = trainer.parts(config)
+  tx, schedule = trainer.make_optimizer(config)
+  step = trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(0))
   tokens = jnp.zeros((8, length), jnp.int32)
-
-  def init():
-    params = model.init(jax.random.key(0), tokens[:1])["params"]
-    return train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-
-  state = jax.eval_shape(init)
+  state = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))
   batch = {"tokens": tokens, "mask": jnp.ones((8, length), bool), "label": jnp.zeros((8,), jnp.int32)}
   compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
   return compiled.memory_analysis().temp_size_in_bytes

@@ -14,8 +14,9 @@ from efftx import train
 from efftx.data import images
 from efftx.data import mqar
 from efftx.data import pipeline
-from efftx.data import sequence
 from efftx.data import TASKS
+from efftx.objectives import mlm
+from efftx.objectives import OBJECTIVES
 
 
 # ------------------------------------------------------------------------------------------------------ MQAR
@@ -52,8 +53,8 @@ def test_mqar_non_query_positions_do_not_count():
   logits = jax.random.normal(jax.random.key(0), (1, 64, mqar.VOCAB_SIZE))
   ignored = example["weights"] == 0
   noisy = logits + 10.0 * jax.random.normal(jax.random.key(1), logits.shape) * jnp.asarray(ignored)[None, :, None]
-  a = train.loss_sums("lm", logits, batch, jnp.ones(1))
-  b = train.loss_sums("lm", noisy, batch, jnp.ones(1))
+  a = OBJECTIVES["lm"].loss_sums(logits, batch, jnp.ones(1))
+  b = OBJECTIVES["lm"].loss_sums(noisy, batch, jnp.ones(1))
   assert float(a["count"]) == 4 and float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-6)
 
 
@@ -146,8 +147,8 @@ def test_mlm_corruption_follows_bert_80_10_10():
   tokens[~mask] = 0
   chosen = masked = randomised = kept = real = 0
   for i in range(400):
-    out = sequence.mask_for_mlm({"tokens": tokens[i], "mask": mask[i]}, np.random.default_rng(i), mask_id=258,
-                                random_ids=(1, 257), special_ids=(257,))
+    out = mlm.mask_for_mlm({"tokens": tokens[i], "mask": mask[i]}, np.random.default_rng(i), mask_id=258,
+                           random_ids=(1, 257), special_ids=(257,))
     c = out["weights"] > 0
     assert not (c & ~mask[i]).any() and not (c & (tokens[i] == 257)).any()  # never padding, never SEP
     assert (out["targets"][c] == tokens[i][c]).all() and (out["tokens"][~c] == tokens[i][~c]).all()

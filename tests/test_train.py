@@ -1,6 +1,7 @@
 """The sharded train step, and whole runs: stop by signal, re-run the same command, continue exactly."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,19 +14,19 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from efftx import checkpoints
+from efftx import config as config_lib
 from efftx import train
+from efftx import trainer
 from efftx.data import pipeline
-from efftx.model import build_model
 
 
 def _setup(config, devices):
-  model = build_model(config)
-  tx, schedule = train.make_optimizer(config)
+  parts = trainer.parts(config)
+  tx, schedule = trainer.make_optimizer(config)
   mesh = train.make_mesh(devices)
-  params = model.init(jax.random.key(0), jnp.zeros((1, config.model.max_len), jnp.int32))["params"]
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  state = jax.device_put(state, NamedSharding(mesh, P()))
-  train_step, _ = train.make_steps(model, "classify", tx, schedule, jax.random.key(1))
+  state = jax.device_put(trainer.create_state(parts.model, tx, jax.random.key(0)), NamedSharding(mesh, P()))
+  train_step = trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(1))
   step = jax.jit(train_step, out_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P())))
   shard = lambda batch: jax.device_put(batch, NamedSharding(mesh, P("data")))
   return state, step, shard
@@ -54,7 +55,7 @@ def test_steps_on_8_devices_reduce_the_loss(smoke_config):
 def test_weight_decay_applies_to_weight_matrices_only(smoke_config):
   config = smoke_config()
   config.optim.update(warmup_steps=0, weight_decay=0.5)
-  tx, _ = train.make_optimizer(config)
+  tx, _ = trainer.make_optimizer(config)
   params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((3, 2, 2))}, "norm": {"scale": jnp.ones((2, 2))},
             "embed": {"embedding": jnp.ones((4, 2))}}
   zero_grads = jax.tree.map(jnp.zeros_like, params)
@@ -82,6 +83,7 @@ def _rows(workdir):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_stop_by_signal_then_same_command_continues_exactly(smoke_config, tmp_path):
   overrides = {"total_steps": 120, "log_every": 1, "eval_every": 60, "checkpoint_every": 40}
   # The uninterrupted run, in this process.
@@ -148,7 +150,59 @@ def test_a_workdir_made_before_new_config_fields_still_resumes(smoke_config, tmp
   del saved["data"]["objective"], saved["data"]["truncate"], saved["init_from"]  # fields added later
   (tmp_path / "checkpoints").mkdir()
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  train._check_same_run(config, str(tmp_path))  # pylint: disable=protected-access  # the defaults match
-  config.model.mixer = "fnet"
-  with pytest.raises(ValueError, match="config.model.mixer='attention', not 'fnet'"):
-    train._check_same_run(config, str(tmp_path))  # pylint: disable=protected-access
+  checkpoints.check_same_run(config, str(tmp_path))  # the defaults match
+  config.model.d_model = 48
+  with pytest.raises(ValueError, match="config.model.d_model=32, not 48"):
+    checkpoints.check_same_run(config, str(tmp_path))
+
+
+# config.model as efftx wrote it before mixers declared their options (commit cc99d64): every mixer's options flat.
+_OLD_FLAT_MODEL = {
+    "mixer": "attention", "d_model": 32, "num_heads": 4, "num_layers": 2, "d_ff": 64, "max_len": 48,
+    "dropout": 0.1, "attention_dropout": 0.0, "dtype": "float32", "causal": False, "reversible": False,
+    "ff_chunk_size": 0, "attention_impl": "auto", "attention_chunk": 256, "window": 32, "aft_bias_dim": 64,
+    "aft_factorized": True, "kernel_size": 7, "lsh_buckets": 8, "lsh_hashes": 2, "lsh_chunk": 64, "lsh_seed": 0,
+    "fourier_impl": "auto"}
+
+
+@pytest.mark.parametrize("mixer,changes,want", [
+    ("attention", {"num_heads": 2, "attention_dropout": 0.1},
+     {"num_heads": 2, "attention_dropout": 0.1, "attention_impl": "auto", "attention_chunk": 256}),
+    ("linear", {"attention_chunk": 64}, {"num_heads": 4, "chunk": 64}),  # renamed
+    # lsh had no attention dropout then: an old run's setting had no effect, so it converts to 0.
+    ("lsh", {"attention_dropout": 0.1, "lsh_chunk": 16},
+     {"num_heads": 4, "lsh_buckets": 8, "lsh_hashes": 2, "lsh_chunk": 16, "lsh_seed": 0, "attention_dropout": 0.0}),
+    ("fnet", {"fourier_impl": "rfft", "num_heads": 8}, {"fourier_impl": "rfft"}),
+])
+def test_an_old_flat_config_json_converts(mixer, changes, want):
+  saved = {"model": {**_OLD_FLAT_MODEL, "mixer": mixer, **changes}, "data": {"task": "listops"}, "seed": 3}
+  config = config_lib.from_saved(saved)
+  assert config.mixer.to_dict() == want
+  assert set(config.model.keys()) == set(config_lib.default_config().model.keys())
+  assert config.model.d_model == 32 and config.seed == 3
+
+
+def test_a_workdir_from_before_mixer_options_resumes_exactly(smoke_config, tmp_path):
+  config = smoke_config()
+  config.update({"total_steps": 8, "log_every": 1, "eval_every": 8, "checkpoint_every": 4})
+  straight = str(tmp_path / "straight")
+  train.train_and_evaluate(config, straight)
+
+  # The same run as the old code would have left it at step 4: its step-4 checkpoint, config.json in the old layout.
+  old = tmp_path / "old"
+  shutil.copytree(straight, old)
+  shutil.rmtree(old / "checkpoints" / "8")
+  saved = json.loads((old / "config.json").read_text())
+  saved["model"] = {**_OLD_FLAT_MODEL, **saved["model"], **saved.pop("mixer")}
+  (old / "config.json").write_text(json.dumps(saved))
+  train.train_and_evaluate(config, str(old))
+  resumed, reference = _rows(old), _rows(straight)
+  assert [r["step"] for r in resumed] == [r["step"] for r in reference]
+  # Steps 1–4 were not trained again: their rows are the copied ones, timings included.
+  assert [r for r in resumed if r["step"] <= 4] == [r for r in reference if r["step"] <= 4]
+  assert any(r["step"] > 4 and r["steps_per_sec"] != w["steps_per_sec"] for r, w in zip(resumed, reference)
+             if "steps_per_sec" in r)
+  for got, want in zip(resumed, reference):
+    for key in ("loss", "eval_loss"):
+      if key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-6), (got["step"], key)

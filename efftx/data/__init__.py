@@ -19,8 +19,7 @@ from efftx.data import images
 from efftx.data import listops
 from efftx.data import mqar
 from efftx.data import sequence
-
-OBJECTIVES = ("classify", "lm", "mlm")
+from efftx.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +28,8 @@ class Task:
   dataset: type | str
   vocab_size: int                    # token ids are in [0, vocab_size)
   num_classes: int | dict[str, int]  # classes of "classify" tasks (per variant, if a dict); 0 otherwise
-  # "classify" (one label per sequence) or "lm" (a target per position: next token, or the task's own targets)
+  # its own objective, a key of efftx.objectives.OBJECTIVES: "classify" (one label per sequence) or "lm" (a
+  # target per position: the next token, or the task's own targets); config.data.objective may replace it
   objective: str
   # (raw TFDS example, max_len, truncate) -> {"tokens", "mask"} and {"label"} or {"targets", "weights"}
   encode: Callable[[dict, int, bool], dict[str, np.ndarray]]
@@ -102,7 +102,7 @@ def _glue(example, max_len, truncate):
   tokens_L, mask_L = sequence.pad_to(ids, max_len, truncate, "a GLUE example")
   label = int(example["label"])
   if label < 0:
-    raise ValueError("GLUE test splits have no labels (label -1): evaluate on a validation split")
+    raise UserError("GLUE test splits have no labels (label -1): evaluate on a validation split")
   return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(label)}
 
 
@@ -150,8 +150,3 @@ TASKS = {
                                                                    if v != "mnli"}},
                  module="tensorflow_datasets.text.glue", **_BYTE_MLM),
 }
-
-
-def objective(config) -> str:
-  """The run's objective: config.data.objective if set (e.g. "mlm" on a text task), else the task's own."""
-  return config.data.objective or TASKS[config.data.task].objective

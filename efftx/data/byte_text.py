@@ -21,6 +21,8 @@ import sysconfig
 import numpy as np
 import tensorflow_datasets as tfds
 
+from efftx.errors import UserError
+
 RECORD_LEN = 1024
 SEP_ID = 257
 MASK_ID = 258
@@ -91,12 +93,12 @@ class ByteText(tfds.core.GeneratorBasedBuilder):
     else:
       root = dl_manager.manual_dir
       if not root or not os.path.isdir(root):
-        raise ValueError(f"byte_text/files: config.data.corpus_dir='{root}' is not a folder")
+        raise UserError(f"byte_text/files: config.data.corpus_dir='{root}' is not a folder")
       paths = corpus_files(os.fspath(root))
     corpus = b"".join(open(p, "rb").read() for p in paths)
     if len(corpus) < 20 * RECORD_LEN:
-      raise ValueError(f"byte_text: the corpus has {len(corpus)} bytes in {len(paths)} files; it needs at least "
-                       f"{20 * RECORD_LEN} (a {RECORD_LEN}-byte record in each of validation and test)")
+      raise UserError(f"byte_text: the corpus has {len(corpus)} bytes in {len(paths)} files; it needs at least "
+                      f"{20 * RECORD_LEN} (a {RECORD_LEN}-byte record in each of validation and test)")
     return {split: self._generate_examples(records) for split, records in split_records(corpus).items()}
 
   def _generate_examples(self, records_NxR):

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from efftx.data.sequence import pad_to
+from efftx.errors import UserError
 
 PIXEL_VOCAB = 256
 START_ID = 256
@@ -40,14 +41,14 @@ def read_idx(path: str) -> np.ndarray:
   with gzip.open(path, "rb") as f:
     data = f.read()
   if len(data) < 4 or data[0] != 0 or data[1] != 0:
-    raise ValueError(f"{path} is not an idx file (bad magic number)")
+    raise UserError(f"{path} is not an idx file (bad magic number)")
   if data[2] != _IDX_UBYTE:
-    raise ValueError(f"{path}: idx type 0x{data[2]:02x} is not unsigned bytes")
+    raise UserError(f"{path}: idx type 0x{data[2]:02x} is not unsigned bytes")
   ndim = data[3]
   shape = tuple(int(d) for d in np.frombuffer(data, ">i4", count=ndim, offset=4))
   body = np.frombuffer(data, np.uint8, offset=4 + 4 * ndim)
   if body.size != int(np.prod(shape)):
-    raise ValueError(f"{path}: header says {shape} ({int(np.prod(shape))} bytes), file holds {body.size}")
+    raise UserError(f"{path}: header says {shape} ({int(np.prod(shape))} bytes), file holds {body.size}")
   return body.reshape(shape)
 
 
@@ -110,15 +111,15 @@ class FashionMnistIdx(tfds.core.GeneratorBasedBuilder):
       paths = [os.path.join(root, images_file), os.path.join(root, labels_file)]
       for path in paths:
         if not os.path.exists(path):
-          raise ValueError(f"Fashion-MNIST: {path} is missing; {self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
+          raise UserError(f"Fashion-MNIST: {path} is missing; {self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
       images, labels = read_idx(paths[0]), read_idx(paths[1])
       if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
-        raise ValueError(f"Fashion-MNIST in {root}: images {images.shape} and labels {labels.shape} do not match")
+        raise UserError(f"Fashion-MNIST in {root}: images {images.shape} and labels {labels.shape} do not match")
       arrays[split] = (images, labels)
     images, labels = arrays["train"]
     if len(images) <= FASHION_MNIST_VALIDATION:
-      raise ValueError(f"Fashion-MNIST in {root}: {len(images)} training images, need more than "
-                       f"{FASHION_MNIST_VALIDATION} (the validation split)")
+      raise UserError(f"Fashion-MNIST in {root}: {len(images)} training images, need more than "
+                      f"{FASHION_MNIST_VALIDATION} (the validation split)")
     cut = len(images) - FASHION_MNIST_VALIDATION
     splits = {"train": (images[:cut], labels[:cut]), "validation": (images[cut:], labels[cut:]),
               "test": arrays["test"]}

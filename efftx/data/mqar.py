@@ -19,6 +19,7 @@ import tensorflow_datasets as tfds
 import tqdm
 
 from efftx.data.sequence import pad_to
+from efftx.errors import UserError
 
 VOCAB_SIZE = 8192
 POWER_A = 0.01
@@ -28,9 +29,9 @@ def generate(num_examples: int, *, seq_len: int, num_kv: int, seed: int, vocab_s
              power_a: float = POWER_A) -> tuple[np.ndarray, np.ndarray]:
   """(tokens_NxL, targets_NxL) int32; targets are 0 wherever the position is not a query."""
   if seq_len % 2 or 4 * num_kv > seq_len:
-    raise ValueError(f"MQAR needs an even length and 4·kv ≤ length, not length {seq_len}, kv {num_kv}")
+    raise UserError(f"MQAR needs an even length and 4·kv ≤ length, not length {seq_len}, kv {num_kv}")
   if num_kv >= vocab_size // 2:
-    raise ValueError(f"MQAR: {num_kv} distinct keys do not fit in the key range [1, {vocab_size // 2})")
+    raise UserError(f"MQAR: {num_kv} distinct keys do not fit in the key range [1, {vocab_size // 2})")
   rng = np.random.default_rng(seed)
   context = 2 * num_kv
   slots = (seq_len - context) // 2  # query slots: even offsets of the query region

@@ -17,9 +17,9 @@ import numpy as np
 import tensorflow_datasets as tfds
 import tqdm
 
-from efftx.data import objective
-from efftx.data import sequence
+from efftx import objectives
 from efftx.data import TASKS
+from efftx.errors import UserError
 
 
 def data_dir(config: ml_collections.ConfigDict) -> str:
@@ -46,34 +46,34 @@ def prepare(config: ml_collections.ConfigDict) -> None:
       builder.download_and_prepare()
     except Exception as e:  # pylint: disable=broad-except  # no network, no TensorFlow for its generator, ...
       first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      raise ValueError(f"TFDS could not prepare {name} ({type(e).__name__}: {first_line}); on a machine that can "
-                       f"download it, run: tfds build {name} --file_format=array_record "
-                       f"--data_dir={data_dir(config)}") from None
+      raise UserError(f"TFDS could not prepare {name} ({type(e).__name__}: {first_line}); on a machine that can "
+                      f"download it, run: tfds build {name} --file_format=array_record "
+                      f"--data_dir={data_dir(config)}") from None
     return
   builder = task.dataset(config=config.data.variant, data_dir=data_dir(config), file_format="array_record")
   folder = config.data.corpus_dir or getattr(task.dataset, "DEFAULT_MANUAL_DIR", "")
   manual_dir = os.path.abspath(os.path.expanduser(folder)) if folder else None
   if manual_dir and not builder.is_prepared() and not (os.path.isdir(manual_dir) and os.listdir(manual_dir)):
-    raise ValueError(f"{name}: the folder {manual_dir} is missing or empty; "
-                     f"{getattr(task.dataset, 'MANUAL_DOWNLOAD_INSTRUCTIONS', 'set config.data.corpus_dir')}")
+    raise UserError(f"{name}: the folder {manual_dir} is missing or empty; "
+                    f"{getattr(task.dataset, 'MANUAL_DOWNLOAD_INSTRUCTIONS', 'set config.data.corpus_dir')}")
   if not builder.is_prepared():
     logging.info("preparing %s in %s (once; later runs reuse it)", name, data_dir(config))
   try:
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
-  except ValueError:
+  except UserError:
     raise
-  except Exception as e:  # pylint: disable=broad-except  # a corrupt file, an unreadable folder, ...
+  except (OSError, UnicodeError) as e:  # an unreadable folder or file; anything else is a bug: its traceback stays
     first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise ValueError(f"preparing {name} from {manual_dir or 'generated data'} failed: {type(e).__name__}: "
-                     f"{first_line}") from None
+    raise UserError(f"preparing {name} from {manual_dir or 'generated data'} failed: {type(e).__name__}: "
+                    f"{first_line}") from e
   # A dataset prepared from a folder remembers which: the same variant from another folder needs another data_dir.
   marker = os.path.join(builder.data_dir, "efftx_corpus_dir.txt")
   if manual_dir and not os.path.exists(marker):
     with open(marker, "w") as f:
       f.write(manual_dir)
   if manual_dir and open(marker).read() != manual_dir:
-    raise ValueError(f"{builder.data_dir} was prepared from {open(marker).read()}, not {manual_dir}: "
-                     "set another config.data.data_dir for this corpus")
+    raise UserError(f"{builder.data_dir} was prepared from {open(marker).read()}, not {manual_dir}: "
+                    "set another config.data.data_dir for this corpus")
 
 
 def source(config: ml_collections.ConfigDict, split: str):
@@ -87,9 +87,9 @@ def source(config: ml_collections.ConfigDict, split: str):
     return tfds.data_source(name, split=split, data_dir=data_dir(config), download=False, try_gcs=False)
   except Exception as e:  # pylint: disable=broad-except  # e.g. prepared as tfrecord: no random access
     first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise ValueError(f"cannot read {name} split '{split}' from {data_dir(config)} ({type(e).__name__}: "
-                     f"{first_line}); it must be prepared as array_record: tfds build {name} "
-                     f"--file_format=array_record --data_dir={data_dir(config)}") from None
+    raise UserError(f"cannot read {name} split '{split}' from {data_dir(config)} ({type(e).__name__}: "
+                    f"{first_line}); it must be prepared as array_record: tfds build {name} "
+                    f"--file_format=array_record --data_dir={data_dir(config)}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,33 +106,19 @@ class Encode:
     for key in ("tokens", "targets"):
       if key in out and len(out[key]) and (out[key].max() >= task.vocab_size or out[key].min() < 0):
         bad = out[key][(out[key] >= task.vocab_size) | (out[key] < 0)][0]
-        raise ValueError(f"task '{self.task_name}': an example has token id {bad} in its {key}, outside the "
-                         f"vocabulary [0, {task.vocab_size})")
+        raise UserError(f"task '{self.task_name}': an example has token id {bad} in its {key}, outside the "
+                        f"vocabulary [0, {task.vocab_size})")
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class MaskForMlm:
-  """Masked-LM corruption of an encoded example (a grain random map: a seeded generator per element)."""
-
-  mask_id: int
-  random_ids: tuple[int, int]
-  special_ids: tuple[int, ...]
-
-  def __call__(self, example: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    return sequence.mask_for_mlm({"tokens": example["tokens"], "mask": example["mask"]}, rng,
-                                 mask_id=self.mask_id, random_ids=self.random_ids, special_ids=self.special_ids)
-
-
 def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset, stream: int = 0) -> grain.MapDataset:
-  """Encodes the elements of ds; for masked-LM also corrupts them, seeded from (config.seed, stream) and the
-  element's index in ds — train.py gives each process its own stream, so processes draw different masks."""
+  """Encodes the elements of ds, then lets the objective corrupt them (masked-LM does), seeded from
+  (config.seed, stream) and the element's index in ds — train.py gives each process its own stream, so processes
+  draw different masks."""
+  task = TASKS[config.data.task]
   ds = ds.map(Encode(config.data.task, config.model.max_len, config.data.truncate))
-  if objective(config) == "mlm":
-    task = TASKS[config.data.task]
-    seed = int(np.random.SeedSequence([config.seed, stream]).generate_state(1)[0])
-    ds = ds.random_map(MaskForMlm(task.mask_id, task.random_ids, task.special_ids), seed=seed)
-  return ds
+  seed = int(np.random.SeedSequence([config.seed, stream]).generate_state(1)[0])
+  return objectives.for_run(config, task).corrupt(ds, task, seed)
 
 
 def check(config: ml_collections.ConfigDict, *sources, num_examples: int = 10_000) -> None:
@@ -141,7 +127,7 @@ def check(config: ml_collections.ConfigDict, *sources, num_examples: int = 10_00
   a 2-core CPU)."""
   for src in sources:
     if not len(src):
-      raise ValueError(f"task '{config.data.task}' ({config.data.variant}): a split is empty")
+      raise UserError(f"task '{config.data.task}' ({config.data.variant}): a split is empty")
     ds = _encoded(config, grain.MapDataset.source(src))
     for i in tqdm.trange(min(num_examples, len(src)), desc="checking examples", unit="ex", disable=None,
                          leave=False):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from efftx.errors import UserError
+
 
 def pad_to(ids: np.ndarray, max_len: int, truncate: bool | None, what: str) -> tuple[np.ndarray, np.ndarray]:
   """(tokens, mask) of length max_len. Longer inputs are cut if `truncate`, else refused with a clear error
@@ -15,11 +17,11 @@ def pad_to(ids: np.ndarray, max_len: int, truncate: bool | None, what: str) -> t
   ids = np.asarray(ids, np.int32)
   if len(ids) > max_len:
     if truncate is None:
-      raise ValueError(f"{what} has {len(ids)} tokens, more than config.model.max_len={max_len}; these examples "
-                       f"are never cut: set max_len to at least {len(ids)}")
+      raise UserError(f"{what} has {len(ids)} tokens, more than config.model.max_len={max_len}; these examples "
+                      f"are never cut: set max_len to at least {len(ids)}")
     if not truncate:
-      raise ValueError(f"{what} has {len(ids)} tokens, more than config.model.max_len={max_len} "
-                       "(raise max_len, or set config.data.truncate=True to cut examples)")
+      raise UserError(f"{what} has {len(ids)} tokens, more than config.model.max_len={max_len} "
+                      "(raise max_len, or set config.data.truncate=True to cut examples)")
     ids = ids[:max_len]
   tokens_L = np.zeros((max_len,), np.int32)
   tokens_L[:len(ids)] = ids
@@ -35,24 +37,3 @@ def next_token(tokens_L: np.ndarray, mask_L: np.ndarray) -> dict[str, np.ndarray
   weights_L = np.zeros(tokens_L.shape, np.float32)
   weights_L[:-1] = mask_L[1:]
   return {"tokens": tokens_L, "mask": mask_L, "targets": targets_L, "weights": weights_L}
-
-
-def mask_for_mlm(example: dict[str, np.ndarray], rng: np.random.Generator, *, mask_id: int,
-                 random_ids: tuple[int, int], special_ids: tuple[int, ...] = (), rate: float = 0.15
-                 ) -> dict[str, np.ndarray]:
-  """BERT's masked-LM corruption (FNet's pre-training): `rate` of the real tokens, special tokens excepted, are
-  chosen (at least one); of those 80 % become mask_id, 10 % a random id in [random_ids[0], random_ids[1]), 10 %
-  stay. Targets are the original tokens at the chosen positions."""
-  tokens_L, mask_L = example["tokens"], example["mask"]
-  real = np.flatnonzero(mask_L & ~np.isin(tokens_L, special_ids))
-  chosen = np.zeros(tokens_L.shape, bool)
-  if len(real):
-    num = max(1, int(round(rate * len(real))))
-    chosen[rng.choice(real, size=num, replace=False)] = True
-  action_L = rng.random(tokens_L.shape)
-  corrupted_L = tokens_L.copy()
-  corrupted_L[chosen & (action_L < 0.8)] = mask_id
-  to_random = chosen & (action_L >= 0.8) & (action_L < 0.9)
-  corrupted_L[to_random] = rng.integers(random_ids[0], random_ids[1], size=int(to_random.sum()))
-  return {"tokens": corrupted_L, "mask": mask_L, "targets": tokens_L,
-          "weights": chosen.astype(np.float32)}

@@ -1,29 +1,32 @@
-"""Token mixers behind one interface.
+"""Token mixers behind one interface. `MIXERS[name]` is the mixer's `MixerSpec` (efftx/mixers/spec.py).
 
-`MIXERS[name]` is a `flax.linen.Module` class. Every mixer:
-  - is constructible from keyword hyperparameters that all have defaults, plus `causal: bool`
-    (a mixer that cannot be causal raises ValueError on `causal=True`);
-  - is applied as `y_BxLxD = module.apply(variables, x_BxLxD, mask=mask_BxL_or_None, deterministic=...)`,
-    returning the input's shape and dtype; `mask` is True at real tokens, False at padding.
+Every mixer is a `flax.linen.Module` (`MIXERS[name].module`) that
+  - declares its options (hyperparameters with defaults, meanings and allowed values), whether it can be
+    causal, and whether it decodes, in a `SPEC` at the end of its file;
+  - is built as `MIXERS[name](causal=..., **options)` (which checks the options first) and applied as
+    `y_BxLxD = module.apply(variables, x_BxLxD, mask=mask_BxL_or_None, deterministic=...)`, returning the input's
+    shape and dtype; `mask` is True at real tokens, False at padding.
 
-`efftx.model.build_model` fills a mixer's hyperparameters from the `config.model` fields of the same names
-(e.g. `num_heads`, `causal`), so a new mixer's options are new `config.model` fields.
+A run's mixer options are `config.mixer` (filled from the declared defaults for `config.model.mixer`).
+Adding a mixer: its file (module + SPEC) and one line below. `python -m efftx.mixers` prints the table of
+mixers, capabilities and options that README.md shows.
 """
-from efftx.mixers.aft import AFTConv, AFTFull, AFTLocal, AFTSimple
-from efftx.mixers.attention import Attention
-from efftx.mixers.fourier import FNet
-from efftx.mixers.linear import LinearAttention
-from efftx.mixers.local import LocalAttention
-from efftx.mixers.lsh import LSHAttention
+from efftx.mixers import aft
+from efftx.mixers import attention
+from efftx.mixers import fourier
+from efftx.mixers import linear
+from efftx.mixers import local
+from efftx.mixers import lsh
+from efftx.mixers.spec import MixerSpec
 
-MIXERS = {
-    "attention": Attention,
-    "fnet": FNet,
-    "aft_full": AFTFull,
-    "aft_simple": AFTSimple,
-    "aft_local": AFTLocal,
-    "aft_conv": AFTConv,
-    "local": LocalAttention,
-    "linear": LinearAttention,
-    "lsh": LSHAttention,
+MIXERS: dict[str, MixerSpec] = {
+    "attention": attention.SPEC,
+    "fnet": fourier.SPEC,
+    "aft_full": aft.SPEC_FULL,
+    "aft_simple": aft.SPEC_SIMPLE,
+    "aft_local": aft.SPEC_LOCAL,
+    "aft_conv": aft.SPEC_CONV,
+    "local": local.SPEC,
+    "linear": linear.SPEC,
+    "lsh": lsh.SPEC,
 }

@@ -22,8 +22,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efftx.errors import UserError
 from efftx.mixers import banded
 from efftx.mixers import cache
+from efftx.mixers.spec import MixerSpec, Option
 
 # Keeps 0/0 (a row with no real position, e.g. all padding) finite; real rows have denominators ≥ ~e^-88.
 _TINY = 1e-30
@@ -112,7 +114,7 @@ class _PositionBias(nn.Module):
 
 def _check_len(name: str, L: int, max_len: int) -> None:
   if L > max_len:
-    raise ValueError(f"{name}: sequence length {L} exceeds max_len={max_len} (the position bias's size)")
+    raise UserError(f"{name}: sequence length {L} exceeds max_len={max_len} (the position bias's size)")
 
 
 class AFTFull(nn.Module):
@@ -157,7 +159,7 @@ class AFTSimple(nn.Module):
     q, k, v = _project(x_BxLxD, x_BxLxD.shape[-1])
     if decode:
       if not self.causal:
-        raise ValueError("aft_simple: decoding needs causal=True")
+        raise UserError("aft_simple: decoding needs causal=True")
       # Running sums of e^K ⊙ V and e^K, rescaled when the running max of K grows: constant memory per step.
       initialized = self.has_variable("cache", "num")
       shape = (x_BxLxD.shape[0], 1, x_BxLxD.shape[-1])
@@ -194,8 +196,6 @@ class AFTLocal(nn.Module):
     del deterministic  # no dropout inside the mixer
     B, L, D = x_BxLxD.shape
     _check_len("aft_local", L, self.max_len)
-    if self.window < 1:
-      raise ValueError(f"aft_local: window={self.window} must be ≥ 1 (window 0 is aft_simple)")
     q, k, v = _project(x_BxLxD, D)
     bias = _PositionBias(self.max_len, self.aft_bias_dim, self.aft_factorized, name="bias")
     window_row = lambda i, T: jnp.where(jnp.abs(jnp.arange(T) - i) < self.window, bias.row(i, T), 0.0)
@@ -237,8 +237,6 @@ class AFTConv(nn.Module):
     del deterministic  # no dropout inside the mixer
     B, L, D = x_BxLxD.shape
     H, S = self.num_heads, self.kernel_size
-    if D % H:
-      raise ValueError(f"aft_conv: d_model={D} is not divisible by num_heads={H}")
     q, k_BxLxH, v = _project(x_BxLxD, H)
     w_HxS = self.param("kernel", nn.initializers.normal(1.0), (H, S))
     gamma_Hx1 = self.param("gamma", nn.initializers.zeros, (H, 1))
@@ -270,3 +268,21 @@ class AFTConv(nn.Module):
     den_BxLxH = conv(ek_BxLxH, kernel_HxS) + _global_sum(ek_BxLxH, self.causal)
     den_BxLxD = jnp.repeat(den_BxLxH, D // H, axis=-1)
     return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
+
+
+_BIAS = {"aft_bias_dim": Option("d' of the factorised position bias w = u vᵀ", at_least=1),
+         "aft_factorized": Option("False learns a full max_len × max_len bias instead of u vᵀ")}
+
+SPEC_FULL = MixerSpec(AFTFull, "AFT with a learned bias per position pair; O(L²d) time, O(Ld) memory",
+                      can_decode=True, options=_BIAS)
+SPEC_SIMPLE = MixerSpec(AFTSimple, "AFT without bias (softmax of K over positions); O(Ld)", can_decode=True,
+                        options={})
+SPEC_LOCAL = MixerSpec(
+    AFTLocal, "AFT, bias inside a window, 0 outside; O(L·window·d)", can_decode=True,
+    options={"window": Option("s: the bias applies for |t − t'| < s, 0 outside (tokens; window 0 is aft_simple)",
+                              at_least=1), **_BIAS})
+SPEC_CONV = MixerSpec(
+    AFTConv, "AFT, a learned kernel over t − t' per head; O(L·kernel·d)", can_decode=True,
+    options={"num_heads": Option("heads, each with one key channel and its own kernel; must divide d_model",
+                                 at_least=1),
+             "kernel_size": Option("s: kernel length over t − t' per head (tokens)", at_least=1)})

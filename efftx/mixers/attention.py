@@ -6,8 +6,13 @@ Four implementations of the same function (config `attention_impl`):
                each query block rematerialised in the backward pass — O(L·chunk) memory ("Self-attention does not
                need O(n²) memory", Rabe & Staats 2021);
   - "fused":   jax.nn.dot_product_attention: cuDNN's fused kernel on GPU for bfloat16/float16 (not tested here:
-               no GPU), XLA otherwise;
-  - "auto":    fused on GPU; chunked when the sequence spans more than one chunk; else plain.
+               no GPU), XLA otherwise. It has no dropout: training with `attention_dropout` > 0 raises;
+  - "auto":    on GPU fused, or chunked while attention dropout is active; elsewhere chunked when the sequence
+               spans more than one chunk, else plain.
+
+Attention dropout acts on the normalised probabilities in "plain" and "chunked" alike. "chunked" draws each
+(query block, key block) mask from the dropout key folded with the two block indices (`dropout_keep_block`), so the
+rematerialised backward pass redraws the same mask and memory stays O(L·chunk).
 """
 from __future__ import annotations
 
@@ -17,7 +22,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efftx.errors import UserError
 from efftx.mixers import cache
+from efftx.mixers.spec import MixerSpec, Option
 
 ATTENTION_IMPLS = ("plain", "chunked", "fused", "auto")
 _NEG = jnp.finfo(jnp.float32).min  # not -inf: a row with no allowed key stays finite
@@ -55,7 +62,16 @@ def _plain(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, dropout=lambda
   return jnp.einsum("bhqt,bthk->bqhk", probs_BxHxLxL, v_BxLxHxK)
 
 
-def _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk):
+def dropout_keep_block(key: jax.Array, q_block, k_block, shape: tuple[int, ...], rate: float) -> jax.Array:
+  """Keep mask (True with probability 1 − rate) of one (query block, key block) pair of "chunked" attention.
+
+  A function of the key and the block indices only, so the backward pass, which recomputes each query block,
+  redraws the mask of the forward pass; the full L×L mask is these blocks side by side.
+  """
+  return jax.random.bernoulli(jax.random.fold_in(jax.random.fold_in(key, q_block), k_block), 1.0 - rate, shape)
+
+
+def _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk, dropout_key=None, dropout_rate=0.0):
   B, L, H, K = q_BxLxHxK.shape
   C = min(chunk, L)
   N = -(-L // C)
@@ -66,12 +82,14 @@ def _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk):
   k_NxBxCxHxK, v_NxBxCxHxK = to_blocks(k_BxLxHxK), to_blocks(v_BxLxHxK)
   kmask_NxBxC = to_blocks(key_mask_BxL)
   pos_NxC = jnp.arange(N * C).reshape(N, C)
+  block_N = jnp.arange(N)
+  keep_scale = 0.0 if dropout_rate >= 1 else 1.0 / (1.0 - dropout_rate)
 
   @jax.checkpoint  # the backward pass recomputes a query block instead of storing its C×L scores
-  def query_block(q_BxCxHxK, q_pos_C):
+  def query_block(q_BxCxHxK, q_pos_C, q_block):
     def step(carry, kv):
       m_BxHxC, l_BxHxC, acc_BxCxHxK = carry
-      k_BxCxHxK, v_BxCxHxK, kmask_BxC, k_pos_C = kv
+      k_BxCxHxK, v_BxCxHxK, kmask_BxC, k_pos_C, k_block = kv
       s_BxHxCxC = jnp.einsum("bqhk,bthk->bhqt", q_BxCxHxK, k_BxCxHxK).astype(jnp.float32)
       allowed_Bx1xCxC = _allowed(q_pos_C, k_pos_C, kmask_BxC[:, None], causal)
       s_BxHxCxC = jnp.where(allowed_Bx1xCxC, s_BxHxCxC, _NEG)
@@ -79,15 +97,20 @@ def _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk):
       p_BxHxCxC = jnp.where(allowed_Bx1xCxC, jnp.exp(s_BxHxCxC - m_new_BxHxC[..., None]), 0.0)
       correction_BxHxC = jnp.exp(m_BxHxC - m_new_BxHxC)
       l_BxHxC = l_BxHxC * correction_BxHxC + p_BxHxCxC.sum(-1)
+      # dropout(p / l) = keep·p / ((1 − rate)·l): l (above) sums the undropped p; only the weights on v are dropped.
+      if dropout_key is not None:
+        keep_BxHxCxC = dropout_keep_block(dropout_key, q_block, k_block, p_BxHxCxC.shape, dropout_rate)
+        p_BxHxCxC = jnp.where(keep_BxHxCxC, p_BxHxCxC * keep_scale, 0.0)
       acc_BxCxHxK = (acc_BxCxHxK * correction_BxHxC.transpose(0, 2, 1)[..., None]
                      + jnp.einsum("bhqt,bthk->bqhk", p_BxHxCxC, v_BxCxHxK.astype(jnp.float32)))
       return (m_new_BxHxC, l_BxHxC, acc_BxCxHxK), None
 
     init = (jnp.full((B, H, C), _NEG), jnp.zeros((B, H, C)), jnp.zeros((B, C, H, K)))
-    (_, l_BxHxC, acc_BxCxHxK), _ = jax.lax.scan(step, init, (k_NxBxCxHxK, v_NxBxCxHxK, kmask_NxBxC, pos_NxC))
+    kv = (k_NxBxCxHxK, v_NxBxCxHxK, kmask_NxBxC, pos_NxC, block_N)
+    (_, l_BxHxC, acc_BxCxHxK), _ = jax.lax.scan(step, init, kv)
     return acc_BxCxHxK / jnp.maximum(l_BxHxC, 1e-30).transpose(0, 2, 1)[..., None]
 
-  out_NxBxCxHxK = jax.lax.map(lambda args: query_block(*args), (q_NxBxCxHxK, pos_NxC))
+  out_NxBxCxHxK = jax.lax.map(lambda args: query_block(*args), (q_NxBxCxHxK, pos_NxC, block_N))
   return out_NxBxCxHxK.swapaxes(0, 1).reshape(B, N * C, H, K)[:, :L].astype(v_BxLxHxK.dtype)
 
 
@@ -109,18 +132,15 @@ class Attention(nn.Module):
 
   Queries attend to keys where `mask` is True (and, if causal, to keys at or before their own position).
   A query at a padded position still gets an output (it attends to the real keys); the model ignores it.
+  With `attention_dropout` > 0 and deterministic=False the normalised probabilities are dropped and rescaled by
+  1 / (1 − rate), drawing from the "dropout" rng stream; "fused" cannot, and raises.
   """
 
   num_heads: int = 4
   causal: bool = False
-  attention_dropout: float = 0.0   # dropout on the attention probabilities ("plain" only)
+  attention_dropout: float = 0.0   # dropout rate on the attention probabilities (not "fused")
   attention_impl: str = "auto"     # see ATTENTION_IMPLS
   attention_chunk: int = 256       # block size of "chunked" (positions)
-
-  def __post_init__(self):
-    if self.attention_impl not in ATTENTION_IMPLS:
-      raise ValueError(f"attention: attention_impl='{self.attention_impl}' is not one of {', '.join(ATTENTION_IMPLS)}")
-    super().__post_init__()
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
@@ -130,16 +150,23 @@ class Attention(nn.Module):
     if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)) is not None:
       return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
+    dropout_active = self.attention_dropout > 0 and not deterministic
     impl = self.attention_impl
-    if self.attention_dropout and not deterministic:
-      impl = "plain"  # dropout acts on the probabilities, which only the plain form materialises
-    elif impl == "auto":
-      impl = "fused" if jax.default_backend() == "gpu" else "chunked" if L > self.attention_chunk else "plain"
+    if impl == "auto":
+      if jax.default_backend() == "gpu":
+        impl = "chunked" if dropout_active else "fused"
+      else:
+        impl = "chunked" if L > self.attention_chunk else "plain"
+    if impl == "fused" and dropout_active:
+      raise UserError(f"attention: attention_impl='fused' has no dropout (jax.nn.dot_product_attention takes none) "
+                      f"but attention_dropout={self.attention_dropout}; use attention_impl='chunked' or 'auto'")
     if impl == "plain":
       dropout = functools.partial(nn.Dropout(self.attention_dropout), deterministic=deterministic)
       out_BxLxHxK = _plain(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, dropout)
     elif impl == "chunked":
-      out_BxLxHxK = _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk)
+      dropout_key = self.make_rng("dropout") if dropout_active else None
+      out_BxLxHxK = _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk,
+                             dropout_key, self.attention_dropout)
     else:
       out_BxLxHxK = _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal)
     return merge_heads(out_BxLxHxK)
@@ -159,3 +186,23 @@ def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, window: int 
                               keys_BxTxHxK).astype(jnp.float32)
   probs_BxHx1xT = jax.nn.softmax(jnp.where(allowed_T, logits_BxHx1xT, _NEG), axis=-1)
   return jnp.einsum("bhqt,bthk->bqhk", probs_BxHx1xT.astype(values_BxTxHxK.dtype), values_BxTxHxK)
+
+
+def _attention_relations(options, d_model, causal) -> None:
+  del d_model, causal
+  if options["attention_impl"] == "fused" and options["attention_dropout"]:
+    raise UserError(f"mixer 'attention': attention_impl='fused' has no dropout (jax.nn.dot_product_attention takes "
+                    f"none), but attention_dropout={options['attention_dropout']}; use attention_impl='chunked' "
+                    "or 'auto'")
+
+
+HEADS = Option("attention heads; must divide d_model", at_least=1)
+ATTENTION_DROPOUT = Option("dropout rate on the attention probabilities (training only)", at_least=0, below=1)
+
+SPEC = MixerSpec(
+    Attention, "multi-head softmax attention; O(L²d) time, O(L²) memory plain, O(L·chunk) chunked",
+    can_decode=True, relations=_attention_relations,
+    options={"num_heads": HEADS, "attention_dropout": ATTENTION_DROPOUT,
+             "attention_impl": Option("plain (L×L scores), chunked (online softmax, O(L·chunk) memory), fused "
+                                      "(jax.nn.dot_product_attention: cuDNN on GPU), auto", choices=ATTENTION_IMPLS),
+             "attention_chunk": Option("block size of the chunked path (positions)", at_least=1)})

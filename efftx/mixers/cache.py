@@ -10,6 +10,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efftx.errors import UserError
+
 
 def append(module: nn.Module, **arrays: jax.Array):
   """Buffers each array (B×T×… at init, B×1×… when decoding) along the positions.
@@ -17,7 +19,7 @@ def append(module: nn.Module, **arrays: jax.Array):
   Returns None in the init pass (buffers just created), else ({name: B×T×… buffer}, index of the new position).
   """
   if not module.causal:
-    raise ValueError(f"{type(module).__name__}: decoding needs causal=True")
+    raise UserError(f"{type(module).__name__}: decoding needs causal=True")
   initialized = module.has_variable("cache", "index")
   index = module.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
   buffers = {name: module.variable("cache", name, jnp.zeros, a.shape, a.dtype) for name, a in arrays.items()}

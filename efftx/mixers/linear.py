@@ -11,7 +11,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efftx.errors import UserError
 from efftx.mixers.attention import merge_heads, qkv_heads
+from efftx.mixers.spec import MixerSpec, Option
 
 
 def _phi(x: jax.Array) -> jax.Array:
@@ -21,7 +23,7 @@ def _phi(x: jax.Array) -> jax.Array:
 class LinearAttention(nn.Module):
   num_heads: int = 4
   causal: bool = False
-  attention_chunk: int = 256   # causal: positions per chunk
+  chunk: int = 256   # causal: positions per chunk (quadratic inside a chunk, a carried state across)
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
@@ -33,7 +35,7 @@ class LinearAttention(nn.Module):
     fk_BxLxHxK = _phi(k_BxLxHxK)
     if decode:
       if not self.causal:
-        raise ValueError("linear: decoding needs causal=True")
+        raise UserError("linear: decoding needs causal=True")
       # The whole past in a K×K state and a K normaliser per head: constant memory per step.
       initialized = self.has_variable("cache", "kv")
       H, K = q_BxLxHxK.shape[-2:]
@@ -49,7 +51,7 @@ class LinearAttention(nn.Module):
       fk_BxLxHxK = jnp.where(mask[:, :, None, None], fk_BxLxHxK, 0.0)  # padded keys contribute nothing
     v_BxLxHxK = v_BxLxHxK.astype(jnp.float32)
     if self.causal:
-      num_BxLxHxK, den_BxLxH = _causal_sums(fq_BxLxHxK, fk_BxLxHxK, v_BxLxHxK, min(self.attention_chunk, L))
+      num_BxLxHxK, den_BxLxH = _causal_sums(fq_BxLxHxK, fk_BxLxHxK, v_BxLxHxK, min(self.chunk, L))
     else:
       kv_BxHxKxK = jnp.einsum("bthk,bthv->bhkv", fk_BxLxHxK, v_BxLxHxK)
       num_BxLxHxK = jnp.einsum("bqhk,bhkv->bqhv", fq_BxLxHxK, kv_BxHxKxK)
@@ -78,3 +80,10 @@ def _causal_sums(fq_BxLxHxK, fk_BxLxHxK, v_BxLxHxK, C):
       chunk, init, (to_chunks(fq_BxLxHxK), to_chunks(fk_BxLxHxK), to_chunks(v_BxLxHxK)))
   unchunk = lambda x: x.swapaxes(0, 1).reshape((B, N * C) + x.shape[3:])[:, :L]
   return unchunk(num_NxBxCxHxK), unchunk(den_NxBxCxH)
+
+
+SPEC = MixerSpec(
+    LinearAttention, "linear attention, φ = elu + 1; O(L·d²/heads)", can_decode=True,
+    options={"num_heads": Option("heads; must divide d_model", at_least=1),
+             "chunk": Option("causal: positions per chunk (quadratic inside, a carried K×K state across)",
+                             at_least=1)})

@@ -1,5 +1,6 @@
 """Sliding-window softmax attention (LRA's "Local Attention" baseline): each query sees keys with |t − t'| <
-window (causal: t − window < t' ≤ t), computed on blocks in O(T·window·d) time and memory."""
+window (causal: t − window < t' ≤ t), computed on blocks in O(T·window·d) time and memory. Attention dropout
+acts on the blocks' probabilities, within that memory."""
 from __future__ import annotations
 
 import flax.linen as nn
@@ -7,7 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from efftx.mixers import banded
-from efftx.mixers.attention import decode_step, merge_heads, qkv_heads
+from efftx.mixers.attention import ATTENTION_DROPOUT, decode_step, HEADS, merge_heads, qkv_heads
+from efftx.mixers.spec import MixerSpec, Option
 
 _NEG = jnp.finfo(jnp.float32).min
 
@@ -16,14 +18,12 @@ class LocalAttention(nn.Module):
   num_heads: int = 4
   causal: bool = False
   window: int = 32     # keys with |t − t'| < window are seen
+  attention_dropout: float = 0.0  # dropout rate on the attention probabilities
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
                decode: bool = False) -> jax.Array:
-    del deterministic  # no dropout inside the mixer
     B, L, _ = x_BxLxD.shape
-    if self.window < 1:
-      raise ValueError(f"local: window={self.window} must be ≥ 1")
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
     if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, self.window)) is not None:
       return merge_heads(cached)
@@ -35,5 +35,12 @@ class LocalAttention(nn.Module):
     allowed_BxNx1xBxC = in_band_NxBxC[None, :, None] & banded.context(key_mask_BxL, b)[:, :, None, None, :]
     logits_BxNxHxBxC = jnp.einsum("znqhk,znchk->znhqc", q_BxNxBxHxK, k_BxNxCxHxK).astype(jnp.float32)
     probs_BxNxHxBxC = jax.nn.softmax(jnp.where(allowed_BxNx1xBxC, logits_BxNxHxBxC, _NEG), axis=-1)
+    probs_BxNxHxBxC = nn.Dropout(self.attention_dropout)(probs_BxNxHxBxC, deterministic=deterministic)
     out_BxNxBxHxK = jnp.einsum("znhqc,znchk->znqhk", probs_BxNxHxBxC.astype(v_BxLxHxK.dtype), v_BxNxCxHxK)
     return merge_heads(banded.unblocks(out_BxNxBxHxK, L))
+
+
+SPEC = MixerSpec(
+    LocalAttention, "sliding-window softmax attention; O(L·window·d)", can_decode=True,
+    options={"num_heads": HEADS, "window": Option("keys with |t − t'| < window are seen (tokens)", at_least=1),
+             "attention_dropout": ATTENTION_DROPOUT})

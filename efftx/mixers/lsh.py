@@ -5,7 +5,8 @@ the keys by a random rotation R into `lsh_buckets` buckets, h(k) = argmax([kR; �
 (bucket, position), cuts the sorted sequence into chunks of `lsh_chunk`, and lets each chunk attend to itself and
 the chunk before it (cyclically). A position does not attend to itself unless nothing else is allowed (its score
 is lowered by 1e5 rather than removed); causal masking and the padding mask apply by original position. Rounds are
-combined by their softmax normalisers: o = Σ_r softmax_r(logsumexp_r) o_r.
+combined by their softmax normalisers: o = Σ_r softmax_r(logsumexp_r) o_r. Attention dropout acts on each round's
+normalised probabilities (as trax's Reformer does); the rounds are still combined by the undropped normalisers.
 
 The rotations are drawn from `lsh_seed` and the module's path, so a forward pass is reproducible and each layer
 hashes differently (except in a reversible stack, whose layers share one path: there every layer hashes alike);
@@ -19,7 +20,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from efftx.mixers.attention import merge_heads
+from efftx.errors import UserError
+from efftx.mixers.attention import ATTENTION_DROPOUT, HEADS, merge_heads
+from efftx.mixers.spec import MixerSpec, Option
 
 _NEG = jnp.finfo(jnp.float32).min
 _SELF = -1e5  # score penalty for attending to oneself
@@ -32,26 +35,17 @@ class LSHAttention(nn.Module):
   lsh_hashes: int = 2     # hash rounds; more rounds approach full attention
   lsh_chunk: int = 64     # positions per chunk of the sorted sequence
   lsh_seed: int = 0       # seed of the random rotations
-
-  def __post_init__(self):
-    if self.lsh_buckets < 1 or (self.lsh_buckets > 1 and self.lsh_buckets % 2):
-      raise ValueError(f"lsh: lsh_buckets={self.lsh_buckets} must be 1 or even (argmax over [xR; -xR])")
-    if self.lsh_hashes < 1 or self.lsh_chunk < 1:
-      raise ValueError("lsh: lsh_hashes and lsh_chunk must be ≥ 1")
-    super().__post_init__()
+  attention_dropout: float = 0.0  # dropout rate on the attention probabilities
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
                decode: bool = False) -> jax.Array:
-    del deterministic  # no dropout inside the mixer
     if decode:
       # One new position re-hashes into a bucket, but which chunk it would share depends on the whole sorted
       # sequence: a step-by-step decode cannot equal the chunked forward pass. Not supported.
-      raise ValueError("lsh: incremental decoding is not supported; sample from a model with another causal mixer")
+      raise UserError("lsh: incremental decoding is not supported; sample from a model with another causal mixer")
     B, L, D = x_BxLxD.shape
     H, R = self.num_heads, self.lsh_hashes
-    if D % H:
-      raise ValueError(f"lsh: d_model={D} is not divisible by num_heads={H}")
     K = D // H
     qk_BxLx2xHxK = nn.DenseGeneral((2, H, K), dtype=x_BxLxD.dtype, name="qkv")(x_BxLxD)  # shared QK, V
     q_BxHxLxK = qk_BxLx2xHxK[:, :, 0].transpose(0, 2, 1, 3).astype(jnp.float32)
@@ -103,7 +97,8 @@ class LSHAttention(nn.Module):
     scores = jnp.where(cpos[..., None, :] == spos[..., :, None], scores + _SELF, scores)
     scores = jnp.where(allowed, scores, _NEG)
     lse = jax.nn.logsumexp(scores, axis=-1)                                # B×H×R×N×C
-    out = jnp.einsum("bhrnqc,bhrnck->bhrnqk", jnp.exp(scores - lse[..., None]), cv)
+    probs = nn.Dropout(self.attention_dropout)(jnp.exp(scores - lse[..., None]), deterministic=deterministic)
+    out = jnp.einsum("bhrnqc,bhrnck->bhrnqk", probs, cv)
 
     # --------------------------------------------------- unsort, combine rounds by their normalisers
     undo_BxHxRxP = jnp.argsort(order_BxHxRxP, axis=-1)
@@ -113,3 +108,21 @@ class LSHAttention(nn.Module):
     out_BxHxPxK = jnp.einsum("bhrpk,bhrp->bhpk", out_BxHxRxPxK, weights_BxHxRxP)
     out_BxLxHxK = out_BxHxPxK[:, :, :L].transpose(0, 2, 1, 3).astype(x_BxLxD.dtype)
     return merge_heads(out_BxLxHxK)
+
+
+def _lsh_relations(options, d_model, causal) -> None:
+  del d_model, causal
+  if options["lsh_buckets"] > 1 and options["lsh_buckets"] % 2:
+    raise UserError(f"config.mixer.lsh_buckets={options['lsh_buckets']}: mixer 'lsh' needs 1 or an even number "
+                    "(a hash is the argmax over [xR; −xR])")
+
+
+SPEC = MixerSpec(
+    LSHAttention, "Reformer LSH attention (shared QK, hashed chunks); O(L·chunk·rounds·d)", can_decode=False,
+    relations=_lsh_relations,
+    options={"num_heads": HEADS,
+             "lsh_buckets": Option("hash buckets per round (1 or even)", at_least=1),
+             "lsh_hashes": Option("hash rounds; more approach full attention", at_least=1),
+             "lsh_chunk": Option("positions per chunk of the sorted sequence", at_least=1),
+             "lsh_seed": Option("seed of the random rotations (fixed, reproducible)"),
+             "attention_dropout": ATTENTION_DROPOUT})

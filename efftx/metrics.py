@@ -1,0 +1,77 @@
+"""Writing a run's metrics: metrics.jsonl and TensorBoard event files, and the train-throughput window."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorboardX
+
+
+class MetricWriter:
+  """metrics.jsonl (one JSON object per logged step) and TensorBoard event files, in workdir.
+
+  On resume, rows logged after the restored checkpoint (by a run that stopped before saving) are dropped, so
+  every step appears once.
+  """
+
+  def __init__(self, workdir: str, start_step: int):
+    self._path = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(self._path):
+      with open(self._path) as f:
+        rows = [line for line in f if line.strip() and json.loads(line)["step"] <= start_step]
+      with open(self._path, "w") as f:
+        f.writelines(rows)
+    self._jsonl = open(self._path, "a")
+    self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
+
+  def write(self, step: int, row: dict[str, float]) -> None:
+    self._jsonl.write(json.dumps({"step": step, **row}) + "\n")
+    self._jsonl.flush()
+    for name, value in row.items():
+      self._tb.add_scalar(name, value, step)
+    self._tb.flush()
+
+  def close(self) -> None:
+    self._jsonl.close()
+    self._tb.close()
+
+
+class Throughput:
+  """The train metrics of the steps since the last log row, and their steps/s and tokens/s.
+
+  The first step after (re)start is left out of the timing (it compiles), and so is time spent in evaluation
+  (`pause`)."""
+
+  def __init__(self, tokens_per_step: int):
+    self._tokens_per_step = tokens_per_step
+    self._metrics: list[dict[str, jax.Array]] = []
+    self._start, self._steps, self._first = time.perf_counter(), 0, True
+
+  def add(self, metrics: dict[str, jax.Array]) -> None:
+    self._metrics.append(metrics)
+    self._steps += 1
+    if self._first:
+      jax.block_until_ready(metrics)
+      self._start, self._steps, self._first = time.perf_counter(), 0, False
+
+  def pause(self, seconds: float) -> None:
+    self._start += seconds
+
+  def row(self) -> dict[str, float]:
+    """Means of the window's metrics, with steps_per_sec and tokens_per_sec; starts a new window."""
+    stacked = jax.device_get(jax.tree.map(lambda *x: jnp.stack(x), *self._metrics))
+    row = {k: float(np.mean(v)) for k, v in stacked.items()}
+    seconds = time.perf_counter() - self._start
+    if self._steps:
+      row["steps_per_sec"] = self._steps / seconds
+      row["tokens_per_sec"] = self._steps * self._tokens_per_step / seconds
+    self._metrics, self._start, self._steps = [], time.perf_counter(), 0
+    return row
+
+
+def fmt(row: dict[str, float]) -> str:
+  return ", ".join(f"{k}={v:.4g}" for k, v in row.items())

@@ -1,0 +1,121 @@
+"""How a mixer declares itself: its options, what it can do, and the checks its options must pass.
+
+Each mixer file ends with a `SPEC = MixerSpec(...)`; `efftx.mixers.MIXERS` maps a name to it. From the spec:
+  - `config_lib.default_config(mixer)` fills `config.mixer` with exactly the declared options at their defaults
+    (the module fields' defaults: one source), so an option the mixer lacks cannot be set or overridden;
+  - `config_lib.validate` runs `spec.check(options, d_model=..., causal=...)` before anything is written;
+  - the model builds the module with `spec(causal=..., max_len=..., **options)`;
+  - tests, bench and README read `can_be_causal`, `can_decode` and `has_heads` instead of keeping lists.
+
+Besides its options, a mixer module may have the fields `causal` (every mixer has it) and `max_len` (mixers with
+per-position parameters); the model fills those from `config.model`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+
+from efftx.errors import UserError
+
+MODEL_FIELDS = ("causal", "max_len")  # module fields filled from config.model, not options
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """One hyperparameter of a mixer: a module field with its default, meaning and allowed values."""
+
+  help: str                               # one line: meaning and unit
+  choices: tuple[Any, ...] | None = None  # allowed values, if a fixed set
+  at_least: float | None = None           # smallest allowed value
+  below: float | None = None              # values must be strictly smaller (e.g. a probability < 1)
+
+  def check(self, mixer: str, name: str, value: Any) -> None:
+    if self.choices is not None and value not in self.choices:
+      raise UserError(f"config.mixer.{name}={value!r}: mixer '{mixer}' takes one of "
+                      f"{', '.join(map(str, self.choices))}")
+    if self.at_least is not None and value < self.at_least:
+      raise UserError(f"config.mixer.{name}={value!r}: mixer '{mixer}' needs {name} ≥ {self.at_least:g}")
+    if self.below is not None and value >= self.below:
+      raise UserError(f"config.mixer.{name}={value!r}: mixer '{mixer}' needs {name} < {self.below:g}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerSpec:
+  """A mixer: its linen module class, declared options and capabilities."""
+
+  module: type[nn.Module]
+  summary: str                 # one line: what it computes, and its cost in time / memory
+  options: dict[str, Option]
+  can_be_causal: bool = True   # causal=True is allowed (FNet: no)
+  can_decode: bool = False     # causal and decodes one token at a time with a cache (`decode=True`)
+  # Relations between options and the model that a single option cannot state: (every option, d_model or None,
+  # causal) → raises UserError. Runs after the per-option checks.
+  relations: Callable[[dict[str, Any], int | None, bool], None] | None = None
+
+  def __post_init__(self):
+    fields = {f.name: f for f in dataclasses.fields(self.module)}
+    for name in self.options:
+      if name not in fields or name in MODEL_FIELDS:
+        raise TypeError(f"{self.module.__name__}: option '{name}' is not a module field (or is a model field)")
+    if "causal" not in fields:
+      raise TypeError(f"{self.module.__name__}: a mixer module needs a `causal` field")
+
+  @property
+  def name(self) -> str:
+    from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+    return next((n for n, s in MIXERS.items() if s is self), self.module.__name__)
+
+  @property
+  def has_heads(self) -> bool:
+    return "num_heads" in self.options
+
+  @property
+  def takes_max_len(self) -> bool:
+    return any(f.name == "max_len" for f in dataclasses.fields(self.module))
+
+  def defaults(self) -> dict[str, Any]:
+    """Every option at its default (the module field's default)."""
+    fields = {f.name: f.default for f in dataclasses.fields(self.module)}
+    return {name: fields[name] for name in self.options}
+
+  def describe(self) -> str:
+    """'name (meaning, default D)' for every option: the line an error about options ends with."""
+    if not self.options:
+      return "(none)"
+    defaults = self.defaults()
+    return "; ".join(f"{n} ({o.help}; default {defaults[n]!r})" for n, o in self.options.items())
+
+  def check(self, options: dict[str, Any], d_model: int | None, causal: bool) -> None:
+    """Raises UserError for an unknown option, a value out of range, or options that cannot work together
+    (d_model None: the width is not known yet, and not checked)."""
+    unknown = sorted(set(options) - set(self.options))
+    if unknown:
+      raise UserError(f"mixer '{self.name}' has no option '{unknown[0]}'; its options: "
+                      f"{', '.join(self.options) or 'none'}")
+    if causal and not self.can_be_causal:
+      raise UserError(f"mixer '{self.name}' cannot be causal; causal mixers: "
+                      f"{', '.join(n for n, s in _registry().items() if s.can_be_causal)} "
+                      "(or set config.model.causal=False)")
+    for name, value in options.items():
+      self.options[name].check(self.name, name, value)
+    resolved = {**self.defaults(), **options}
+    if self.has_heads and d_model is not None and d_model % resolved["num_heads"]:
+      raise UserError(f"config.model.d_model={d_model} must be divisible by config.mixer.num_heads="
+                      f"{resolved['num_heads']} (mixer '{self.name}' splits the width into heads)")
+    if self.relations:
+      self.relations(resolved, d_model, causal)
+
+  def __call__(self, *, causal: bool = False, max_len: int | None = None, d_model: int | None = None,
+               **options) -> nn.Module:
+    """The module with these options (the rest at their defaults), after `check`. `d_model`, if given, is
+    checked against num_heads; `max_len` goes to mixers with per-position parameters."""
+    self.check(options, d_model, causal)
+    extra = {"max_len": max_len} if max_len is not None and self.takes_max_len else {}
+    return self.module(causal=causal, **extra, **options)
+
+
+def _registry():
+  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+  return MIXERS

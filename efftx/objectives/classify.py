@@ -1,0 +1,37 @@
+"""Sequence classification: one label per sequence, from the mean of the final states over real tokens."""
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from efftx.errors import UserError
+from efftx.objectives import base
+
+
+def _head(x_BxLxD: jax.Array, mask_BxL: jax.Array, *, num_classes: int) -> jax.Array:
+  """logits_BxC: mean over real tokens only (padding never reaches the classifier), a ReLU layer, a linear one."""
+  weights_BxL = mask_BxL.astype(x_BxLxD.dtype)
+  pooled_BxD = (jnp.einsum("bld,bl->bd", x_BxLxD, weights_BxL)
+                / jnp.maximum(weights_BxL.sum(-1, keepdims=True), 1))
+  h_BxD = nn.relu(nn.Dense(x_BxLxD.shape[-1], name="pool_dense")(pooled_BxD))
+  return nn.Dense(num_classes, name="classifier")(h_BxD)
+
+
+class Classify(base.Objective):
+  batch_keys = ("label",)
+  fresh_params = ("pool_dense", "classifier")
+
+  def check(self, config, task) -> None:
+    if task.objective != "classify":
+      raise UserError(f"task '{config.data.task}' has no labels to classify (its objective is "
+                      f"'{task.objective}')")
+
+  def head(self, vocab_size: int, num_classes: int) -> base.Head:
+    del vocab_size
+    return functools.partial(_head, num_classes=num_classes)
+
+  def loss_sums(self, logits_BxC, batch, row_weights_B):
+    return base.cross_entropy_sums(logits_BxC, batch["label"], row_weights_B)

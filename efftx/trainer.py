@@ -1,0 +1,104 @@
+"""The pieces of a training run, shared by train, evaluate, sample, bench and the tests: the run's parts (task,
+objective, model), the optimizer, the train state, and the train and eval steps (not yet jitted)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from efftx import model as model_lib
+from efftx import objectives
+from efftx.data import Task
+from efftx.data import TASKS
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+  """What a config trains: the task (data, vocabulary), the objective (head, loss, metrics) and the model."""
+
+  task: Task
+  objective: objectives.Objective
+  model: model_lib.Transformer
+
+
+def parts(config: ml_collections.ConfigDict) -> Parts:
+  """The task, objective and model of a run config (config.data.task, config.data.objective, config.model and
+  config.mixer). Raises UserError where the objective does not fit the task or the mixer options are invalid."""
+  task = TASKS[config.data.task]
+  objective = objectives.for_run(config, task)
+  head = objective.head(task.vocab_size, task.classes(config.data.variant))
+  return Parts(task, objective, model_lib.build_model(config, head, task.vocab_size))
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW with linear warmup and cosine decay to 0 at total_steps, after global-norm gradient clipping."""
+  o = config.optim
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, o.learning_rate, warmup_steps=o.warmup_steps, decay_steps=max(config.total_steps, o.warmup_steps + 1))
+  # Decay weight matrices and embeddings only, not biases, norm scales or position biases — chosen by name: shapes
+  # do not tell (DenseGeneral biases are 3-D; the reversible stack adds a layer axis to every leaf).
+  decay_mask = lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding"), params)
+  tx = optax.chain(
+      optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity(),
+      optax.adamw(schedule, weight_decay=o.weight_decay, mask=decay_mask))
+  return tx, schedule
+
+
+def init_params(model: model_lib.Transformer, key: jax.Array) -> Any:
+  """Fresh parameters (shapes from one sequence of model.max_len tokens)."""
+  return model.init(key, jnp.zeros((1, model.max_len), jnp.int32))["params"]
+
+
+def create_state(model: model_lib.Transformer, tx: optax.GradientTransformation, key: jax.Array | None = None,
+                 params: Any = None) -> TrainState:
+  """Step 0 with `params` (fresh from `key` if not given) and a fresh optimizer state. Wrap it in jax.jit with
+  out_shardings to create it sharded, or in jax.eval_shape for its shapes."""
+  params = init_params(model, key) if params is None else params
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def make_train_step(model: model_lib.Transformer, objective: objectives.Objective,
+                    tx: optax.GradientTransformation, schedule: optax.Schedule, dropout_key: jax.Array,
+                    token_unit: str | None = None):
+  """(state, batch) → (state, metrics): loss, gradients, the AdamW update, the objective's metrics."""
+
+  def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+    rng = jax.random.fold_in(dropout_key, state.step)  # dropout differs every step, reproducibly
+
+    def loss_fn(params):
+      logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=False,
+                           rngs={"dropout": rng})
+      sums = objective.loss_sums(logits, batch, jnp.ones(batch["tokens"].shape[:1], jnp.float32))
+      return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
+
+    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                           opt_state=opt_state)
+    metrics = {**objective.summarize(sums, token_unit), "grad_norm": optax.tree.norm(grads),
+               "learning_rate": schedule(state.step)}
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model: model_lib.Transformer, objective: objectives.Objective):
+  """(params, batch) → the objective's loss sums; batch["weight"] is 0 on padding rows."""
+
+  def eval_step(params, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=True)
+    return objective.loss_sums(logits, batch, batch["weight"])
+
+  return eval_step

@@ -1,0 +1,143 @@
+"""Attention-probability dropout: "chunked" against the textbook formula with the same keep mask, no dropout when
+deterministic, unbiased in expectation on every path, O(L·chunk) memory in training, and "fused" refusing it."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import padded_inputs
+from efftx.mixers import attention
+from efftx.mixers.attention import Attention, dropout_keep_block
+from efftx.mixers.local import LocalAttention
+from efftx.mixers.lsh import LSHAttention
+
+B, L, D, H = 2, 8, 8, 2
+RATE = 0.2
+
+
+def _inputs(seed=0):
+  return padded_inputs(B, L, D, 5, seed)  # the second sequence has 3 padded positions at the end
+
+
+def _module_dropout_key(module, variables, rng):
+  """The key Attention draws with make_rng("dropout"): its one draw from the stream, in the root scope."""
+  return module.apply(variables, rngs={"dropout": rng}, method=lambda m: m.make_rng("dropout"))
+
+
+def _full_keep_mask(key, chunk, rate):
+  """B×H×L×L keep mask of "chunked": its per-block masks side by side, cut to L."""
+  C = min(chunk, L)
+  N = -(-L // C)
+  rows = [np.concatenate([np.asarray(dropout_keep_block(key, i, j, (B, H, C, C), rate)) for j in range(N)], axis=-1)
+          for i in range(N)]
+  return np.concatenate(rows, axis=-2)[..., :L, :L]
+
+
+def _naive_attention(params, x_BxLxD, mask_BxL, causal, keep_BxHxLxL, rate):
+  """softmax(q·k/√K over allowed keys) · keep / (1 − rate), weighted sum of v, output projection: all L×L at once."""
+  K = D // H
+  qkv_BxLx3xHxK = jnp.einsum("bld,dchk->blchk", x_BxLxD, params["qkv"]["kernel"]) + params["qkv"]["bias"]
+  q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[:, :, i] for i in range(3))
+  scores_BxHxLxL = jnp.einsum("bqhk,bthk->bhqt", q_BxLxHxK, k_BxLxHxK) / np.sqrt(K)
+  allowed_Bx1xLxL = mask_BxL[:, None, None, :] & (np.tril(np.ones((L, L), bool)) if causal else True)
+  probs_BxHxLxL = jax.nn.softmax(jnp.where(allowed_Bx1xLxL, scores_BxHxLxL, -1e30), axis=-1)
+  heads_BxLxHxK = jnp.einsum("bhqt,bthk->bqhk", probs_BxHxLxL * keep_BxHxLxL / (1 - rate), v_BxLxHxK)
+  return jnp.einsum("blhk,hkd->bld", heads_BxLxHxK, params["out"]["kernel"]) + params["out"]["bias"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("chunk", [3, 4, 8])  # 3 does not divide L; 8 is one block
+def test_chunked_dropout_equals_naive_attention_with_the_same_keep_mask(causal, chunk):
+  x, mask = _inputs()
+  module = Attention(num_heads=H, causal=causal, attention_impl="chunked", attention_chunk=chunk,
+                     attention_dropout=RATE)
+  variables = module.init(jax.random.key(0), x)
+  rng = jax.random.key(7)
+  keep_BxHxLxL = _full_keep_mask(_module_dropout_key(module, variables, rng), chunk, RATE)
+  assert 0.5 < keep_BxHxLxL.mean() < 0.95 and not keep_BxHxLxL.all()  # the mask does drop something
+
+  weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
+  got_loss = lambda v, x: (module.apply(v, x, mask=mask, deterministic=False, rngs={"dropout": rng}) * weights).sum()
+  want_loss = lambda p, x: (_naive_attention(p, x, mask, causal, keep_BxHxLxL, RATE) * weights).sum()
+  y = jax.jit(lambda v, x: module.apply(v, x, mask=mask, deterministic=False, rngs={"dropout": rng}))(variables, x)
+  np.testing.assert_allclose(y, _naive_attention(variables["params"], x, mask, causal, keep_BxHxLxL, RATE),
+                             rtol=1e-5, atol=1e-5)
+  # The backward pass recomputes each query block: it must redraw the forward pass's masks.
+  (got_params, got_x) = jax.jit(jax.grad(got_loss, argnums=(0, 1)))(variables, x)
+  (want_params, want_x) = jax.jit(jax.grad(want_loss, argnums=(0, 1)))(variables["params"], x)
+  np.testing.assert_allclose(got_x, want_x, rtol=1e-4, atol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), got_params["params"], want_params)
+
+
+PATHS = {  # every path with attention probabilities, small enough that each splits the sequence
+    "plain": lambda rate: Attention(num_heads=H, attention_impl="plain", attention_dropout=rate),
+    "chunked": lambda rate: Attention(num_heads=H, attention_impl="chunked", attention_chunk=3, attention_dropout=rate),
+    "local": lambda rate: LocalAttention(num_heads=H, window=3, attention_dropout=rate),
+    "lsh": lambda rate: LSHAttention(num_heads=H, lsh_buckets=2, lsh_chunk=4, attention_dropout=rate),
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS) + ["fused", "auto"])
+def test_no_dropout_when_deterministic_or_rate_zero(path):
+  x, mask = _inputs()
+  make = PATHS.get(path, lambda rate: Attention(num_heads=H, attention_impl=path, attention_dropout=rate))
+  variables = make(0.0).init(jax.random.key(0), x)
+  want = np.asarray(make(0.0).apply(variables, x, mask=mask, deterministic=True))
+  rngs = {"dropout": jax.random.key(1)}
+  np.testing.assert_array_equal(make(RATE).apply(variables, x, mask=mask, deterministic=True), want)
+  np.testing.assert_array_equal(make(0.0).apply(variables, x, mask=mask, deterministic=False, rngs=rngs), want)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_dropout_is_unbiased_and_random(path):
+  """Inverse-scaled dropout keeps E[keep / (1 − rate)] = 1, and the output projection is linear: the mean output
+  over many dropout keys tends to the deterministic output, within a few standard errors."""
+  x, mask = _inputs()
+  module = PATHS[path](0.3)
+  variables = module.init(jax.random.key(0), x)
+  want = np.asarray(module.apply(variables, x, mask=mask, deterministic=True))
+  n = 200
+  ys = np.asarray(jax.jit(jax.vmap(
+      lambda rng: module.apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": rng})))(
+          jax.random.split(jax.random.key(3), n)))
+  stderr = ys.std(axis=0) / np.sqrt(n)
+  assert np.all(np.abs(ys.mean(axis=0) - want) <= 5 * stderr + 1e-5), np.abs(ys.mean(axis=0) - want).max()
+  assert not np.allclose(ys[0], want, atol=1e-3)  # a single draw does drop something
+  assert not np.allclose(ys[0], ys[1], atol=1e-3)  # and each key drops something else
+
+
+def test_auto_attention_trains_with_dropout_in_memory_linear_in_length():
+  """Compiled temp memory of forward+backward with dropout on (deterministic, not a timing)."""
+  L, chunk = 2048, 128
+
+  def temp_bytes(impl):
+    module = Attention(num_heads=1, causal=True, attention_impl=impl, attention_chunk=chunk, attention_dropout=0.1)
+    x = jnp.zeros((1, L, 16))
+    variables = module.init(jax.random.key(0), x[:, :8])
+    loss = lambda v, x, rng: module.apply(v, x, deterministic=False, rngs={"dropout": rng}).sum()
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    return grad.lower(variables, x, jax.random.key(1)).compile().memory_analysis().temp_size_in_bytes
+
+  plain, auto = temp_bytes("plain"), temp_bytes("auto")
+  assert plain > L * L * 4  # the L×L float32 probabilities are there
+  assert auto < plain / 8, (auto, plain)
+
+
+def test_fused_attention_refuses_dropout_in_training():
+  x, mask = _inputs()
+  module = Attention(num_heads=H, attention_impl="fused", attention_dropout=RATE)
+  variables = module.init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match="attention_impl='fused' has no dropout.*'chunked' or 'auto'"):
+    module.apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": jax.random.key(1)})
+
+
+def test_auto_on_gpu_is_fused_without_dropout_and_chunked_with_it(monkeypatch):
+  x, mask = _inputs()
+  make = lambda impl: Attention(num_heads=H, attention_impl=impl, attention_chunk=3, attention_dropout=RATE)
+  variables = make("auto").init(jax.random.key(0), x)
+  apply = lambda impl, deterministic: np.asarray(make(impl).apply(
+      variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}))
+  want_fused, want_chunked = apply("fused", True), apply("chunked", False)
+  monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")  # float32: "fused" still runs XLA's kernel
+  np.testing.assert_array_equal(apply("auto", True), want_fused)
+  np.testing.assert_array_equal(apply("auto", False), want_chunked)
