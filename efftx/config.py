@@ -34,6 +34,13 @@ def default_config(mixer: str = "attention") -> ml_collections.ConfigDict:
   c.model.causal = False             # causal mixing (required by LM objectives); FNet cannot be causal
   c.model.reversible = False         # reversible couplings: activation memory independent of num_layers
   c.model.ff_chunk_size = 0          # feed-forward over chunks of this many positions (0: all at once)
+  c.model.block_layout = "pre_ln"    # "pre_ln": x + F(LN x), final LN; "post_ln": LN(x + F(x)), LN on the
+                                     # embeddings, no final LN (BERT's and the published FNet's layout)
+  c.model.embed_projection = False   # a dense D→D layer on the (normalised) embeddings (published FNet)
+  c.model.norm_eps = 1e-6            # LayerNorm epsilon (HF BERT and FNet checkpoints: 1e-12)
+  c.model.activation = "gelu_tanh"   # feed-forward GELU: "gelu_tanh" (approximation; HF FNet) or "gelu" (erf; BERT)
+  c.model.pooling = "mean"           # classification: "mean" of real tokens, or "cls": a learned [CLS] vector is
+                                     # put before the tokens (position 0, LRA's way) and its final state is pooled
 
   # The chosen mixer's options, declared by the mixer (efftx/mixers/<file>.py: SPEC; `python -m efftx.mixers`
   # lists them all). Only the chosen mixer's options are here: setting another is an error, never ignored.
@@ -123,6 +130,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   from efftx import objectives  # pylint: disable=g-import-not-at-top
   from efftx.data import TASKS  # pylint: disable=g-import-not-at-top
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+  from efftx.model import ACTIVATIONS, BLOCK_LAYOUTS  # pylint: disable=g-import-not-at-top
 
   m, d, o = config.model, config.data, config.optim
   if m.mixer not in MIXERS:
@@ -154,6 +162,20 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise UserError(f"config.model.dropout={m.dropout} must be in [0, 1)")
   if m.dtype not in ("float32", "bfloat16"):
     raise UserError(f"config.model.dtype='{m.dtype}' must be float32 or bfloat16")
+  if m.block_layout not in BLOCK_LAYOUTS:
+    raise UserError(f"config.model.block_layout='{m.block_layout}' must be one of {', '.join(BLOCK_LAYOUTS)}")
+  if m.reversible and m.block_layout != "pre_ln":
+    raise UserError("config.model.reversible=True needs block_layout='pre_ln': a reversible coupling's branches "
+                    "normalise their own inputs")
+  if m.activation not in ACTIVATIONS:
+    raise UserError(f"config.model.activation='{m.activation}' must be one of {', '.join(ACTIVATIONS)}")
+  if m.pooling not in ("mean", "cls"):
+    raise UserError(f"config.model.pooling='{m.pooling}' must be mean or cls")
+  if m.pooling == "cls" and m.ff_chunk_size and (m.max_len + 1) % m.ff_chunk_size:
+    raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must divide max_len + 1 = {m.max_len + 1} "
+                    "(pooling='cls' adds a position)")
+  if not 0 < m.norm_eps < 1:
+    raise UserError(f"config.model.norm_eps={m.norm_eps} must be in (0, 1)")
   if m.ff_chunk_size < 0 or (m.ff_chunk_size and m.max_len % m.ff_chunk_size):
     raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
   spec.check(dict(config.mixer), m.d_model, m.causal)

@@ -19,13 +19,20 @@ from efftx.mixers import MIXERS
 from efftx.reversible import ReversibleStack
 
 
+# The feed-forward nonlinearity: GELU's tanh approximation (Flax's default; HF FNet's "gelu_new") or exact (erf,
+# BERT's "gelu").
+ACTIVATIONS = {"gelu_tanh": lambda x: nn.gelu(x, approximate=True), "gelu": lambda x: nn.gelu(x, approximate=False)}
+BLOCK_LAYOUTS = ("pre_ln", "post_ln")
+
+
 class FeedForward(nn.Module):
   d_ff: int
   dropout: float
+  activation: str = "gelu_tanh"
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, deterministic: bool) -> jax.Array:
-    h_BxLxF = nn.gelu(nn.Dense(self.d_ff, dtype=x_BxLxD.dtype, name="up")(x_BxLxD))
+    h_BxLxF = ACTIVATIONS[self.activation](nn.Dense(self.d_ff, dtype=x_BxLxD.dtype, name="up")(x_BxLxD))
     h_BxLxF = nn.Dropout(self.dropout)(h_BxLxF, deterministic=deterministic)
     return nn.Dense(x_BxLxD.shape[-1], dtype=x_BxLxD.dtype, name="down")(h_BxLxF)
 
@@ -36,36 +43,47 @@ class _FeedForwardChunk(nn.Module):
   d_ff: int
   dropout: float
   deterministic: bool
+  activation: str = "gelu_tanh"
 
   @nn.compact
   def __call__(self, carry, x_BxCxD):
-    return carry, FeedForward(self.d_ff, self.dropout, name="ff")(x_BxCxD, self.deterministic)
+    return carry, FeedForward(self.d_ff, self.dropout, self.activation, name="ff")(x_BxCxD, self.deterministic)
 
 
 class MixingSublayer(nn.Module):
-  """F(x) = dropout(mixer(LN(x))): the residual branch around the token mixer."""
+  """F(x) = dropout(mixer(LN(x))): the residual branch around the token mixer (without the LN when post-LN)."""
 
   make_mixer: Callable[..., nn.Module]
   dropout: float
+  pre_norm: bool = True
+  norm_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool, decode: bool = False):
-    h_BxLxD = nn.LayerNorm(dtype=x_BxLxD.dtype, name="norm")(x_BxLxD)  # statistics in float32 regardless
+    h_BxLxD = x_BxLxD
+    if self.pre_norm:  # statistics in float32 regardless
+      h_BxLxD = nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name="norm")(x_BxLxD)
     h_BxLxD = self.make_mixer(name="mixer")(h_BxLxD, mask=mask_BxL, deterministic=deterministic,
                                             **({"decode": True} if decode else {}))
     return nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
 
 
 class FeedForwardSublayer(nn.Module):
-  """G(x) = dropout(FF(LN(x))), over sequence chunks of ff_chunk_size if set (same result, lower peak memory)."""
+  """G(x) = dropout(FF(LN(x))) (without the LN when post-LN), over sequence chunks of ff_chunk_size if set (same
+  result, lower peak memory)."""
 
   d_ff: int
   dropout: float
   ff_chunk_size: int = 0
+  pre_norm: bool = True
+  norm_eps: float = 1e-6
+  activation: str = "gelu_tanh"
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, deterministic: bool) -> jax.Array:
-    h_BxLxD = nn.LayerNorm(dtype=x_BxLxD.dtype, name="norm")(x_BxLxD)
+    h_BxLxD = x_BxLxD
+    if self.pre_norm:
+      h_BxLxD = nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name="norm")(x_BxLxD)
     B, L, D = h_BxLxD.shape
     C = self.ff_chunk_size
     if C and L > C and L % C == 0:
@@ -73,28 +91,35 @@ class FeedForwardSublayer(nn.Module):
       # the only one alive, instead of B×L×d_ff.
       chunked = nn.scan(nn.remat(_FeedForwardChunk), variable_broadcast="params",
                         split_rngs={"params": False, "dropout": True}, in_axes=1, out_axes=1)
-      _, h_BxNxCxD = chunked(self.d_ff, self.dropout, deterministic, name="chunks")(
+      _, h_BxNxCxD = chunked(self.d_ff, self.dropout, deterministic, self.activation, name="chunks")(
           None, h_BxLxD.reshape(B, L // C, C, D))
       h_BxLxD = h_BxNxCxD.reshape(B, L, D)
     else:
-      h_BxLxD = FeedForward(self.d_ff, self.dropout, name="ff")(h_BxLxD, deterministic)
+      h_BxLxD = FeedForward(self.d_ff, self.dropout, self.activation, name="ff")(h_BxLxD, deterministic)
     return nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
 
 
 class Block(nn.Module):
-  """Pre-LN residual block: x + F(x), then x + G(x)."""
+  """A residual block. "pre_ln": x + F(x), then x + G(x), each branch normalising its input. "post_ln" (BERT's and
+  the published FNet's layout): LN(x + F(x)), then LN(x + G(x)), the branches without a norm of their own."""
 
   make_mixer: Callable[..., nn.Module]
   d_ff: int
   dropout: float
   ff_chunk_size: int = 0
+  layout: str = "pre_ln"
+  norm_eps: float = 1e-6
+  activation: str = "gelu_tanh"
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool, decode: bool = False) -> jax.Array:
-    x_BxLxD = x_BxLxD + MixingSublayer(self.make_mixer, self.dropout, name="mixing")(
-        x_BxLxD, mask_BxL, deterministic, decode)
-    return x_BxLxD + FeedForwardSublayer(self.d_ff, self.dropout, self.ff_chunk_size, name="feed_forward")(
-        x_BxLxD, deterministic)
+    pre = self.layout == "pre_ln"
+    post_norm = lambda name: (lambda x: x) if pre else nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name=name)
+    x_BxLxD = post_norm("mixing_norm")(x_BxLxD + MixingSublayer(
+        self.make_mixer, self.dropout, pre, self.norm_eps, name="mixing")(x_BxLxD, mask_BxL, deterministic, decode))
+    return post_norm("feed_forward_norm")(x_BxLxD + FeedForwardSublayer(
+        self.d_ff, self.dropout, self.ff_chunk_size, pre, self.norm_eps, self.activation, name="feed_forward")(
+            x_BxLxD, deterministic))
 
 
 class Transformer(nn.Module):
@@ -110,6 +135,13 @@ class Transformer(nn.Module):
   dtype: str = "float32"  # compute dtype; parameters stay float32, logits are float32
   reversible: bool = False  # RevNet couplings with a recomputing backward pass (efftx.reversible)
   ff_chunk_size: int = 0    # feed-forward over sequence chunks of this many positions (0: whole sequence)
+  # "pre_ln" (a final LayerNorm after the blocks) or "post_ln" (BERT / published FNet: the embeddings are
+  # normalised, each block ends with a LayerNorm, no final one)
+  block_layout: str = "pre_ln"
+  embed_projection: bool = False  # FNet: a dense D→D layer after the embedding LayerNorm
+  norm_eps: float = 1e-6          # LayerNorm epsilon (HF BERT / FNet: 1e-12)
+  activation: str = "gelu_tanh"   # feed-forward nonlinearity, a key of ACTIVATIONS
+  cls_token: bool = False         # a learned [CLS] vector before the tokens (position 0; LRA: initialised to 0)
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
@@ -125,7 +157,14 @@ class Transformer(nn.Module):
     dtype = jnp.dtype(self.dtype)
     x_BxLxD = nn.Embed(self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02), dtype=dtype,
                        name="embed")(tokens_BxL)
-    pos_MxD = self.param("pos_embed", nn.initializers.normal(0.02), (self.max_len, self.d_model))
+    if self.cls_token:  # then every later step sees L + 1 positions, the first one the [CLS] vector
+      if decode:
+        raise ValueError("decoding is not supported with a [CLS] position (pooling='cls' is for classification)")
+      cls_1x1xD = self.param("cls", nn.initializers.zeros, (1, 1, self.d_model)).astype(dtype)
+      x_BxLxD = jnp.concatenate([jnp.broadcast_to(cls_1x1xD, (len(x_BxLxD), 1, self.d_model)), x_BxLxD], axis=1)
+      mask_BxL = jnp.concatenate([jnp.ones_like(mask_BxL[:, :1]), mask_BxL], axis=1)
+      L += 1
+    pos_MxD = self.param("pos_embed", nn.initializers.normal(0.02), (self.max_len + self.cls_token, self.d_model))
     pos_LxD = pos_MxD[:L]
     if decode:
       decoding = self.has_variable("cache", "position")
@@ -133,20 +172,30 @@ class Transformer(nn.Module):
       if decoding:
         pos_LxD = jax.lax.dynamic_slice_in_dim(pos_MxD, position.value, L)
         position.value += L
-    x_BxLxD = nn.Dropout(self.dropout)(x_BxLxD + pos_LxD.astype(dtype), deterministic=deterministic)
+    x_BxLxD = x_BxLxD + pos_LxD.astype(dtype)
+    post_ln = self.block_layout == "post_ln"
+    if post_ln:
+      x_BxLxD = nn.LayerNorm(self.norm_eps, dtype=dtype, name="embed_norm")(x_BxLxD)
+    if self.embed_projection:
+      x_BxLxD = nn.Dense(self.d_model, dtype=dtype, name="embed_projection")(x_BxLxD)
+    x_BxLxD = nn.Dropout(self.dropout)(x_BxLxD, deterministic=deterministic)
     if self.reversible:
       if decode:
         raise ValueError("decoding is not supported with reversible=True (train reversibly, decode without)")
       x_BxLxD = ReversibleStack(
           make_f=lambda: MixingSublayer(self.make_mixer, self.dropout, parent=None),
-          make_g=lambda: FeedForwardSublayer(self.d_ff, self.dropout, self.ff_chunk_size, parent=None),
+          make_g=lambda: FeedForwardSublayer(self.d_ff, self.dropout, self.ff_chunk_size, activation=self.activation,
+                                         parent=None),
           num_layers=self.num_layers, name="reversible")(x_BxLxD, mask_BxL, deterministic)
     else:
       for i in range(self.num_layers):
-        x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, self.ff_chunk_size, name=f"block_{i}")(
-            x_BxLxD, mask_BxL, deterministic, decode)
-    x_BxLxD = nn.LayerNorm(dtype=jnp.float32, name="final_norm")(x_BxLxD)  # the heads run in float32
-    return self.head(x_BxLxD, mask_BxL)
+        x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, self.ff_chunk_size, self.block_layout,
+                        self.norm_eps, self.activation, name=f"block_{i}")(x_BxLxD, mask_BxL, deterministic, decode)
+    if post_ln:  # each block ended with a LayerNorm already
+      x_BxLxD = x_BxLxD.astype(jnp.float32)
+    else:
+      x_BxLxD = nn.LayerNorm(self.norm_eps, dtype=jnp.float32, name="final_norm")(x_BxLxD)
+    return self.head(x_BxLxD, mask_BxL)  # the heads run in float32
 
 
 def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, jax.Array], jax.Array],
@@ -157,8 +206,10 @@ def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, ja
   spec = MIXERS[m.mixer]
   options = dict(config.mixer)
   spec.check(options, m.d_model, m.causal)
-  extra = {"max_len": m.max_len} if spec.takes_max_len else {}
+  extra = {"max_len": m.max_len + (m.pooling == "cls")} if spec.takes_max_len else {}
   return Transformer(
       make_mixer=functools.partial(spec.module, causal=m.causal, **extra, **options), head=head,
       vocab_size=vocab_size, d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len,
-      dropout=m.dropout, dtype=m.dtype, reversible=m.reversible, ff_chunk_size=m.ff_chunk_size)
+      dropout=m.dropout, dtype=m.dtype, reversible=m.reversible, ff_chunk_size=m.ff_chunk_size,
+      block_layout=m.block_layout, embed_projection=m.embed_projection, norm_eps=m.norm_eps, activation=m.activation,
+      cls_token=m.pooling == "cls")

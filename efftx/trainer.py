@@ -31,7 +31,7 @@ def parts(config: ml_collections.ConfigDict) -> Parts:
   config.mixer). Raises UserError where the objective does not fit the task or the mixer options are invalid."""
   task = TASKS[config.data.task]
   objective = objectives.for_run(config, task)
-  head = objective.head(task.vocab_size, task.classes(config.data.variant))
+  head = objective.head(task.vocab_size, task.classes(config.data.variant), config.model.pooling)
   return Parts(task, objective, model_lib.build_model(config, head, task.vocab_size))
 
 

@@ -1,4 +1,7 @@
-"""AFT variants against a direct loop over the paper's formula (numpy), causal and not, with padding."""
+"""AFT variants against the paper's formula (numpy float64, a stable row maximum), causal and not, with padding.
+
+The causal tests with keys spanning ~1e3 are issue 10: each row must be normalised by the keys it can see.
+"""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +10,10 @@ import pytest
 from efftx.mixers import MIXERS
 
 B, L, D, H = 2, 9, 8, 2
+VARIANTS = ["aft_full", "aft_simple", "aft_local", "aft_conv"]
+# Enough to cover L = 16 positions; the window and kernel reach past a hierarchy block of the causal paths.
+OPTIONS = {"aft_full": dict(max_len=16, aft_bias_dim=4), "aft_simple": {},
+           "aft_local": dict(max_len=16, aft_bias_dim=4, window=3), "aft_conv": dict(num_heads=H, kernel_size=3)}
 
 
 def _inputs(seed=0):
@@ -17,43 +24,61 @@ def _inputs(seed=0):
   return x, mask
 
 
-def _dense(x, p):
-  return x @ np.asarray(p["kernel"], np.float64) + np.asarray(p["bias"], np.float64)
+def _position_bias(name, params, length, causal, xp=np, window=None):
+  """w[t, t'] as length × length × (1 or heads): the paper's bias of each variant, from its parameters
+  (numpy or jax.numpy, so that the same formula serves values and gradients)."""
+  t, s = np.arange(length)[:, None], np.arange(length)[None, :]
+  if name == "aft_simple":
+    return xp.zeros((length, length, 1))
+  if name in ("aft_full", "aft_local"):
+    bias = params["bias"]
+    w = (bias["u"] @ bias["v"].T if "u" in bias else bias["w"])[:length, :length]
+    if name == "aft_local":
+      w = xp.where(np.abs(t - s) < window, w, 0.0)
+    return w[:, :, None]
+  raw = params["kernel"]
+  S = raw.shape[1]
+  kernel = params["gamma"] * (raw - raw.mean(-1, keepdims=True)) / (raw.std(-1, keepdims=True) + 1e-5) + params["beta"]
+  j = t - s if causal else s - t + (S - 1) // 2  # kernel[:, j] weighs (t, t')
+  return xp.where(((j >= 0) & (j < S))[:, :, None], kernel.T[np.clip(j, 0, S - 1)], 0.0)
 
 
-def _aft_reference(x, mask, params, causal, bias_fn):
-  """Y_t = σ(Q_t) ⊙ Σ_t' exp(K_t' + w_tt') V_t' / Σ_t' exp(K_t' + w_tt'), one (b, t, t') at a time.
+def _formula(x, mask, params, causal, w, xp=np):
+  """Y_t = σ(Q_t) ⊙ Σ_t' exp(K_t' + w_tt') V_t' / Σ_t' exp(K_t' + w_tt') over the real t' (≤ t when causal), with
+  each (row, channel)'s exponents shifted by their own maximum — the exact log-sum-exp form, a B×L×L×D tensor.
+  A head-shared key or bias (AFT-conv) is broadcast to its head's channels."""
+  dense = lambda a, p: a @ p["kernel"] + p["bias"]
+  q, k, v = (dense(x, params[n]) for n in ("query", "key", "value"))
+  d = x.shape[-1]
+  k = xp.repeat(k, d // k.shape[-1], axis=-1)
+  w = xp.repeat(w, d // w.shape[-1], axis=-1)
+  n = x.shape[1]
+  seen_LxL = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+  allowed = np.asarray(mask)[:, None, :, None] & seen_LxL[None, :, :, None]
+  logits = xp.where(allowed, k[:, None] + w[None], -xp.inf)
+  top = logits.max(axis=2, keepdims=True)
+  e = xp.where(allowed, xp.exp(logits - xp.where(xp.isfinite(top), top, 0.0)), 0.0)
+  num, den = (e * v[:, None]).sum(axis=2), e.sum(axis=2)
+  y = 1 / (1 + xp.exp(-q)) * num / xp.where(den > 0, den, 1.0)
+  return dense(y, params["out"])
 
-  bias_fn(t, t') gives w_tt' per channel (length D); a head-shared K (AFT-conv) is broadcast to its channels.
-  """
-  x = x.astype(np.float64)
-  q, k, v = (_dense(x, params[n]) for n in ("query", "key", "value"))
-  if k.shape[-1] != D:
-    k = np.repeat(k, D // k.shape[-1], axis=-1)
-  y = np.zeros_like(x)
-  for b in range(B):
-    for t in range(L):
-      num, den = np.zeros(D), np.zeros(D)
-      for s in range(L):
-        if mask[b, s] and (s <= t or not causal):
-          e = np.exp(k[b, s] + bias_fn(t, s))
-          num += e * v[b, s]
-          den += e
-      y[b, t] = 1 / (1 + np.exp(-q[b, t])) * num / den
-  return _dense(y, params["out"])
+
+def _float64(tree):
+  return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def _reference(name, x, mask, params, causal, window=None):
+  params = _float64(params)
+  w = _position_bias(name, params, x.shape[1], causal, window=window)
+  return _formula(np.asarray(x, np.float64), mask, params, causal, w)
 
 
 def _run(name, causal, seed=0, **kwargs):
   x, mask = _inputs(seed)
   module = MIXERS[name](causal=causal, **kwargs)
   variables = module.init(jax.random.key(seed), x)
-  params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
+  params = _float64(variables["params"])
   return x, mask, module, variables, params
-
-
-def _full_bias(params):
-  bias = params["bias"]
-  return bias["u"] @ bias["v"].T if "u" in bias else bias["w"]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -61,8 +86,7 @@ def _full_bias(params):
 def test_aft_full_matches_formula(causal, factorized):
   x, mask, module, variables, params = _run("aft_full", causal, max_len=16, aft_bias_dim=4,
                                             aft_factorized=factorized)
-  w = _full_bias(params)
-  want = _aft_reference(x, mask, params, causal, lambda t, s: np.full(D, w[t, s]))
+  want = _reference("aft_full", x, mask, params, causal)
   got = module.apply(variables, x, mask=mask)
   np.testing.assert_allclose(np.asarray(got)[mask], want[mask], rtol=1e-4, atol=1e-5)
 
@@ -70,7 +94,7 @@ def test_aft_full_matches_formula(causal, factorized):
 @pytest.mark.parametrize("causal", [False, True])
 def test_aft_simple_matches_formula(causal):
   x, mask, module, variables, params = _run("aft_simple", causal)
-  want = _aft_reference(x, mask, params, causal, lambda t, s: np.zeros(D))
+  want = _reference("aft_simple", x, mask, params, causal)
   np.testing.assert_allclose(np.asarray(module.apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
                              atol=1e-5)
 
@@ -83,9 +107,7 @@ def test_aft_local_matches_formula(causal, window):
   variables = jax.tree.map(lambda a: a * 30, variables)
   variables = {"params": {**variables["params"], **{n: jax.tree.map(lambda a: a / 30, variables["params"][n])
                                                     for n in ("query", "key", "value", "out")}}}
-  params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
-  w = _full_bias(params)
-  want = _aft_reference(x, mask, params, causal, lambda t, s: np.full(D, w[t, s] if abs(t - s) < window else 0.0))
+  want = _reference("aft_local", x, mask, variables["params"], causal, window=window)
   got = np.asarray(module.apply(variables, x, mask=mask))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
 
@@ -98,16 +120,7 @@ def test_aft_conv_matches_formula(causal, kernel_size):
   rng = np.random.default_rng(3)
   variables = {"params": {**variables["params"], "gamma": rng.normal(size=(H, 1)).astype(np.float32),
                           "beta": rng.normal(size=(H, 1)).astype(np.float32)}}
-  params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
-  raw = params["kernel"]
-  w = params["gamma"] * (raw - raw.mean(-1, keepdims=True)) / (raw.std(-1, keepdims=True) + 1e-5) + params["beta"]
-
-  def bias(t, s):
-    j = t - s if causal else s - t + (kernel_size - 1) // 2
-    per_head = w[:, j] if 0 <= j < kernel_size else np.zeros(H)
-    return np.repeat(per_head, D // H)
-
-  want = _aft_reference(x, mask, params, causal, bias)
+  want = _reference("aft_conv", x, mask, variables["params"], causal)
   got = np.asarray(module.apply(variables, x, mask=mask))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
 
@@ -134,7 +147,7 @@ def test_aft_simple_is_aft_full_with_zero_bias(causal):
       full.apply({"params": {**variables["params"], "bias": zero_bias}}, x, mask=mask), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["aft_full", "aft_simple", "aft_local", "aft_conv"])
+@pytest.mark.parametrize("name", VARIANTS)
 def test_aft_is_stable_with_large_keys_in_bfloat16(name):
   x, mask = _inputs()
   module = MIXERS[name](causal=True)
@@ -144,3 +157,196 @@ def test_aft_is_stable_with_large_keys_in_bfloat16(name):
   for dtype in (jnp.float32, jnp.bfloat16):
     y = module.apply(variables, jnp.asarray(x, dtype), mask=mask)
     assert y.dtype == dtype and bool(jnp.all(jnp.isfinite(y)))
+
+
+# Issue 10: causal rows normalised by the keys they see, not by the whole sequence's.
+
+
+def _all_finite(tree) -> bool:
+  return all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(tree))
+
+
+def _grads(module, variables, x, mask=None):
+  """Gradients of a fixed random projection of the output, w.r.t. the parameters and the input."""
+  weights = np.random.default_rng(5).normal(size=x.shape[:2] + (x.shape[2],)).astype(np.float32)
+  loss = lambda p, x: (module.apply({"params": p}, x, mask=mask).astype(jnp.float32) * weights).sum()
+  return jax.grad(loss, argnums=(0, 1))(variables["params"], x)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_causal_aft_sees_a_prefix_whose_keys_lie_far_below_a_later_key(name):
+  """The issue's case: identity projections, channel 0's key is 100·x[1]: 0 at t = 0 … 2, 100 at t = 3. Row 0
+  sees only t' = 0, so y_0 = σ(q_0) v_0 = (σ(1), 0); normalising by the whole sequence's maximum gave 0."""
+  x = np.zeros((1, 4, 2), np.float32)
+  x[0, 0, 0] = x[0, 3, 1] = 1.0
+  module = MIXERS[name](causal=True, **{**OPTIONS[name], **({"num_heads": 2} if name == "aft_conv" else {})})
+  params = module.init(jax.random.key(0), x)["params"]
+  for n in ("query", "value", "out"):
+    params[n] = {"kernel": jnp.eye(2), "bias": jnp.zeros(2)}
+  params["key"] = {"kernel": jnp.array([[0.0, 0.0], [100.0, 0.0]]), "bias": jnp.zeros(2)}
+  if "bias" in params:  # AFT-full, AFT-local: no position bias (AFT-conv: γ = β = 0 already, so w = 0)
+    params["bias"] = jax.tree.map(jnp.zeros_like, params["bias"])
+  got = np.asarray(module.apply({"params": params}, x))
+  sigmoid_1 = 1 / (1 + np.exp(-1.0))
+  np.testing.assert_allclose(got[0, 0], [sigmoid_1, 0.0], rtol=1e-6, atol=1e-7)
+  want = _reference(name, x, np.ones((1, 4), bool), params, causal=True, window=OPTIONS[name].get("window"))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)  # rows 1, 2: (1/4, 0), (1/6, 0); row 3: (0, σ(1)/4)
+  assert _all_finite(_grads(module, {"params": params}, x))
+
+
+def _wide_keys(name, pattern, length=16, seed=0):
+  """A module and inputs whose keys span ~1e3 within each sequence: random, or a ramp up or down (+ small
+  noise) in every key channel. x is a multiple of 1/8 and the key kernel integer, so that the keys come out
+  of the float32 projection exactly and float32 can be held to the float64 formula."""
+  rng = np.random.default_rng(seed)
+  options = {**OPTIONS[name], **({"max_len": length} if "max_len" in OPTIONS[name] else {})}
+  module = MIXERS[name](causal=True, **options)
+  x = (rng.integers(-16, 17, size=(B, length, D)) / 8).astype(np.float32)
+  params = module.init(jax.random.key(seed), x)["params"]
+  C = params["key"]["kernel"].shape[1]
+  if pattern == "random":
+    key_kernel = rng.integers(-100, 101, size=(D, C))
+  else:
+    x[:, :, 0] = np.arange(length) / 8 * (1 if pattern == "increasing" else -1)
+    key_kernel = rng.integers(-3, 4, size=(D, C))
+    key_kernel[0] = 512  # 64 per position: ~1e3 over 16 positions
+  params["key"] = {"kernel": jnp.asarray(key_kernel, jnp.float32), "bias": jnp.zeros(C)}
+  if "bias" in params:  # a position bias of range ~±5, so that it matters
+    params["bias"] = jax.tree.map(lambda a: a * 100, params["bias"])
+  if name == "aft_conv":
+    params["gamma"], params["beta"] = jnp.array([[1.5], [-1.0]]), jnp.array([[0.5], [-0.5]])
+  mask = np.ones((B, length), bool)
+  mask[1, length - 3:] = False
+  return module, {"params": params}, x, mask
+
+
+@pytest.mark.parametrize("pattern", ["random", "increasing", "decreasing"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_causal_aft_matches_the_formula_when_keys_span_a_thousand(name, pattern):
+  module, variables, x, mask = _wide_keys(name, pattern)
+  keys = x @ np.asarray(variables["params"]["key"]["kernel"])
+  assert (keys.max(axis=1) - keys.min(axis=1)).max() > 500
+  got = np.asarray(module.apply(variables, x, mask=mask))
+  want = _reference(name, x, mask, variables["params"], causal=True, window=OPTIONS[name].get("window"))
+  np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
+  assert np.isfinite(got).all()  # padded rows too
+  assert _all_finite(_grads(module, variables, x, mask))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_causal_aft_in_bfloat16_with_keys_spanning_a_thousand(name):
+  module, variables, x, mask = _wide_keys(name, "random")
+  # bfloat16 rounds keys of ~1e3 by up to ±4: compare with float32 loosely, as the weights follow the largest keys.
+  want = np.asarray(module.apply(variables, x, mask=mask))
+  got = module.apply(variables, jnp.asarray(x, jnp.bfloat16), mask=mask)
+  assert got.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(got)))
+  np.testing.assert_allclose(np.asarray(got, np.float32)[mask], want[mask], rtol=0.05, atol=0.05)
+  assert _all_finite(_grads(module, variables, jnp.asarray(x, jnp.bfloat16), mask))
+
+
+def test_causal_aft_full_with_a_position_bias_spanning_sixty():
+  """The limit left: the reference ignores w, so a row's denominator can be as small as e^-(range of w). Up to
+  ~80 the values hold; the gradient, taken as 1/den rather than 1/den², stays finite."""
+  module, variables, x, mask = _wide_keys("aft_full", "random")
+  module = module.clone(aft_factorized=False)
+  w = np.random.default_rng(1).uniform(-30, 30, size=(16, 16)).astype(np.float32)
+  variables = {"params": {**variables["params"], "bias": {"w": jnp.asarray(w)}}}
+  got = np.asarray(module.apply(variables, x, mask=mask))
+  want = _reference("aft_full", x, mask, variables["params"], causal=True)
+  np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
+  assert _all_finite(_grads(module, variables, x, mask))
+
+
+@pytest.mark.parametrize("keys", ["initial", "random"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_causal_aft_gradients_match_the_dense_formula(name, keys):
+  """Gradients w.r.t. every parameter and the input against autodiff through the plain formula (jax.numpy,
+  float32, the B×L×L×D tensor) — the stop_gradient'ed references must not bend them."""
+  module, variables, x, mask = _wide_keys(name, "random")
+  if keys == "initial":  # keys of order 1, where everything mixes
+    variables["params"]["key"] = module.init(jax.random.key(1), x)["params"]["key"]
+  window = OPTIONS[name].get("window")
+  weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32) * mask[..., None]
+
+  def formula(p, x):
+    return _formula(x, mask, p, True, _position_bias(name, p, x.shape[1], True, jnp, window), jnp)
+
+  got = jax.grad(lambda p, x: (module.apply({"params": p}, x, mask=mask) * weights).sum(), argnums=(0, 1))(
+      variables["params"], x)
+  want = jax.grad(lambda p, x: (formula(p, x) * weights).sum(), argnums=(0, 1))(variables["params"], x)
+  # A constant added to a channel's keys cancels in the ratio: the key bias's true gradient is 0 (both are noise).
+  scale = np.abs(want[0]["key"]["kernel"]).max()
+  assert np.abs(got[0]["key"].pop("bias")).max() < 1e-4 * scale
+  want[0]["key"].pop("bias")
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(b).max()), got, want)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_causal_aft_matches_the_formula_on_a_long_sequence(name):
+  """300 positions (not a power of two: the causal paths pad), keys rising by ~1/2 a position (150 in all, far
+  past float32's e^±88) under order-1 noise."""
+  length, d = 300, 4
+  rng = np.random.default_rng(0)
+  options = {"aft_full": dict(max_len=512, aft_bias_dim=4), "aft_simple": {},
+             "aft_local": dict(max_len=512, aft_bias_dim=4, window=16),
+             "aft_conv": dict(num_heads=2, kernel_size=5)}[name]
+  module = MIXERS[name](causal=True, **options)
+  x = rng.normal(size=(B, length, d)).astype(np.float32)
+  x[:, :, 0] = np.arange(length) / 8
+  variables = module.init(jax.random.key(0), x)
+  params = variables["params"]
+  params["key"]["kernel"] = params["key"]["kernel"].at[0].set(4.0)
+  if "bias" in params:
+    params["bias"] = jax.tree.map(lambda a: a * 30, params["bias"])
+  if name == "aft_conv":
+    params["gamma"], params["beta"] = jnp.array([[1.5], [-1.0]]), jnp.array([[0.5], [-0.5]])
+  mask = np.ones((B, length), bool)
+  mask[1, 450:] = False
+  got = np.asarray(module.apply(variables, x, mask=mask))
+  want = _reference(name, x, mask, params, causal=True, window=options.get("window"))
+  np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_aft_ignores_padded_positions_whose_keys_are_huge(name, causal):
+  """Padding at the end (sequence 1) and at the start (sequence 0: causal rows 0, 1 see nothing real and must
+  just stay finite), at positions whose keys are ~±1e4 — they would win every maximum if counted.
+
+  Bidirectional gradients are not checked: there exp(K − max) of such a padded key overflows inside a
+  jnp.where, and its zero cotangent times inf is nan (the bidirectional path is left as it was)."""
+  module, variables, x, mask = _wide_keys(name, "random")
+  module = module.clone(causal=causal)
+  mask[0, :2] = False
+  x = np.where(mask[..., None], x, 8.0 * np.sign(x + 0.01)).astype(np.float32)
+  got = np.asarray(module.apply(variables, x, mask=mask))
+  want = _reference(name, x, mask, variables["params"], causal, window=OPTIONS[name].get("window"))
+  rows = mask & (np.cumsum(mask, axis=1) > 0)  # real rows that see a real position
+  np.testing.assert_allclose(got[rows], want[rows], rtol=1e-4, atol=1e-5)
+  assert np.isfinite(got).all()
+  if causal:
+    assert _all_finite(_grads(module, variables, x, mask))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_decoding_equals_the_causal_forward_pass_with_keys_spanning_a_thousand(name):
+  module, variables, x, _ = _wide_keys(name, "increasing", length=12)
+  full = np.asarray(module.apply(variables, x))
+  cache = module.init(jax.random.key(0), x, decode=True)["cache"]
+  step = jax.jit(lambda v, x_t: module.apply(v, x_t, decode=True, mutable=["cache"]))
+  for t in range(x.shape[1]):
+    y_t, mutated = step({**variables, "cache": cache}, x[:, t:t + 1])
+    cache = mutated["cache"]
+    np.testing.assert_allclose(np.asarray(y_t)[:, 0], full[:, t], rtol=1e-4, atol=1e-5, err_msg=f"position {t}")
+
+
+@pytest.mark.parametrize("name", ["aft_full", "aft_simple", "aft_local", "aft_conv"])
+def test_bidirectional_gradients_stay_finite_when_padding_holds_huge_keys(name):
+  """Padded positions whose keys lie far above the real ones (huge padded inputs) once gave nan gradients
+  (exp overflowed inside a masked branch)."""
+  x, mask = _inputs()
+  x = np.where(mask[..., None], x, 300.0).astype(np.float32)
+  module = MIXERS[name](causal=False)
+  variables = module.init(jax.random.key(0), x)
+  grads = jax.grad(lambda v, x: module.apply(v, x, mask=mask).sum(), argnums=(0, 1))(variables, x)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))

@@ -24,6 +24,10 @@ CASES = [
     (["--config.mixer.num_heads=5"], ["d_model=64", "num_heads=5"]),
     (["--config.mixer.attention_impl=fused", "--config.mixer.attention_dropout=0.1"], ["fused", "dropout"]),
     (["--config.model.mixer=fnet"], ["options of mixer 'attention'", "--config=FILE:mixer=fnet"]),
+    # Architecture conventions (issue 10)
+    (["--config.model.block_layout=post"], ["block_layout='post'", "pre_ln, post_ln"]),
+    (["--config.model.block_layout=post_ln", "--config.model.reversible=true"], ["reversible", "pre_ln"]),
+    (["--config=configs/lm_bytes.py", "--config.model.pooling=cls"], ["pooling='cls'", "classification"]),
     (["--config=configs/quickstart.py:mixr=fnet"], ["mixr", "valid: mixer, smoke"]),
     (["--config=configs/nope.py"], ["configs/nope.py", "no such config file"]),
     (["--config=configs/lm_bytes.py", "--config.model.max_len=2048"], ["max_len=2048", "at most 1024"]),

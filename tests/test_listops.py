@@ -89,3 +89,19 @@ def test_prepared_tiny_builder_has_disjoint_correct_splits(smoke_config):
       assert _evaluate(tokens) == r["label"]
   assert not seen["train"] & seen["validation"] and not seen["train"] & seen["test"]
   assert not seen["validation"] & seen["test"]
+
+
+def test_alphanumeric_tokenisation_is_what_lra_trained_on():
+  """LRA issue #14: the published pipeline's tokenizer split on non-alphanumerics, so brackets vanished. The
+  reference here is that rule as a regular expression over the raw source."""
+  import re  # pylint: disable=g-import-not-at-top
+  source = "[MAX 2 [MIN 9 4 ] [SM 1 [MED 3 8 5 ] ] 0 ]"
+  want = re.findall(r"[A-Za-z0-9]+", source)
+  got = [listops.VOCAB[i].lstrip("[") for i in listops.tokenize_alphanumeric(source)]
+  assert got == want == ["MAX", "2", "MIN", "9", "4", "SM", "1", "MED", "3", "8", "5", "0"]
+  assert listops.TOKEN_IDS["]"] not in listops.tokenize_alphanumeric(source)
+  # The task encodes the same examples with it; the default task keeps the brackets.
+  example = {"source": source, "label": 9}
+  short = TASKS["listops_alphanumeric"].encode(example, 16, False)
+  full = TASKS["listops"].encode(example, 16, False)
+  assert short["mask"].sum() == 12 and full["mask"].sum() == 16 and short["label"] == full["label"] == 9

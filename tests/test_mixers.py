@@ -18,9 +18,10 @@ def _inputs(seed=0):
   return padded_inputs(B, L, D, 4, seed)  # the second sequence has 3 padded positions at the end
 
 
-def _numpy_attention(x, mask, params, num_heads, causal, window=None, feature_map=None):
+def _numpy_attention(x, mask, params, num_heads, causal, window=None, feature_map=None, same_block=None):
   """Loop-by-loop attention from the textbook formula: softmax weights, or with feature_map φ the linear
-  attention weights φ(q)·φ(k) / Σ φ(q)·φ(k'); window limits the keys to |i − j| < window."""
+  attention weights φ(q)·φ(k) / Σ φ(q)·φ(k'); window limits the keys to |i − j| < window; same_block(i, j) to the
+  keys in the query's block."""
   qkv_w, qkv_b = params["qkv"]["kernel"], params["qkv"]["bias"]  # Dx3xHxK, 3xHxK
   out_w, out_b = params["out"]["kernel"], params["out"]["bias"]  # HxKxD
   K = D // num_heads
@@ -30,7 +31,8 @@ def _numpy_attention(x, mask, params, num_heads, causal, window=None, feature_ma
     heads = np.zeros((L, num_heads, K))
     for h in range(num_heads):
       for i in range(L):
-        keys = [j for j in range(L) if mask[b, j] and (j <= i or not causal) and (window is None or abs(i - j) < window)]
+        keys = [j for j in range(L) if mask[b, j] and (j <= i or not causal) and (window is None or abs(i - j) < window)
+                and (same_block is None or same_block(i, j))]
         if not keys:  # a padded query with no real key in its window: compared nowhere
           continue
         if feature_map is None:
@@ -90,6 +92,10 @@ def test_fnet_equals_numpy_fft2(impl, shape):
   # With a mask, padded positions are zero before the transform.
   y = module.apply({}, x, mask=mask)
   np.testing.assert_allclose(y, np.real(np.fft.fft2(np.where(mask[..., None], x, 0), axes=(-2, -1))),
+                             rtol=1e-4, atol=1e-4)
+  # padding="mix", the published code's convention: the mask is ignored, padded positions are mixed in.
+  mixing = MIXERS["fnet"](causal=False, fourier_impl=impl, padding="mix")
+  np.testing.assert_allclose(mixing.apply({}, x, mask=mask), np.real(np.fft.fft2(x, axes=(-2, -1))),
                              rtol=1e-4, atol=1e-4)
 
 

@@ -103,3 +103,56 @@ def test_the_model_does_not_import_the_data_package():
           "assert not [m for m in sys.modules if m.startswith(('efftx.data', 'tensorflow_datasets'))], "
           "sorted(m for m in sys.modules if m.startswith(('efftx.data', 'tensorflow_datasets')))")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("mixer", ["attention", "fnet", "aft_full"])
+def test_cls_pooling_classifies_from_a_learned_first_position(mixer):
+  config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L, pooling="cls", dropout=0.0)
+  model = trainer.parts(config).model
+  tokens, mask = _tokens_and_mask()
+  params = model.init(jax.random.key(0), tokens)["params"]
+  assert params["pos_embed"].shape == (L + 1, 16) and not np.any(params["cls"])  # LRA initialises it to 0
+  params["cls"] = params["cls"] + 0.5  # as after training
+  logits = np.asarray(model.apply({"params": params}, tokens, mask=mask))
+  # Reference: the encoder's final states (L + 1 positions), then LRA's head on position 0, in numpy.
+  states = np.asarray(model.clone(head=lambda x, m: x).apply({"params": params}, tokens, mask=mask), np.float64)
+  assert states.shape == (B, L + 1, 16)
+  dense = lambda x, p: x @ np.asarray(p["kernel"], np.float64) + np.asarray(p["bias"], np.float64)
+  want = dense(np.maximum(dense(states[:, 0], params["pool_dense"]), 0), params["classifier"])
+  np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
+  # Padding never reaches the [CLS] state.
+  other = np.where(mask, tokens, (tokens + 3) % 16).astype(np.int32)
+  np.testing.assert_allclose(model.apply({"params": params}, other, mask=mask), logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
+def test_post_ln_layout_is_bert_s(activation):
+  """block_layout="post_ln" against a numpy BERT-style encoder written from the paper's equations: embeddings →
+  LayerNorm → (optional projection) → per block LN(x + Attn(x)), LN(x + FF(x)); no final norm."""
+  config = mixer_config("attention", d_model=16, d_ff=32, num_heads=2, max_len=L, num_layers=2, dropout=0.0,
+                        block_layout="post_ln", embed_projection=True, norm_eps=1e-12, activation=activation)
+  model = trainer.parts(config).model.clone(head=lambda x, m: x)
+  tokens, mask = _tokens_and_mask()
+  params = jax.tree.map(lambda a: np.asarray(a, np.float64), model.init(jax.random.key(1), tokens)["params"])
+  got = np.asarray(model.apply({"params": params}, tokens, mask=mask))
+  ln = lambda x, p: ((x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-12) * p["scale"]
+                     + p["bias"])
+  dense = lambda x, p: x @ p["kernel"] + p["bias"]
+  erf = np.vectorize(__import__("math").erf)
+  gelu = ((lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))) if activation == "gelu_tanh"
+          else (lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2)))))
+  x = params["embed"]["embedding"][tokens] + params["pos_embed"][:L]
+  x = dense(ln(x, params["embed_norm"]), params["embed_projection"])
+  for i in range(2):
+    p = params[f"block_{i}"]
+    att = p["mixing"]["mixer"]
+    qkv = np.einsum("bld,dchk->blchk", x, att["qkv"]["kernel"]) + att["qkv"]["bias"]
+    scores = np.einsum("bqhk,bthk->bhqt", qkv[:, :, 0], qkv[:, :, 1]) / np.sqrt(8)
+    scores = np.where(mask[:, None, None, :], scores, -1e30)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    heads = np.einsum("bhqt,bthk->bqhk", probs, qkv[:, :, 2])
+    x = ln(x + np.einsum("bqhk,hkd->bqd", heads, att["out"]["kernel"]) + att["out"]["bias"], p["mixing_norm"])
+    ff = p["feed_forward"]["ff"]
+    x = ln(x + dense(gelu(dense(x, ff["up"])), ff["down"]), p["feed_forward_norm"])
+  np.testing.assert_allclose(got[mask], x[mask], rtol=2e-4, atol=2e-4)

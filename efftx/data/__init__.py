@@ -73,6 +73,12 @@ def _listops(example, max_len, truncate):
   return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(example["label"])}
 
 
+def _listops_alphanumeric(example, max_len, truncate):
+  tokens_L, mask_L = sequence.pad_to(listops.tokenize_alphanumeric(example["source"]), max_len, truncate,
+                                     "a ListOps example")
+  return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(example["label"])}
+
+
 def _byte_lm(example, max_len, truncate):
   del truncate  # a training sequence is the first max_len bytes of its record, by design
   record = np.asarray(example["bytes"]).tobytes()[:max_len]
@@ -121,6 +127,9 @@ _BYTE_MLM = {"mask_id": byte_text.MASK_ID, "random_ids": (1, 257), "special_ids"
 TASKS = {
     "listops": Task(listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
                     objective="classify", encode=_listops),
+    # The same data as LRA's published numbers saw it: brackets dropped by its tokenizer (LRA issue #14).
+    "listops_alphanumeric": Task(listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
+                                 objective="classify", encode=_listops_alphanumeric),
     "mqar": Task(mqar.Mqar, vocab_size=mqar.VOCAB_SIZE, num_classes=0, objective="lm", encode=_mqar),
     "bytes": Task(byte_text.ByteText, vocab_size=byte_text.VOCAB_SIZE, num_classes=0, objective="lm",
                   encode=_byte_lm, tokenize=byte_text.tokenize, detokenize=byte_text.decode_tokens,

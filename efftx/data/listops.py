@@ -90,6 +90,19 @@ def tokenize(source: str | bytes) -> np.ndarray:
   return np.array([TOKEN_IDS[t] for t in source.split()], np.int32)
 
 
+def tokenize_alphanumeric(source: str | bytes) -> np.ndarray:
+  """The tokenisation LRA's published numbers were trained with (LRA issue #14): its input pipeline's tokenizer
+  kept alphanumeric runs only, so `[MAX` became the operator `MAX` and every closing `]` vanished — the tree's
+  structure is then ambiguous. Operators keep their ids (`MAX` ↦ the id of `[MAX`); `]` never appears."""
+  if isinstance(source, bytes):
+    source = source.decode()
+  words = ("".join(c for c in token if c.isalnum()) for token in source.split())
+  return np.array([TOKEN_IDS[_OPERATOR_BY_NAME.get(w, w)] for w in words if w], np.int32)
+
+
+_OPERATOR_BY_NAME = {op.lstrip("["): op for op in OPERATORS}
+
+
 @dataclasses.dataclass
 class ListOpsConfig(tfds.core.BuilderConfig):
   """A ListOps variant: split sizes and the open interval of lengths kept."""

@@ -13,6 +13,7 @@ mixers, capabilities and options that README.md shows.
 """
 from efftx.mixers import aft
 from efftx.mixers import attention
+from efftx.mixers import block_local
 from efftx.mixers import fourier
 from efftx.mixers import linear
 from efftx.mixers import local
@@ -27,6 +28,7 @@ MIXERS: dict[str, MixerSpec] = {
     "aft_local": aft.SPEC_LOCAL,
     "aft_conv": aft.SPEC_CONV,
     "local": local.SPEC,
+    "block_local": block_local.SPEC,
     "linear": linear.SPEC,
     "lsh": lsh.SPEC,
 }

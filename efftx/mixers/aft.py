@@ -7,20 +7,43 @@ by sigmoid(Q_t):
 
 and differ in the position bias w: learned for every pair (full), only inside a window and 0 outside (local),
 none (simple), or a per-head 1-D kernel over t − t' (conv). Sums run over real (unpadded) positions, and over
-t' ≤ t when causal. The sums are computed in float32 whatever the compute dtype, after subtracting the maximum
-of K over positions (per channel) and of w per row: the ratio is unchanged, exp cannot overflow.
+t' ≤ t when causal. The sums are computed in float32 whatever the compute dtype, after subtracting a maximum
+of K per channel and of w per row: the ratio is unchanged, exp cannot overflow.
+
+Bidirectional, the maximum of K is over the whole sequence. Causal, it is over the prefix a row sees,
+m_t = max_{t'≤t} K_t' (issue 10: with the whole sequence's maximum, rows of a channel whose early keys lie ≳70
+below a later key read ~0 — their denominator falls under _TINY, then to 0 — and from ~44 below the gradients
+are nan, as 1/den² overflows). Every causal term is computed as e^{K_t' − m_t}
+— never as e^K times a per-row factor, which would overflow or underflow — by products of factors ≤ 1:
+  - the running sums Σ_{t'≤t} e^{K_t' − m_t} X_t' (AFT-simple; the global part of AFT-local and AFT-conv): a
+    parallel prefix scan carrying (running max, sums rescaled to it);
+  - the terms a bias weighs (AFT-full: all t' ≤ t; AFT-local, AFT-conv: the window): a binary hierarchy of
+    blocks. At each level every block of rows takes the whole block of columns just before it, with
+    e^{K_t' − m_t} = e^{K_t' − r} · e^{r − m_t}, r = the prefix max where those columns end (≥ their keys, ≤ the
+    rows' m): one batched matmul per level, log2(block) + 1 levels, the diagonal t' = t elementwise.
+A term lost to underflow has e^{K_t' − m_t} < e^{-87}, while the row's largest key enters with exactly e^0 times
+its bias weight: the loss is below e^{-87 + (range of w within the row)} relative to the sum, and the
+denominator is at least e^-(range of w) (the ratio's gradient is taken as 1/den, not 1/den²). The remaining
+limit: a position bias (or conv kernel) whose range within one row exceeds ~80, since the reference ignores w —
+the bidirectional path has the same limit, and there its gradient already fails past a range of ~44.
 
 Costs, as the paper claims: AFT-full O(T²d) time but O(Td) memory (two T×T by T×d matmuls, never a T×T×d
-tensor); AFT-simple O(Td) (a sum, or a running sum when causal); AFT-local and AFT-conv O(Tsd) (a banded
-block matmul, a depthwise convolution) plus the O(Td) global sum.
+tensor; causal: the hierarchy does the lower triangle only, about half the multiply-adds, plus O(Td) elementwise
+work per level); AFT-simple O(Td) (a sum; causal, a prefix scan); AFT-local and AFT-conv O(Tsd) (a banded block
+matmul, a depthwise convolution; causal, the block before and a hierarchy within a block of ≥ s positions) plus
+the O(Td) global sum. The causal pieces are recomputed in the backward pass (jax.checkpoint), so what a layer
+keeps stays O(Td) where the compiler honours it; XLA:CPU merges the recomputation back, and there a causal
+AFT-full or AFT-local training step holds about twice the memory of the old (unstable) path.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from efftx.errors import UserError
 from efftx.mixers import banded
@@ -45,17 +68,146 @@ def _exp_keys(k_BxLxC: jax.Array, mask_BxL: jax.Array | None) -> jax.Array:
   valid_BxLx1 = jnp.ones(k_BxLxC.shape[:2] + (1,), bool) if mask_BxL is None else mask_BxL[:, :, None]
   k_max_Bx1xC = jnp.max(jnp.where(valid_BxLx1, k_BxLxC, -jnp.inf), axis=1, keepdims=True)
   k_max_Bx1xC = jax.lax.stop_gradient(jnp.where(jnp.isfinite(k_max_Bx1xC), k_max_Bx1xC, 0.0))
-  return jnp.where(valid_BxLx1, jnp.exp(k_BxLxC - k_max_Bx1xC), 0.0)
+  # Masked before the exp: a padded key far above the real ones would make exp inf, and the where's zero
+  # gradient times inf is nan.
+  return jnp.exp(jnp.where(valid_BxLx1, k_BxLxC - k_max_Bx1xC, -jnp.inf))
 
 
-def _global_sum(x_BxLxC: jax.Array, causal: bool) -> jax.Array:
-  """Σ_t' x_t' over all positions (broadcast over t), or over t' ≤ t when causal (a running sum)."""
-  return jnp.cumsum(x_BxLxC, axis=1) if causal else jnp.sum(x_BxLxC, axis=1, keepdims=True)
+def _global_sum(x_BxLxC: jax.Array) -> jax.Array:
+  """Σ_t' x_t' over all positions (broadcast over t); bidirectional only."""
+  return jnp.sum(x_BxLxC, axis=1, keepdims=True)
 
 
 def _finish(q_BxLxD, num_BxLxD, den_BxLxD, out_dtype) -> jax.Array:
   y_BxLxD = jax.nn.sigmoid(q_BxLxD) * num_BxLxD / jnp.maximum(den_BxLxD, _TINY)
   return nn.Dense(q_BxLxD.shape[-1], dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
+
+
+# The causal paths: sums of e^{K_t' − m_t} X_t' with m_t = max_{t'≤t} K_t' (see the module docstring).
+# A padded position's key: e^{_NO_KEY − r} is 0 for any real reference r, and 1 (times X = 0) for r = _NO_KEY,
+# where −inf would give inf − inf = nan.
+_NO_KEY = -1e30
+
+
+def _causal_inputs(k_BxLxC: jax.Array, v_BxLxD: jax.Array, mask_BxL: jax.Array | None, T: int):
+  """Keys (padding at _NO_KEY) and X = [V, 1] per key channel, B×T×C×(D/C + 1), zero at padding, so that the
+  numerator and the denominator are one sum; positions L … T − 1 are added as padding."""
+  B, L, C = k_BxLxC.shape
+  valid_BxLx1 = jnp.ones((B, L, 1), bool) if mask_BxL is None else mask_BxL[:, :, None]
+  k_BxLxC = jnp.where(valid_BxLx1, k_BxLxC, _NO_KEY)
+  x_BxLxCxG = jnp.concatenate([v_BxLxD.reshape(B, L, C, -1), jnp.ones((B, L, C, 1))], axis=-1)
+  x_BxLxCxG = jnp.where(valid_BxLx1[..., None], x_BxLxCxG, 0.0)
+  pad = [(0, 0), (0, T - L), (0, 0)]
+  return jnp.pad(k_BxLxC, pad, constant_values=_NO_KEY), jnp.pad(x_BxLxCxG, pad + [(0, 0)])
+
+
+def _causal_finish(q_BxLxD, s_BxTxCxG, out_dtype) -> jax.Array:
+  """Y from the sums of X = [V, 1]: the numerator is the V part, the denominator the last entry.
+
+  The ratio is taken as (num/c) / (den/c) with c = den held constant: its gradient then goes as 1/den, not
+  1/den² (which overflows once den < e^-44, as a position bias's range can make it). A row that sees no real
+  position (padding at the start) has 0/0: it reads 0, with a zero gradient (not nan).
+  """
+  B, L, D = q_BxLxD.shape
+  s_BxLxCxG = s_BxTxCxG[:, :L]
+  num_BxLxD = s_BxLxCxG[..., :-1].reshape(B, L, D)
+  den_BxLxD = jnp.repeat(s_BxLxCxG[..., -1], D // s_BxLxCxG.shape[2], axis=-1)  # a head's key: its channels
+  seen_BxLxD = den_BxLxD > 0
+  den_BxLxD = jnp.where(seen_BxLxD, den_BxLxD, 1.0)
+  c_BxLxD = jax.lax.stop_gradient(den_BxLxD)
+  ratio_BxLxD = jnp.where(seen_BxLxD, (num_BxLxD / c_BxLxD) / (den_BxLxD / c_BxLxD), 0.0)
+  y_BxLxD = jax.nn.sigmoid(q_BxLxD) * ratio_BxLxD
+  return nn.Dense(D, dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
+
+
+@jax.checkpoint  # the backward pass recomputes the scan from K and X
+def _prefix_sums(k_BxTxC: jax.Array, x_BxTxCxG: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(m, S): m_t = max_{t'≤t} K_t' and S_t = Σ_{t'≤t} e^{K_t' − m_t} X_t', per key channel.
+
+  A parallel prefix scan whose elements carry (running max, sums rescaled to it): combining (m1, s1), (m2, s2)
+  gives (M, s1 e^{m1−M} + s2 e^{m2−M}), M = max(m1, m2); both factors are ≤ 1 and the largest key keeps e^0.
+  The keys enter the max as constants and the sums as e^{K − sg(K)} = 1, so the gradient is that of the sums
+  with each row's reference held fixed — the ratio num/den does not depend on it (as softmax's max shift).
+  """
+  k_sg = jax.lax.stop_gradient(k_BxTxC)
+
+  def combine(a, b):
+    (m1, s1), (m2, s2) = a, b
+    m = jnp.maximum(m1, m2)
+    return m, s1 * jnp.exp(m1 - m)[..., None] + s2 * jnp.exp(m2 - m)[..., None]
+
+  return jax.lax.associative_scan(combine, (k_sg, jnp.exp(k_BxTxC - k_sg)[..., None] * x_BxTxCxG), axis=1)
+
+
+# The terms a bias weighs: Σ_{t'} A(t, t') e^{K_t' − m_t} X_t' over blocks of columns that lie wholly before
+# their block of rows. A is given per block — P×R×R, shared by the channels (AFT-full, AFT-local: einsum spec
+# "pqc,bpckg->bpqkg"), or R×R×C, shared by the blocks (AFT-conv: "qck,bpckg->bpqkg") — by a function
+# coef(rows_PxR, cols_PxR) of numpy position indices. Each piece is recomputed in the backward pass
+# (jax.checkpoint) from K, m and X, which all pieces share, so the memory kept per layer is O(T·d), not a few
+# T·d per level of the hierarchy.
+
+
+def _visible_sums(k_cols, x_cols, ref, m_rows, a, spec: str) -> jax.Array:
+  """ref (B×P×1×C) lies between the two blocks: ≥ every column's key, ≤ every row's m. Then
+  e^{K − m} = e^{K − ref} · e^{ref − m}, both factors ≤ 1, and A applies in between as one matmul per block."""
+  y = jnp.exp(k_cols - ref)[..., None] * x_cols
+  return jnp.exp(ref - m_rows)[..., None] * jnp.einsum(spec, a, y)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(4,))
+def _diagonal_sums(k_BxTxC, m_BxTxC, x_BxTxCxG, a_Tx1x1, spec: str) -> jax.Array:
+  """A(t, t) e^{K_t − m_t} X_t."""
+  y_BxTx1xCxG = (jnp.exp(k_BxTxC - m_BxTxC)[..., None] * x_BxTxCxG)[:, :, None]
+  return jnp.einsum(spec, a_Tx1x1, y_BxTx1xCxG)[:, :, 0]
+
+
+@functools.partial(jax.checkpoint, static_argnums=(4, 5))
+def _half_block_sums(k_BxTxC, m_BxTxC, x_BxTxCxG, a_NxRxR, R: int, spec: str) -> jax.Array:
+  """In every aligned block of 2R positions, the second half's rows against all of the first half; the
+  reference is the prefix max where the first half ends."""
+  B, T, C = k_BxTxC.shape
+  G = x_BxTxCxG.shape[-1]
+  N = T // (2 * R)
+  k_BxNx2xRxC, m_BxNx2xRxC = k_BxTxC.reshape(B, N, 2, R, C), m_BxTxC.reshape(B, N, 2, R, C)
+  x_BxNx2xRxCxG = x_BxTxCxG.reshape(B, N, 2, R, C, G)
+  z_BxNxRxCxG = _visible_sums(k_BxNx2xRxC[:, :, 0], x_BxNx2xRxCxG[:, :, 0], m_BxNx2xRxC[:, :, 0, -1:],
+                              m_BxNx2xRxC[:, :, 1], a_NxRxR, spec)
+  return jnp.stack([jnp.zeros_like(z_BxNxRxCxG), z_BxNxRxCxG], axis=2).reshape(B, T, C, G)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(4, 5))
+def _previous_block_sums(k_BxTxC, m_BxTxC, x_BxTxCxG, a_NxRxR, R: int, spec: str) -> jax.Array:
+  """Every aligned block of R positions against all of the block before it (nothing for the first block)."""
+  B, T, C = k_BxTxC.shape
+  N = T // R
+
+  def previous(a, fill):  # block i − 1 beside block i; an empty block before the first
+    a = jnp.concatenate([jnp.full_like(a[:, :R], fill), a[:, :-R]], axis=1)
+    return a.reshape((B, N, R) + a.shape[2:])
+
+  z_BxNxRxCxG = _visible_sums(previous(k_BxTxC, _NO_KEY), previous(x_BxTxCxG, 0.0),
+                              previous(m_BxTxC, _NO_KEY)[:, :, -1:], m_BxTxC.reshape(B, N, R, C), a_NxRxR, spec)
+  return z_BxNxRxCxG.reshape(x_BxTxCxG.shape)
+
+
+def _block_triangle_sums(k_BxTxC, m_BxTxC, x_BxTxCxG, block: int, coef, spec: str) -> jax.Array:
+  """Σ_{t' ≤ t, t' in t's aligned block of `block` positions} A(t, t') e^{K_t' − m_t} X_t' (block: a power of
+  two dividing T), by a binary hierarchy: for R = block/2, block/4, …, 1 the second half of every aligned
+  2R-block against all of its first half, and the diagonal t' = t. About block·T/2 multiply-adds per channel
+  (the triangle, not the square), in log2(block) + 1 batched matmuls."""
+  T = k_BxTxC.shape[1]
+  t_Tx1 = np.arange(T)[:, None]
+  out_BxTxCxG = _diagonal_sums(k_BxTxC, m_BxTxC, x_BxTxCxG, coef(t_Tx1, t_Tx1), spec)
+  R = block // 2
+  while R:
+    rows_NxR = np.arange(T // (2 * R))[:, None] * 2 * R + R + np.arange(R)
+    out_BxTxCxG += _half_block_sums(k_BxTxC, m_BxTxC, x_BxTxCxG, coef(rows_NxR, rows_NxR - R), R, spec)
+    R //= 2
+  return out_BxTxCxG
+
+
+def _next_power_of_two(n: int) -> int:
+  return 1 << max(n - 1, 0).bit_length()
 
 
 def _decode(module: nn.Module, q_Bx1xD, k_Bx1xC, v_Bx1xD, bias_row: Callable[[jax.Array, int], jax.Array]):
@@ -135,13 +287,22 @@ class AFTFull(nn.Module):
     bias = _PositionBias(self.max_len, self.aft_bias_dim, self.aft_factorized, name="bias")
     if decode and (sums := _decode(self, q, k, v, bias.row)) is not None:
       return _finish(q, *sums, x_BxLxD.dtype)
-    ek_BxLxD = _exp_keys(k, mask)
-    ekv_BxLxD = ek_BxLxD * v
-
     w_LxL = bias.dense(L)
     allowed_LxL = jnp.tril(jnp.ones((L, L), bool)) if self.causal else jnp.ones((L, L), bool)
     w_max_Lx1 = jax.lax.stop_gradient(jnp.max(jnp.where(allowed_LxL, w_LxL, -jnp.inf), axis=1, keepdims=True))
     ew_LxL = jnp.where(allowed_LxL, jnp.exp(w_LxL - w_max_Lx1), 0.0)
+    if self.causal:
+      # The whole lower triangle as one hierarchy of blocks (positions padded to a power of two).
+      T = _next_power_of_two(L)
+      k_BxTxD, x_BxTxDx2 = _causal_inputs(k, v, mask, T)
+      m_BxTxD = jax.lax.cummax(jax.lax.stop_gradient(k_BxTxD), axis=1)
+      ew_TxT = jnp.pad(ew_LxL, [(0, T - L), (0, T - L)])
+      coef = lambda rows_PxR, cols_PxR: ew_TxT[rows_PxR[:, :, None], cols_PxR[:, None, :]]
+      s_BxTxDx2 = _block_triangle_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, T, coef, "pqc,bpckg->bpqkg")
+      return _causal_finish(q, s_BxTxDx2, x_BxLxD.dtype)
+
+    ek_BxLxD = _exp_keys(k, mask)
+    ekv_BxLxD = ek_BxLxD * v
     num_BxLxD = jnp.einsum("ts,bsd->btd", ew_LxL, ekv_BxLxD)
     den_BxLxD = jnp.einsum("ts,bsd->btd", ew_LxL, ek_BxLxD)
     return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
@@ -171,17 +332,79 @@ class AFTSimple(nn.Module):
         rescale, e = jnp.exp(k_max.value - new_max), jnp.exp(k - new_max)
         num.value, den.value, k_max.value = num.value * rescale + e * v, den.value * rescale + e, new_max
         return _finish(q, num.value, den.value, x_BxLxD.dtype)
+    if self.causal:
+      k_BxLxD, x_BxLxDx2 = _causal_inputs(k, v, mask, x_BxLxD.shape[1])
+      return _causal_finish(q, _prefix_sums(k_BxLxD, x_BxLxDx2)[1], x_BxLxD.dtype)
     ek_BxLxD = _exp_keys(k, mask)
-    num_BxLxD = _global_sum(ek_BxLxD * v, self.causal)
-    den_BxLxD = _global_sum(ek_BxLxD, self.causal)
+    num_BxLxD = _global_sum(ek_BxLxD * v)
+    den_BxLxD = _global_sum(ek_BxLxD)
     return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
+
+
+def _causal_local(q_BxLxD, k_BxLxD, v_BxLxD, mask_BxL, bias: _PositionBias, window: int, out_dtype):
+  """Causal AFT-local: e^{-r_t} · (running sums) + Σ_{0 ≤ t − t' < window} (e^{w_tt' − r_t} − e^{-r_t}) · …, with
+  r_t = max(0, the row's w in the window) as in the bidirectional path, all relative to the prefix max m_t.
+
+  The window's terms: t's own block of b ≥ window positions (the hierarchy) and the block before it (all of it
+  before t). The correction e^{w} − 1 may be negative; the row's total weights e^{w − r}, e^{-r} stay positive.
+  """
+  L = q_BxLxD.shape[1]
+  b = _next_power_of_two(min(window, L))
+  T = -(-L // b) * b
+  W = min(window, T)
+  k_BxTxD, x_BxTxDx2 = _causal_inputs(k_BxLxD, v_BxLxD, mask_BxL, T)
+  m_BxTxD, s_BxTxDx2 = _prefix_sums(k_BxTxD, x_BxTxDx2)
+
+  t_Tx1 = np.arange(T)[:, None]
+  in_band_TxW = t_Tx1 - np.arange(W) >= 0  # entry [t, j] is t' = t − j
+  w_TxW = bias.band(t_Tx1, np.maximum(t_Tx1 - np.arange(W), 0)).reshape(T, W)
+  r_Tx1 = jax.lax.stop_gradient(jnp.maximum(
+      jnp.max(jnp.where(in_band_TxW, w_TxW, -jnp.inf), axis=1, keepdims=True), 0.0))
+  a_TxW = jnp.where(in_band_TxW, jnp.exp(w_TxW - r_Tx1) - jnp.exp(-r_Tx1), 0.0)
+
+  def coef(rows_PxR, cols_PxR):  # P×R×R
+    j_PxRxR = rows_PxR[:, :, None] - cols_PxR[:, None, :]
+    return jnp.where(j_PxRxR < W, a_TxW[rows_PxR[:, :, None], np.minimum(j_PxRxR, W - 1)], 0.0)
+
+  spec = "pqc,bpckg->bpqkg"
+  s_BxTxDx2 = (jnp.exp(-r_Tx1)[:, :, None] * s_BxTxDx2
+               + _block_triangle_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, b, coef, spec))
+  if T > b and W > 1:  # the window reaches into the block before
+    rows_NxB = np.arange(T).reshape(-1, b)
+    s_BxTxDx2 += _previous_block_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, coef(rows_NxB, rows_NxB - b), b, spec)
+  return _causal_finish(q_BxLxD, s_BxTxDx2, out_dtype)
+
+
+def _causal_conv(q_BxLxD, k_BxLxH, v_BxLxD, mask_BxL, w_HxS, out_dtype):
+  """Causal AFT-conv: as causal AFT-local with the kernel (offsets t − t' = 0 … S − 1, per head) as the band
+  and r = max(0, max of the head's kernel)."""
+  L, S = q_BxLxD.shape[1], w_HxS.shape[1]
+  b = _next_power_of_two(S)
+  T = -(-L // b) * b
+  k_BxTxH, x_BxTxHxG = _causal_inputs(k_BxLxH, v_BxLxD, mask_BxL, T)
+  m_BxTxH, s_BxTxHxG = _prefix_sums(k_BxTxH, x_BxTxHxG)
+  r_Hx1 = jax.lax.stop_gradient(jnp.maximum(jnp.max(w_HxS, axis=1, keepdims=True), 0.0))
+  c_SxH = (jnp.exp(w_HxS - r_Hx1) - jnp.exp(-r_Hx1)).T
+
+  def coef(rows_PxR, cols_PxR):  # R×R×H: the same offsets t − t' in every block (a convolution)
+    j_RxR = rows_PxR[0][:, None] - cols_PxR[0][None, :]
+    return jnp.where(j_RxR[..., None] < S, c_SxH[np.minimum(j_RxR, S - 1)], 0.0)
+
+  spec = "qck,bpckg->bpqkg"
+  s_BxTxHxG = (jnp.exp(-r_Hx1)[None, None] * s_BxTxHxG
+               + _block_triangle_sums(k_BxTxH, m_BxTxH, x_BxTxHxG, b, coef, spec))
+  if T > b and S > 1:  # the kernel reaches into the block before
+    rows_NxB = np.arange(T).reshape(-1, b)
+    s_BxTxHxG += _previous_block_sums(k_BxTxH, m_BxTxH, x_BxTxHxG, coef(rows_NxB, rows_NxB - b), b, spec)
+  return _causal_finish(q_BxLxD, s_BxTxHxG, out_dtype)
 
 
 class AFTLocal(nn.Module):
   """AFT-local: the bias w_{t,t'} applies for |t − t'| < window and is 0 (not −∞) outside it.
 
   Σ_t' e^{w_tt'} X_t' = Σ_t' X_t' + Σ_{|t−t'|<s} (e^{w_tt'} − 1) X_t': a global (or running) sum plus a banded
-  sum, computed on blocks of `window` positions that see their own and both neighbouring blocks — O(T·s·d).
+  sum, computed on blocks of `window` positions that see their own and both neighbouring blocks — O(T·s·d)
+  (causal: _causal_local).
   """
 
   causal: bool = False
@@ -201,10 +424,12 @@ class AFTLocal(nn.Module):
     window_row = lambda i, T: jnp.where(jnp.abs(jnp.arange(T) - i) < self.window, bias.row(i, T), 0.0)
     if decode and (sums := _decode(self, q, k, v, window_row)) is not None:
       return _finish(q, *sums, x_BxLxD.dtype)
+    if self.causal:
+      return _causal_local(q, k, v, mask, bias, self.window, x_BxLxD.dtype)
     ek_BxLxD = _exp_keys(k, mask)
     ekv_BxLxD = ek_BxLxD * v
 
-    b, rows_NxB, cols_NxC, in_band_NxBxC = banded.band(L, self.window, self.causal)
+    b, rows_NxB, cols_NxC, in_band_NxBxC = banded.band(L, self.window, causal=False)
     w_NxBxC = bias.band(rows_NxB, cols_NxC)
     # Row scale: max over the row's entries, which are w inside the band and 0 outside it.
     m_NxBx1 = jax.lax.stop_gradient(jnp.maximum(
@@ -214,7 +439,7 @@ class AFTLocal(nn.Module):
 
     def banded_plus_global(x_BxLxD):
       banded_BxNxBxD = jnp.einsum("nqc,bncd->bnqd", band_NxBxC, banded.context(x_BxLxD, b))
-      return banded.unblocks(banded_BxNxBxD, L) + scale_1xLx1 * _global_sum(x_BxLxD, self.causal)
+      return banded.unblocks(banded_BxNxBxD, L) + scale_1xLx1 * _global_sum(x_BxLxD)
 
     return _finish(q, banded_plus_global(ekv_BxLxD), banded_plus_global(ek_BxLxD), x_BxLxD.dtype)
 
@@ -249,23 +474,22 @@ class AFTConv(nn.Module):
 
     if decode and (sums := _decode(self, q, k_BxLxH, v, kernel_row)) is not None:
       return _finish(q, *sums, x_BxLxD.dtype)
+    if self.causal:
+      return _causal_conv(q, k_BxLxH, v, mask, w_HxS, x_BxLxD.dtype)
     ek_BxLxH = _exp_keys(k_BxLxH, mask)
     ekv_BxLxD = (ek_BxLxH[..., None] * v.reshape(B, L, H, D // H)).reshape(B, L, D)
-    kernel_HxS = jnp.exp(w_HxS) - 1.0  # kernel[:, j] weighs t' = t − j (causal) or t' = t + j − (S − 1) // 2
+    kernel_HxS = jnp.exp(w_HxS) - 1.0  # kernel[:, j] weighs t' = t + j − (S − 1) // 2
 
     def conv(x_BxLxC, kernel_CxS):
       # Depthwise cross-correlation: out[t] = Σ_j in[t + j − left] k[j].
-      if self.causal:
-        kernel_CxS, left = kernel_CxS[:, ::-1], S - 1  # kernel[j] ↔ offset −j
-      else:
-        left = (S - 1) // 2
+      left = (S - 1) // 2
       C = x_BxLxC.shape[-1]
       return jax.lax.conv_general_dilated(
           x_BxLxC, kernel_CxS.T[:, None, :], window_strides=(1,), padding=[(left, S - 1 - left)],
           dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=C)
 
-    num_BxLxD = conv(ekv_BxLxD, jnp.repeat(kernel_HxS, D // H, axis=0)) + _global_sum(ekv_BxLxD, self.causal)
-    den_BxLxH = conv(ek_BxLxH, kernel_HxS) + _global_sum(ek_BxLxH, self.causal)
+    num_BxLxD = conv(ekv_BxLxD, jnp.repeat(kernel_HxS, D // H, axis=0)) + _global_sum(ekv_BxLxD)
+    den_BxLxH = conv(ek_BxLxH, kernel_HxS) + _global_sum(ek_BxLxH)
     den_BxLxD = jnp.repeat(den_BxLxH, D // H, axis=-1)
     return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
 

@@ -68,9 +68,12 @@ class FNet(nn.Module):
 
   FNet has no causal form (every output mixes every position), so `causal=True` raises UserError.
 
-  Padding: the DFT has no notion of a mask, so padded positions are set to zero before mixing. Outputs at real
-  positions then do not depend on what the padded positions hold, but they do depend on the padded length L
-  (the DFT's size), as in the reference implementation, which pads every sequence to one fixed length.
+  Padding (`padding`): the DFT has no notion of a mask. "zero" (default) sets padded positions to zero before
+  mixing: outputs at real positions then do not depend on what the padded positions hold, but they do depend on
+  the padded length L (the DFT's size). "mix" is the published code's behaviour (google-research f_net, HF
+  FNet): the padded positions are mixed in as they are, so every real output depends on the padding's contents
+  (pad embeddings, position embeddings at padded positions) and on how much padding there is — a model trained
+  that way must be evaluated with the same padding.
 
   `fourier_impl`: "fft" (complex FFT, real part), "rfft" (real FFT + Hermitian symmetry), "matmul" (real DFT
   matrices), "auto" (per backend and length). All compute in float32: not every backend has a bfloat16 FFT.
@@ -78,6 +81,7 @@ class FNet(nn.Module):
 
   causal: bool = False
   fourier_impl: str = "auto"
+  padding: str = "zero"
 
   def __post_init__(self):
     if self.causal:  # SPEC refuses it with a config-level message; this guards direct construction
@@ -88,7 +92,7 @@ class FNet(nn.Module):
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
                decode: bool = False) -> jax.Array:
     del deterministic, decode  # no parameters, no dropout; never causal, so never decoding (see __post_init__)
-    if mask is not None:
+    if mask is not None and self.padding == "zero":
       x_BxLxD = jnp.where(mask[:, :, None], x_BxLxD, 0)
     y_BxLxD = _IMPLS[self.fourier_impl](x_BxLxD.astype(jnp.float32))
     return y_BxLxD.astype(x_BxLxD.dtype)
@@ -97,4 +101,6 @@ class FNet(nn.Module):
 SPEC = MixerSpec(
     FNet, "Re(FFT2(x)), no parameters; O(Ld log Ld)", can_be_causal=False,
     options={"fourier_impl": Option("how Re(FFT2) is computed: fft, rfft (Hermitian symmetry), matmul (DFT "
-                                    "matrices), auto (per backend and length)", choices=FOURIER_IMPLS)})
+                                    "matrices), auto (per backend and length)", choices=FOURIER_IMPLS),
+             "padding": Option("zero: padded positions are zeroed before the DFT; mix: mixed in as they are "
+                               "(the published FNet code)", choices=("zero", "mix"))})

@@ -1,16 +1,48 @@
 """Reformer's LSH self-attention (Kitaev, Kaiser, Levskaya, 2020).
 
-Queries and keys share one projection (keys are the L2-normalised queries). Each of `lsh_hashes` rounds hashes
-the keys by a random rotation R into `lsh_buckets` buckets, h(k) = argmax([kR; −kR]), sorts positions by
-(bucket, position), cuts the sorted sequence into chunks of `lsh_chunk`, and lets each chunk attend to itself and
-the chunk before it (cyclically). A position does not attend to itself unless nothing else is allowed (its score
-is lowered by 1e5 rather than removed); causal masking and the padding mask apply by original position. Rounds are
-combined by their softmax normalisers: o = Σ_r softmax_r(logsumexp_r) o_r. Attention dropout acts on each round's
-normalised probabilities (as trax's Reformer does); the rounds are still combined by the undropped normalisers.
+Queries and keys share one projection (keys are the normalised queries). Each of `lsh_hashes` rounds hashes the
+keys by a random rotation R into `lsh_buckets` buckets, h(k) = argmax([kR; −kR]), sorts positions by
+(bucket, position) with padding after every real position, cuts the sorted sequence into chunks of `lsh_chunk`, and
+lets each chunk attend to itself and the chunk before it (cyclically). A position does not attend to itself unless
+nothing else is allowed (its score is set to −1e5 rather than removed); causal masking and the padding mask apply by
+original position. Rounds are combined by their softmax normalisers: o = Σ_r softmax_r(logsumexp_r) o_r. Attention
+dropout acts on each round's normalised probabilities; the rounds are still combined by the undropped normalisers.
 
-The rotations are drawn from `lsh_seed` and the module's path, so a forward pass is reproducible and each layer
-hashes differently (except in a reversible stack, whose layers share one path: there every layer hashes alike);
-they are fixed, not resampled every step.
+Three options choose between efftx's first conventions (the defaults) and those of the published code: trax
+(`trax/layers/research/efficient_attention.py`: `hash_vecs`, `attend`, `mask_self_attention`,
+`LSHSelfAttention.hash_vectors` and `.forward_unbatched`) and HF (`transformers/models/reformer/modeling_reformer.py`,
+`LSHSelfAttention`: `_hash_vectors`, `_attend`, `_compute_attn_mask`, `_len_and_dim_norm`, `_look_adjacent`, and
+`forward`'s logsumexp over rounds). tests/test_lsh.py checks all of them against a numpy reference and
+"unit" + "across_rounds" against HF's layer (tests/fixtures/make_reformer_lsh_fixture.py).
+
+  lsh_rotations  "fixed": R is drawn from `lsh_seed` and the module's path, the same every pass (each layer hashes
+                 differently, except in a reversible stack, whose layers share one path). "per_step": every training
+                 pass (deterministic=False) draws a new R from the "dropout" rng stream, which the train step folds
+                 with the step: new hashes every step, yet reproducible, and replayed exactly by the reversible
+                 backward pass, which re-runs the layer with the same dropout key (trax instead keeps the forward
+                 pass's buckets). The attention dropout then uses a key split off the same draw, never R's key.
+                 Evaluation (deterministic=True) hashes with the fixed R. Unlike both references: trax, and HF with
+                 hash_seed unset, draw a new R on every forward pass, evaluation included.
+  lsh_scale      "sqrt_d": k̂ = q/‖q‖ and logits q·k̂/√d. "unit" (trax, HF): k̂ = q / sqrt(mean(q²) + 1e-6) / √d, which
+                 is q/‖q‖ but for the 1e-6, and logits q·k̂ with no further 1/√d.
+  lsh_lookback   "per_round": each round's sorted sequence is chunked on its own, a round's first chunk looks back to
+                 the same round's last. "across_rounds" (trax, HF): the rounds' sorted sequences are concatenated into
+                 one of length rounds × length (the references sort bucket + round·(buckets + 1), then position),
+                 chunked, and each chunk looks back to the chunk before it in that sequence, so a round's first chunk
+                 sees the previous round's last (round 0's first, the last round's last). As in trax and HF, a key met
+                 twice counts twice: in one window (once from each of two rounds) and in several rounds.
+
+Shared by every setting, as in trax and HF: the argmax over [xR; −xR] in that order; padding in an extra bucket
+after the real ones, so it sorts last in its round; causal masking and the self mask by original position (any copy
+of the query's own position is "self"); rounds combined with logsumexp weights. Where the references differ: one R
+per head and round, the same for every example, as in HF (trax keeps a hash rng per example and head); the self
+score is set to −1e5 as HF does (trax subtracts 1e5: the outputs are the same, a row that sees only itself returns
+its own value either way); masked keys get the float32 minimum (trax subtracts 1e9, HF sets −1e9); attention dropout
+is drawn per element as in HF (trax shares one mask across chunks, examples and heads). The probabilities are
+normalised by their sum, which in float32 is exact where the references' exp(logit − logsumexp) is not (a row that
+sees only copies of itself, at −1e5: HF's float32 output is off by up to 3e-3 there; efftx matches HF's float64
+output). The sequence is padded to whole chunks (trax and HF require a multiple of the chunk length); HF falls back
+to full attention when the sequence fits in one chunk, which is what the chunks compute here too.
 """
 from __future__ import annotations
 
@@ -25,7 +57,7 @@ from efftx.mixers.attention import ATTENTION_DROPOUT, HEADS, merge_heads
 from efftx.mixers.spec import MixerSpec, Option
 
 _NEG = jnp.finfo(jnp.float32).min
-_SELF = -1e5  # score penalty for attending to oneself
+_SELF = -1e5  # the score of a position for itself (HF's value; trax subtracts 1e5)
 
 
 class LSHAttention(nn.Module):
@@ -34,12 +66,16 @@ class LSHAttention(nn.Module):
   lsh_buckets: int = 8    # buckets per round (1, or even)
   lsh_hashes: int = 2     # hash rounds; more rounds approach full attention
   lsh_chunk: int = 64     # positions per chunk of the sorted sequence
-  lsh_seed: int = 0       # seed of the random rotations
+  lsh_seed: int = 0       # seed of the fixed random rotations
+  lsh_rotations: str = "fixed"     # "fixed" (from lsh_seed) or "per_step" (new each training pass; trax/HF)
+  lsh_scale: str = "sqrt_d"        # logits q·k̂/√d, or "unit": q·k̂ (trax/HF)
+  lsh_lookback: str = "per_round"  # chunks look back within their round, or "across_rounds" (trax/HF)
   attention_dropout: float = 0.0  # dropout rate on the attention probabilities
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+               decode: bool = False, *, rotations_HxRxKxN: jax.Array | None = None) -> jax.Array:
+    """`rotations_HxRxKxN` (heads × rounds × head width × buckets/2), for tests: hash with these instead."""
     if decode:
       # One new position re-hashes into a bucket, but which chunk it would share depends on the whole sorted
       # sequence: a step-by-step decode cannot equal the chunked forward pass. Not supported.
@@ -50,7 +86,12 @@ class LSHAttention(nn.Module):
     qk_BxLx2xHxK = nn.DenseGeneral((2, H, K), dtype=x_BxLxD.dtype, name="qkv")(x_BxLxD)  # shared QK, V
     q_BxHxLxK = qk_BxLx2xHxK[:, :, 0].transpose(0, 2, 1, 3).astype(jnp.float32)
     v_BxHxLxK = qk_BxLx2xHxK[:, :, 1].transpose(0, 2, 1, 3).astype(jnp.float32)
-    k_BxHxLxK = q_BxHxLxK / jnp.maximum(jnp.linalg.norm(q_BxHxLxK, axis=-1, keepdims=True), 1e-6)
+    if self.lsh_scale == "unit":  # trax `length_normalized(k) / sqrt(d)`, HF `_len_and_dim_norm`
+      k_BxHxLxK = q_BxHxLxK * jax.lax.rsqrt(jnp.mean(q_BxHxLxK ** 2, -1, keepdims=True) + 1e-6) * K ** -0.5
+      scale = 1.0
+    else:
+      k_BxHxLxK = q_BxHxLxK / jnp.maximum(jnp.linalg.norm(q_BxHxLxK, axis=-1, keepdims=True), 1e-6)
+      scale = K ** -0.5
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
 
     # Pad to whole chunks; padded positions are masked keys and sort last.
@@ -63,12 +104,18 @@ class LSHAttention(nn.Module):
     pos_P = jnp.arange(P)
 
     # ------------------------------------------------------------------ hash: R rounds of random rotations
+    dropout_key = None  # None: attention dropout draws its own key from the "dropout" stream
     if self.lsh_buckets == 1:
       buckets_BxHxRxP = jnp.zeros((B, H, R, P), jnp.int32)
     else:
-      path_hash = zlib.crc32("/".join(self.scope.path).encode())
-      key = jax.random.fold_in(jax.random.key(self.lsh_seed), path_hash)
-      rotations_HxRxKxN = jax.random.normal(key, (H, R, K, self.lsh_buckets // 2))
+      if rotations_HxRxKxN is None:
+        if self.lsh_rotations == "per_step" and not deterministic:
+          # Split, so that the rotations and the attention dropout never share a key.
+          rotation_key, dropout_key = jax.random.split(self.make_rng("dropout"))
+        else:
+          path_hash = zlib.crc32("/".join(self.scope.path).encode())
+          rotation_key = jax.random.fold_in(jax.random.key(self.lsh_seed), path_hash)
+        rotations_HxRxKxN = jax.random.normal(rotation_key, (H, R, K, self.lsh_buckets // 2))
       rotated_BxHxRxPxN = jnp.einsum("bhpk,hrkn->bhrpn", k_BxHxPxK, rotations_HxRxKxN)
       buckets_BxHxRxP = jnp.argmax(jnp.concatenate([rotated_BxHxRxPxN, -rotated_BxHxRxPxN], -1), -1)
     # Padding sorts after every real position.
@@ -81,24 +128,31 @@ class LSHAttention(nn.Module):
       index = order_BxHxRxP.reshape(order_BxHxRxP.shape + (1,) * (x_BxHxPx_.ndim - 3))
       return jnp.take_along_axis(x_BxHxRxPx_, index, axis=3)
 
-    chunks = lambda x: x.reshape((B, H, R, N, C) + x.shape[4:])
-    sq, sk, sv = chunks(sort(q_BxHxPxK)), chunks(sort(k_BxHxPxK)), chunks(sort(v_BxHxPxK))  # B×H×R×N×C×K
+    # G sequences of M chunks: each round on its own, or the R rounds' sorted sequences one after another (the
+    # same memory order, so only the reshape differs).
+    G, M = (R, N) if self.lsh_lookback == "per_round" else (1, R * N)
+    chunks = lambda x: x.reshape((B, H, G, M, C) + x.shape[4:])
+    sq, sk, sv = chunks(sort(q_BxHxPxK)), chunks(sort(k_BxHxPxK)), chunks(sort(v_BxHxPxK))  # B×H×G×M×C×K
     spos = chunks(sort(jnp.broadcast_to(pos_P, (B, H, P))))
     sreal = chunks(sort(jnp.broadcast_to(real_BxP[:, None], (B, H, P))))
 
     def with_previous(x):  # own chunk then the one before it (cyclically); one chunk: just itself
-      return x if N == 1 else jnp.concatenate([x, jnp.roll(x, 1, axis=3)], axis=4)
+      return x if M == 1 else jnp.concatenate([x, jnp.roll(x, 1, axis=3)], axis=4)
 
     ck, cv, cpos, creal = with_previous(sk), with_previous(sv), with_previous(spos), with_previous(sreal)
-    scores = jnp.einsum("bhrnqk,bhrnck->bhrnqc", sq, ck) * K ** -0.5       # B×H×R×N×C×(2C)
+    scores = jnp.einsum("bhgmqk,bhgmck->bhgmqc", sq, ck) * scale           # B×H×G×M×C×(2C)
     allowed = creal[..., None, :]
     if self.causal:
       allowed &= cpos[..., None, :] <= spos[..., :, None]
-    scores = jnp.where(cpos[..., None, :] == spos[..., :, None], scores + _SELF, scores)
+    scores = jnp.where(cpos[..., None, :] == spos[..., :, None], _SELF, scores)
     scores = jnp.where(allowed, scores, _NEG)
-    lse = jax.nn.logsumexp(scores, axis=-1)                                # B×H×R×N×C
-    probs = nn.Dropout(self.attention_dropout)(jnp.exp(scores - lse[..., None]), deterministic=deterministic)
-    out = jnp.einsum("bhrnqc,bhrnck->bhrnqk", probs, cv)
+    lse = jax.nn.logsumexp(scores, axis=-1)                                # B×H×G×M×C
+    # Normalised by the sum, not as exp(scores − lse): a row that sees only copies of itself has lse ≈ −1e5, where
+    # float32 resolves 0.008, and exp(scores − lse) would not sum to 1 (HF's float32 output is off by up to 0.3%
+    # there).
+    probs = nn.Dropout(self.attention_dropout)(jax.nn.softmax(scores, axis=-1), deterministic=deterministic,
+                                               rng=dropout_key)
+    out = jnp.einsum("bhgmqc,bhgmck->bhgmqk", probs, cv)
 
     # --------------------------------------------------- unsort, combine rounds by their normalisers
     undo_BxHxRxP = jnp.argsort(order_BxHxRxP, axis=-1)
@@ -124,5 +178,12 @@ SPEC = MixerSpec(
              "lsh_buckets": Option("hash buckets per round (1 or even)", at_least=1),
              "lsh_hashes": Option("hash rounds; more approach full attention", at_least=1),
              "lsh_chunk": Option("positions per chunk of the sorted sequence", at_least=1),
-             "lsh_seed": Option("seed of the random rotations (fixed, reproducible)"),
+             "lsh_seed": Option("seed of the fixed random rotations (per_step uses them at evaluation)"),
+             "lsh_rotations": Option("fixed (from lsh_seed) or per_step (new each training step, from the dropout "
+                                     "key; as trax/HF)", choices=("fixed", "per_step")),
+             "lsh_scale": Option("logits q·k̂/√d (sqrt_d) or q·k̂, k̂ = q/‖q‖ (unit; as trax/HF)",
+                                 choices=("sqrt_d", "unit")),
+             "lsh_lookback": Option("chunks look back within their round (per_round) or along all rounds' sorted "
+                                    "sequences joined (across_rounds; as trax/HF)",
+                                    choices=("per_round", "across_rounds")),
              "attention_dropout": ATTENTION_DROPOUT})

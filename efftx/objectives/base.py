@@ -22,7 +22,9 @@ class Objective:
   def check(self, config, task) -> None:
     """Raises UserError if this objective cannot train on `task` with `config` (e.g. an LM that is not causal)."""
 
-  def head(self, vocab_size: int, num_classes: int) -> Head:
+  def head(self, vocab_size: int, num_classes: int, pooling: str = "mean") -> Head:
+    """The head for a vocabulary, a class count, and config.model.pooling ("cls": the model put a [CLS] vector
+    at position 0)."""
     raise NotImplementedError
 
   def loss_sums(self, logits: jax.Array, batch: dict[str, jax.Array], row_weights_B: jax.Array

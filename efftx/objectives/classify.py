@@ -11,11 +11,15 @@ from efftx.errors import UserError
 from efftx.objectives import base
 
 
-def _head(x_BxLxD: jax.Array, mask_BxL: jax.Array, *, num_classes: int) -> jax.Array:
-  """logits_BxC: mean over real tokens only (padding never reaches the classifier), a ReLU layer, a linear one."""
-  weights_BxL = mask_BxL.astype(x_BxLxD.dtype)
-  pooled_BxD = (jnp.einsum("bld,bl->bd", x_BxLxD, weights_BxL)
-                / jnp.maximum(weights_BxL.sum(-1, keepdims=True), 1))
+def _head(x_BxLxD: jax.Array, mask_BxL: jax.Array, *, num_classes: int, pooling: str) -> jax.Array:
+  """logits_BxC: the mean over real tokens only (padding never reaches the classifier), or the [CLS] position's
+  state (LRA's and BERT's way), then a ReLU layer and a linear one (LRA's classifier head)."""
+  if pooling == "cls":
+    pooled_BxD = x_BxLxD[:, 0]
+  else:
+    weights_BxL = mask_BxL.astype(x_BxLxD.dtype)
+    pooled_BxD = (jnp.einsum("bld,bl->bd", x_BxLxD, weights_BxL)
+                  / jnp.maximum(weights_BxL.sum(-1, keepdims=True), 1))
   h_BxD = nn.relu(nn.Dense(x_BxLxD.shape[-1], name="pool_dense")(pooled_BxD))
   return nn.Dense(num_classes, name="classifier")(h_BxD)
 
@@ -29,9 +33,9 @@ class Classify(base.Objective):
       raise UserError(f"task '{config.data.task}' has no labels to classify (its objective is "
                       f"'{task.objective}')")
 
-  def head(self, vocab_size: int, num_classes: int) -> base.Head:
+  def head(self, vocab_size: int, num_classes: int, pooling: str = "mean") -> base.Head:
     del vocab_size
-    return functools.partial(_head, num_classes=num_classes)
+    return functools.partial(_head, num_classes=num_classes, pooling=pooling)
 
   def loss_sums(self, logits_BxC, batch, row_weights_B):
     return base.cross_entropy_sums(logits_BxC, batch["label"], row_weights_B)

@@ -11,6 +11,7 @@ import numpy as np
 from efftx.errors import UserError
 from efftx.objectives import base
 from efftx.objectives.lm import lm_head
+from efftx.objectives.lm import per_position_pooling
 
 
 def mask_for_mlm(example: dict[str, np.ndarray], rng: np.random.Generator, *, mask_id: int,
@@ -56,9 +57,10 @@ class MaskedLM(base.Objective):
                       "(bytes, imdb_bytes, glue)")
     if config.model.causal:
       raise UserError("masked-LM reads both sides of a token: set config.model.causal=False")
+    per_position_pooling(config)
 
-  def head(self, vocab_size: int, num_classes: int) -> base.Head:
-    del num_classes
+  def head(self, vocab_size: int, num_classes: int, pooling: str = "mean") -> base.Head:
+    del num_classes, pooling  # config.model.pooling="cls" is refused for per-position objectives (check)
     return functools.partial(lm_head, vocab_size=vocab_size)
 
   def loss_sums(self, logits_BxLxV, batch, row_weights_B):
