@@ -5,8 +5,8 @@
 
 Arguments: mixer=<name> (a key of efftx.mixers.MIXERS; default attention), smoke (a few steps, for tests).
 Expected (2-core CPU, one run each, seed 0; majority class 15 %, chance 10 %; a fresh data dir adds ~35 s):
-  attention: validation accuracy 42.2 % after 1,500 steps, 3 min 00 s (re-measured 2026-11-30; the same logged losses,
-             bit for bit, before and after the architecture change of issue 9)
+  attention: validation accuracy 42.2 % after 1,500 steps, 3 min 00 s (accuracy re-measured 2026-11-30: the same
+             logged losses, bit for bit, before and after the architecture change of issue 9)
   fnet:      validation accuracy 42.8 % after 1,500 steps, 1 min 45 s
   every other mixer: 40.3–44.8 %, 3–5 min (experiments/quickstart/README.md)
 """

@@ -92,8 +92,8 @@ class MixerSpec:
     (d_model None: the width is not known yet, and not checked)."""
     unknown = sorted(set(options) - set(self.options))
     if unknown:
-      raise UserError(f"mixer '{self.name}' has no option '{unknown[0]}'; its options: "
-                      f"{', '.join(self.options) or 'none'}")
+      raise UserError(f"config.mixer.{unknown[0]}: mixer '{self.name}' has no option '{unknown[0]}'; its options: "
+                      f"{self.describe()}")
     if causal and not self.can_be_causal:
       raise UserError(f"mixer '{self.name}' cannot be causal; causal mixers: "
                       f"{', '.join(n for n, s in _registry().items() if s.can_be_causal)} "

@@ -18,15 +18,27 @@ def lm_head(x_BxLxD: jax.Array, mask_BxL: jax.Array, *, vocab_size: int) -> jax.
   return nn.Dense(vocab_size, name="lm_head")(x_BxLxD)
 
 
-def per_position_pooling(config) -> None:
-  if config.model.pooling != "mean":
-    raise UserError(f"config.model.pooling='{config.model.pooling}' is for classification: a [CLS] position would "
-                    "shift every per-position prediction")
+class PerPosition(base.Objective):
+  """What next-token and masked-LM share: an LM head at every position, cross-entropy where weights > 0."""
 
-
-class NextToken(base.Objective):
   batch_keys = ("targets", "weights")
   fresh_params = ("lm_head",)
+
+  def check(self, config, task) -> None:
+    del task
+    if config.model.pooling != "mean":
+      raise UserError(f"config.model.pooling='{config.model.pooling}' is for classification: a [CLS] position "
+                      "would shift every per-position prediction")
+
+  def head(self, vocab_size: int, num_classes: int, pooling: str = "mean") -> base.Head:
+    del num_classes, pooling  # config.model.pooling="cls" is refused (check)
+    return functools.partial(lm_head, vocab_size=vocab_size)
+
+  def loss_sums(self, logits_BxLxV, batch, row_weights_B):
+    return base.per_position_sums(logits_BxLxV, batch, row_weights_B)
+
+
+class NextToken(PerPosition):
   next_token = True
 
   def check(self, config, task) -> None:
@@ -34,14 +46,7 @@ class NextToken(base.Objective):
       raise UserError(f"task '{config.data.task}' has objective '{task.objective}'; only 'mlm' can replace it")
     if not config.model.causal:
       raise UserError(f"task '{config.data.task}' is language modelling: set config.model.causal=True")
-    per_position_pooling(config)
-
-  def head(self, vocab_size: int, num_classes: int, pooling: str = "mean") -> base.Head:
-    del num_classes, pooling  # config.model.pooling="cls" is refused for per-position objectives (check)
-    return functools.partial(lm_head, vocab_size=vocab_size)
-
-  def loss_sums(self, logits_BxLxV, batch, row_weights_B):
-    return base.per_position_sums(logits_BxLxV, batch, row_weights_B)
+    super().check(config, task)
 
   def summarize(self, sums, token_unit=None, prefix=""):
     out = super().summarize(sums, token_unit, prefix)

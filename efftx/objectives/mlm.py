@@ -4,14 +4,11 @@ sides (not causal)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
 from efftx.errors import UserError
-from efftx.objectives import base
-from efftx.objectives.lm import lm_head
-from efftx.objectives.lm import per_position_pooling
+from efftx.objectives.lm import PerPosition
 
 
 def mask_for_mlm(example: dict[str, np.ndarray], rng: np.random.Generator, *, mask_id: int,
@@ -47,24 +44,14 @@ class _MaskForMlm:
                         random_ids=self.random_ids, special_ids=self.special_ids)
 
 
-class MaskedLM(base.Objective):
-  batch_keys = ("targets", "weights")
-  fresh_params = ("lm_head",)
-
+class MaskedLM(PerPosition):
   def check(self, config, task) -> None:
     if task.mask_id is None:
       raise UserError(f"task '{config.data.task}' has no text to mask: masked-LM needs a text task "
                       "(bytes, imdb_bytes, glue)")
     if config.model.causal:
       raise UserError("masked-LM reads both sides of a token: set config.model.causal=False")
-    per_position_pooling(config)
-
-  def head(self, vocab_size: int, num_classes: int, pooling: str = "mean") -> base.Head:
-    del num_classes, pooling  # config.model.pooling="cls" is refused for per-position objectives (check)
-    return functools.partial(lm_head, vocab_size=vocab_size)
-
-  def loss_sums(self, logits_BxLxV, batch, row_weights_B):
-    return base.per_position_sums(logits_BxLxV, batch, row_weights_B)
+    super().check(config, task)
 
   def corrupt(self, ds, task, seed: int):
     return ds.random_map(_MaskForMlm(task.mask_id, task.random_ids, task.special_ids), seed=seed)
