@@ -1,9 +1,17 @@
-"""A run's checkpoints and saved config: the orbax manager of a workdir, saving and restoring the train state with
-the data pipeline's position, reading a finished run's parameters, and loading another run's encoder."""
+"""A run's workdir, checkpoints and saved config: the workdir's lock, the orbax manager, saving and restoring the
+train state with the data pipeline's position (falling back past unreadable checkpoints), reading a run's
+parameters, and loading another run's encoder."""
 from __future__ import annotations
 
+import datetime
+import fcntl
+import gc
 import json
+import logging as logging_std
 import os
+import shutil
+import socket
+import sys
 
 from absl import logging
 import flax.traverse_util
@@ -13,15 +21,67 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jax.experimental import multihost_utils
+
 from efftx import config as config_lib
 from efftx import trainer
 from efftx.errors import UserError
 
 
+class WorkdirLock:
+  """An exclusive lock on the workdir folder (flock), held by one run's process 0 for the run's life, so a second
+  run started on the same workdir is refused instead of writing over the first. The kernel releases it when the
+  holder exits in any way, kill -9 included, so a dead run's lock never blocks. Who holds it is written to
+  workdir/running.json (removed on release) for the refusal's message. A workdir this lock created is removed
+  again on release if the run failed before writing anything else into it."""
+
+  def __init__(self, workdir: str):
+    self._workdir, self._fd, self._created = workdir, None, not os.path.exists(workdir)
+    if not self._created and not os.path.isdir(workdir):
+      raise UserError(f"--workdir={workdir} is a file, not a folder")
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      self._fd = os.open(workdir, os.O_RDONLY)
+    except OSError as e:
+      raise UserError(f"cannot create --workdir={workdir}: {e.strerror}") from None
+    try:
+      fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(self._fd)
+      raise UserError(f"{workdir} is in use by another run ({self._holder()}): wait for it to end or stop it, "
+                      "or use another --workdir") from None
+    except OSError as e:  # a filesystem without locks: go on, unprotected
+      logging.warning("cannot lock %s (%s): nothing stops a second run from writing into it", workdir, e.strerror)
+    try:
+      with open(os.path.join(workdir, "running.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(),
+                   "since": datetime.datetime.now().isoformat(timespec="seconds")}, f)
+    except OSError as e:
+      self.release()
+      raise UserError(f"cannot write in --workdir={workdir}: {e.strerror}") from None
+
+  def _holder(self) -> str:
+    try:
+      with open(os.path.join(self._workdir, "running.json")) as f:
+        h = json.load(f)
+      return f"pid {h['pid']} on {h['host']}, since {h['since']}"
+    except (OSError, ValueError, KeyError):
+      return "its process holds the folder's lock"
+
+  def release(self) -> None:
+    if os.path.exists(os.path.join(self._workdir, "running.json")):
+      os.remove(os.path.join(self._workdir, "running.json"))
+    if self._created and os.path.isdir(self._workdir) and not os.listdir(self._workdir):
+      os.rmdir(self._workdir)  # the run failed before writing anything: leave no trace
+    os.close(self._fd)
+
+
 def manager(workdir: str, keep: int) -> ocp.CheckpointManager:
-  """workdir/checkpoints, keeping the last `keep`."""
-  return ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
-                               options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+  """workdir/checkpoints, keeping the last `keep`. A save is written to a temporary folder and renamed when
+  complete, so a run killed while saving leaves the previous checkpoints as they were; the temporary folder is
+  removed when the next run opens the manager."""
+  return ocp.CheckpointManager(os.path.join(workdir, "checkpoints"), options=ocp.CheckpointManagerOptions(
+      max_to_keep=keep, create=True, cleanup_tmp_directories=True))
 
 
 def has_checkpoint(workdir: str) -> bool:
@@ -31,8 +91,47 @@ def has_checkpoint(workdir: str) -> bool:
 
 def save(checkpoints: ocp.CheckpointManager, step: int, state: trainer.TrainState,
          train_iter: grain.DatasetIterator) -> None:
+  """Starts writing a checkpoint (asynchronously: training goes on); records the sizes of the earlier ones, which
+  orbax has completed by now."""
+  record_sizes(checkpoints)
   checkpoints.save(step, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(train_iter)))
+
+
+# Written into each completed checkpoint: the size of every file in it, so that a checkpoint whose files were
+# truncated or lost since (a full disk, a copy cut short) is found before orbax is asked to read it.
+SIZES_FILE = "efftx_file_sizes.json"
+
+
+def record_sizes(checkpoints: ocp.CheckpointManager) -> None:
+  """Writes SIZES_FILE into every completed checkpoint that lacks one (process 0; orbax renames a checkpoint's
+  folder to its step only once it is complete, so a folder named by its step is complete)."""
+  if jax.process_index() != 0:
+    return
+  for step in checkpoints.all_steps():
+    folder = os.path.join(os.fspath(checkpoints.directory), str(step))
+    if os.path.isdir(folder) and not os.path.exists(os.path.join(folder, SIZES_FILE)):
+      sizes = {os.path.relpath(os.path.join(d, f), folder): os.path.getsize(os.path.join(d, f))
+               for d, _, files in os.walk(folder) for f in files}
+      with open(os.path.join(folder, SIZES_FILE + ".tmp"), "w") as f:
+        json.dump(sizes, f)
+      os.replace(os.path.join(folder, SIZES_FILE + ".tmp"), os.path.join(folder, SIZES_FILE))
+
+
+def _damage(folder: str) -> str | None:
+  """What is wrong with a checkpoint's files by its SIZES_FILE (None: nothing, or no record to tell)."""
+  try:
+    with open(os.path.join(folder, SIZES_FILE)) as f:
+      sizes = json.load(f)
+  except (OSError, ValueError):
+    return None
+  for name, size in sizes.items():
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+      return f"{name} is missing"
+    if os.path.getsize(path) != size:
+      return f"{name} holds {os.path.getsize(path)} bytes, {size} when written"
+  return None
 
 
 def restore(checkpoints: ocp.CheckpointManager, step: int, abstract_state: trainer.TrainState,
@@ -41,6 +140,73 @@ def restore(checkpoints: ocp.CheckpointManager, step: int, abstract_state: train
   restored = checkpoints.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(train_iter)))
   return restored["state"]
+
+
+def restore_latest_readable(checkpoints: ocp.CheckpointManager, abstract_state: trainer.TrainState,
+                            train_iter: grain.DatasetIterator) -> tuple[trainer.TrainState, int]:
+  """(state, step) of the newest checkpoint that restores (see `restore`). Newer ones that do not (truncated or
+  missing files: a disk that filled up, a copy cut short) are moved to workdir/unreadable_checkpoints/ with a
+  warning naming both steps; if none restores, UserError says so and how to start over."""
+  failed = []
+  _quiet_failed_reads()
+  for step in sorted(checkpoints.all_steps(), reverse=True):
+    damage = _damage(os.path.join(os.fspath(checkpoints.directory), str(step)))
+    if damage:
+      failed.append((step, damage))
+      continue
+    try:
+      state = restore(checkpoints, step, abstract_state, train_iter)
+    except Exception as e:  # pylint: disable=broad-except  # whatever else the damage, try the previous one
+      failed.append((step, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"))
+    else:
+      break
+    # Collect the failed reads now, out of the except block (its frames hold them): on Python 3.11, a collection
+    # that lands inside a later compile can fail it.
+    gc.collect()
+  else:
+    raise UserError(f"no checkpoint in {checkpoints.directory} can be read (" + "; ".join(
+        f"step {s}: {why}" for s, why in failed) + f"): to start over, remove {checkpoints.directory} or use "
+        "another --workdir")
+  if failed:
+    _set_aside(checkpoints, failed, step)
+  logging.info("resuming from %s at step %d", checkpoints.directory, step)
+  return state, step
+
+
+class _DropUnretrieved(logging_std.Filter):
+  def filter(self, record):
+    return "exception was never retrieved" not in record.getMessage()
+
+
+def _quiet_failed_reads() -> None:
+  """When orbax fails to read a checkpoint, its other reads fail too, each printing a page of TensorStore details
+  as it is collected ("exception was never retrieved"), and the reads still in flight find orbax's event loop
+  closed when they end, each printing a traceback: the one warning line says it all, so drop those."""
+  asyncio_log = logging_std.getLogger("asyncio")
+  if any(isinstance(f, _DropUnretrieved) for f in asyncio_log.filters):
+    return
+  asyncio_log.addFilter(_DropUnretrieved())
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value)):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+
+
+def _set_aside(checkpoints: ocp.CheckpointManager, failed: list[tuple[int, str]], good_step: int) -> None:
+  aside = os.path.join(os.path.dirname(os.fspath(checkpoints.directory)), "unreadable_checkpoints")
+  for step, why in failed:
+    if jax.process_index() == 0:
+      os.makedirs(aside, exist_ok=True)
+      target = os.path.join(aside, f"{step}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+      shutil.move(os.path.join(os.fspath(checkpoints.directory), str(step)), target)
+    logging.warning("checkpoint %d cannot be read (%s); resuming from step %d instead (the unreadable one is in %s)",
+                    step, why, good_step, aside)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("efftx: unreadable checkpoints set aside")
+  checkpoints.reload()
 
 
 def read_config(workdir: str) -> ml_collections.ConfigDict:
@@ -65,18 +231,19 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
                         f"not {value!r}: use another --workdir, or the same config to resume")
 
 
-def restore_params(path: str) -> tuple[ml_collections.ConfigDict, dict, int]:
-  """(config, parameters, step) of a run: `path` is its workdir (latest checkpoint) or workdir/checkpoints/<step>.
-  The parameters are restored on one device."""
+def restore_params(path: str, step: int | None = None,
+                   sharding: jax.sharding.Sharding | None = None) -> tuple[ml_collections.ConfigDict, dict, int]:
+  """(config, parameters, step) of a run: `path` is its workdir or workdir/checkpoints/<step>; `step` (default:
+  the one in the path, else the latest) picks the checkpoint. The parameters are restored with `sharding`
+  (default: on one device)."""
   path = os.path.abspath(os.path.expanduser(path))
-  step = None
   if not os.path.exists(path):
     raise UserError(f"{path}: no such workdir or checkpoint")
   if not os.path.exists(os.path.join(path, "config.json")):
     workdir = os.path.dirname(os.path.dirname(path))
     if (os.path.basename(path).isdigit() and os.path.basename(os.path.dirname(path)) == "checkpoints"
         and os.path.exists(os.path.join(workdir, "config.json"))):
-      path, step = workdir, int(os.path.basename(path))
+      path, step = workdir, int(os.path.basename(path)) if step is None else step
     else:
       raise UserError(f"{path} is neither a training run's workdir (with config.json) nor "
                       "<workdir>/checkpoints/<step>")
@@ -85,17 +252,29 @@ def restore_params(path: str) -> tuple[ml_collections.ConfigDict, dict, int]:
     raise UserError(f"{path} has no checkpoint yet")
   checkpoints = ocp.CheckpointManager(os.path.join(path, "checkpoints"),
                                       options=ocp.CheckpointManagerOptions(create=False, read_only=True))
-  step = checkpoints.latest_step() if step is None else step
-  if step is None or step not in checkpoints.all_steps():
-    raise UserError(f"{path} has no checkpoint" + (f" at step {step}" if step is not None else " yet"))
+  steps = sorted(checkpoints.all_steps())
+  step = steps[-1] if step is None and steps else step
+  if step is None or step not in steps:
+    raise UserError(f"{path} has no checkpoint" + (
+        f" at step {step} (its checkpoints: {', '.join(map(str, steps)) or 'none'})" if step is not None else " yet"))
   model = trainer.parts(config).model
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract_params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract_params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                                  jax.eval_shape(lambda: trainer.init_params(model, jax.random.key(0))))
   target = {"params": abstract_params}
-  restored = checkpoints.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-      target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
-  checkpoints.close()
+  damage = _damage(os.path.join(path, "checkpoints", str(step)))
+  if damage:
+    checkpoints.close()
+    raise UserError(f"checkpoint {step} of {path} cannot be read ({damage})")
+  _quiet_failed_reads()
+  try:
+    restored = checkpoints.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+  except Exception as e:  # pylint: disable=broad-except  # truncated or missing files
+    raise UserError(f"checkpoint {step} of {path} cannot be read ({type(e).__name__}: "
+                    f"{(str(e).strip().splitlines() or [''])[0][:200]})") from None
+  finally:
+    checkpoints.close()
   return config, restored["state"]["params"], step
 
 
@@ -131,8 +310,8 @@ def load_encoder(params: dict, path: str, fresh: tuple[str, ...]) -> dict:
     if name == "pos_embed" and old.shape[1:] == value.shape[1:] and len(old) >= len(value):
       old = old[:len(value)]
     if old.shape != value.shape:
-      raise UserError(f"config.init_from: parameter {name} has shape {old.shape} in {path}, {value.shape} "
-                      "here: the encoders must match")
+      raise UserError(f"config.init_from: parameter {name} has shape {old.shape} in {path} (it trained "
+                      f"{source_model}), {value.shape} here: the encoders must match")
     out[name] = old.astype(value.dtype)
   logging.info("fine-tuning from %s (step %d): encoder loaded, new head: %s", path, step, ", ".join(fresh))
   return flax.traverse_util.unflatten_dict(out, sep="/")

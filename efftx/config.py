@@ -8,6 +8,7 @@ writes anything; `from_saved` reads an older run's config.json (fields added sin
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.util
 import os
@@ -237,7 +238,11 @@ def explain_flag_error(argv: list[str], error: Exception) -> str:
     if not os.path.exists(path):
       return f"--config={config_arg}: no such config file"
     try:
-      config = runpy.run_path(path)["get_config"](*([arg] if arg else []))
+      module = runpy.run_path(path)
+      if "get_config" not in module:
+        return (f"--config={config_arg}: the file has no get_config function (a config file defines "
+                "get_config(arg=None) returning its ConfigDict)")
+      config = module["get_config"](*([arg] if arg else []))
     except Exception as e:  # pylint: disable=broad-except
       return f"--config={config_arg}: {_first_line(e)}"
     for key in overrides:
@@ -282,12 +287,34 @@ def default_config_file() -> str:
   return spec.origin
 
 
-def quiet_orbax_logs() -> None:
-  """Orbax logs every step of every save and restore at INFO; keep the entry points' own INFO lines readable."""
+def quiet_library_logs() -> None:
+  """Orbax logs every step of every save and restore at INFO (and warns that a manager opened read-only to read a
+  run's parameters is read-only), TFDS every dataset it opens: keep the entry points' own lines readable."""
   from absl import logging  # pylint: disable=g-import-not-at-top
-  logging.get_absl_handler().addFilter(lambda record: record.levelno >= 30 or "/orbax/" not in record.pathname)
+  logging.get_absl_handler().addFilter(lambda record: not any(
+      f"/{lib}/" in record.pathname for lib in ("orbax", "tensorflow_datasets")) or (
+          record.levelno >= 30 and "read only" not in record.getMessage().replace("_", " ")))
 
 
 def exit_with(prog: str, message: str) -> None:
   print(f"{prog}: error: {message}", file=sys.stderr)
   sys.exit(2)
+
+
+def start_program(prog: str, argv: list[str], workdir: str | None, workdir_help: str) -> None:
+  """What every entry point does first: quiet the libraries' logs, refuse stray arguments, require --workdir."""
+  quiet_library_logs()
+  if len(argv) > 1:
+    exit_with(prog, f"unexpected arguments: {' '.join(argv[1:])}")
+  if not workdir:
+    exit_with(prog, f"--workdir is required ({workdir_help})")
+
+
+@contextlib.contextmanager
+def one_line_errors(prog: str):
+  """A UserError inside becomes one line on stderr and exit code 2; anything else is a bug and keeps its
+  traceback."""
+  try:
+    yield
+  except UserError as e:
+    exit_with(prog, str(e))

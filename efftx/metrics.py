@@ -11,6 +11,11 @@ import numpy as np
 import tensorboardX
 
 
+# Per-step values that are not averaged into a logged row: the index of the first parameter whose gradient is not
+# finite (-1: none), read when a run diverges.
+DIAGNOSTICS = ("nonfinite_grad_leaf",)
+
+
 class MetricWriter:
   """metrics.jsonl (one JSON object per logged step) and TensorBoard event files, in workdir.
 
@@ -49,10 +54,12 @@ class Throughput:
   def __init__(self, tokens_per_step: int):
     self._tokens_per_step = tokens_per_step
     self._metrics: list[dict[str, jax.Array]] = []
+    self._window: dict[str, np.ndarray] | None = None
     self._start, self._steps, self._first = time.perf_counter(), 0, True
 
   def add(self, metrics: dict[str, jax.Array]) -> None:
     self._metrics.append(metrics)
+    self._window = None
     self._steps += 1
     if self._first:
       jax.block_until_ready(metrics)
@@ -61,15 +68,21 @@ class Throughput:
   def pause(self, seconds: float) -> None:
     self._start += seconds
 
+  def window(self) -> dict[str, np.ndarray]:
+    """Every metric of the steps since the last row, one entry per step (waits for those steps)."""
+    if self._window is None:
+      self._window = jax.device_get(jax.tree.map(lambda *x: jnp.stack(x), *self._metrics))
+    return self._window
+
   def row(self) -> dict[str, float]:
-    """Means of the window's metrics, with steps_per_sec and tokens_per_sec; starts a new window."""
-    stacked = jax.device_get(jax.tree.map(lambda *x: jnp.stack(x), *self._metrics))
-    row = {k: float(np.mean(v)) for k, v in stacked.items()}
+    """Means of the window's metrics (diagnostics left out), with steps_per_sec and tokens_per_sec; starts a new
+    window."""
+    row = {k: float(np.mean(v)) for k, v in self.window().items() if k not in DIAGNOSTICS}
     seconds = time.perf_counter() - self._start
     if self._steps:
       row["steps_per_sec"] = self._steps / seconds
       row["tokens_per_sec"] = self._steps * self._tokens_per_step / seconds
-    self._metrics, self._start, self._steps = [], time.perf_counter(), 0
+    self._metrics, self._window, self._start, self._steps = [], None, time.perf_counter(), 0
     return row
 
 

@@ -74,18 +74,13 @@ def generate(config: ml_collections.ConfigDict, params, prompt_P: np.ndarray, le
 
 
 def main(argv):
-  del argv
-  config_lib.quiet_orbax_logs()
-  if not _WORKDIR.value:
-    config_lib.exit_with("efftx.sample", "--workdir is required")
-  try:
+  config_lib.start_program("efftx.sample", argv, _WORKDIR.value, "a causal LM training run's")
+  with config_lib.one_line_errors("efftx.sample"):
     config, params = load(_WORKDIR.value)
     task = trainer.parts(config).task
     prompt_P = task.tokenize(_PROMPT.value.encode())
     tokens = generate(config, params, prompt_P, _LENGTH.value, _TEMPERATURE.value, _TOP_K.value,
                       jax.random.key(_SEED.value))
-  except UserError as e:
-    config_lib.exit_with("efftx.sample", str(e))
   sys.stdout.write(task.detokenize(tokens) + "\n")
 
 

@@ -29,6 +29,7 @@ import tqdm
 
 from efftx import checkpoints as checkpoints_lib
 from efftx import config as config_lib
+from efftx import distributed
 from efftx import metrics as metrics_lib
 from efftx import trainer
 from efftx.data import pipeline
@@ -37,12 +38,11 @@ from efftx.errors import UserError
 
 def _define_flags() -> None:
   """Command-line flags, defined only when run as a program (so that other entry points can import this one)."""
-  global _CONFIG, _WORKDIR, _DISTRIBUTED
+  global _CONFIG, _WORKDIR
   _CONFIG = config_flags.DEFINE_config_file("config", config_lib.default_config_file(),
                                             "Config file[:argument string].", lock_config=True)
   _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, TensorBoard, config.json.")
-  _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
-                                   "Call jax.distributed.initialize() first (multi-host: TPU pods, SLURM, ...).")
+  distributed.define_flags()
 
 
 def make_mesh(devices=None) -> jax.sharding.Mesh:
@@ -56,6 +56,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """Trains to config.total_steps (resuming from workdir if it holds a checkpoint); returns the last metrics."""
   config_lib.validate(config, jax.device_count())
   workdir = os.path.abspath(os.path.expanduser(workdir))
+  # Process 0 holds the workdir's lock for the whole run: a second run on it is refused, not interleaved.
+  lock = checkpoints_lib.WorkdirLock(workdir) if jax.process_index() == 0 else None
+  try:
+    return _train(config, workdir)
+  finally:
+    if lock:
+      lock.release()
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   resuming = checkpoints_lib.has_checkpoint(workdir)
   _set_up_workdir(config, workdir, resuming)
 
@@ -65,12 +75,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   replicated = NamedSharding(mesh, P())
   batch_sharding = NamedSharding(mesh, P("data"))
 
-  def to_global(local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local_batch.items()}
-
   # --------------------------------------------------------------------------------------------------- Data
   train_iter = pipeline.train_iterator(config, pipeline.source(config, "train"))  # prepared by _set_up_workdir
-  eval_source = pipeline.source(config, "eval")
 
   # ---------------------------------------------------------------------------------------- Model, optimizer
   parts = trainer.parts(config)
@@ -90,24 +96,42 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_step = jax.jit(
       trainer.make_train_step(parts.model, parts.objective, tx, schedule, dropout_key, parts.task.token_unit),
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, replicated), donate_argnums=0)
-  eval_step = jax.jit(trainer.make_eval_step(parts.model, parts.objective),
-                      in_shardings=(state_sharding.params, batch_sharding), out_shardings=replicated)
-
-  def evaluate(params) -> dict[str, float]:
-    totals = None
-    for batch in pipeline.eval_batches(config, eval_source):
-      sums = eval_step(params, to_global(batch))
-      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-    metrics = parts.objective.summarize(totals, parts.task.token_unit, prefix="eval_")
-    return {k: float(v) for k, v in jax.device_get(metrics).items()}
+  evaluate = make_evaluator(config, parts, mesh, "eval")
 
   # ----------------------------------------------------------------------------------------------- Loop
   try:
-    return _loop(config, workdir, state, start_step, lambda state: train_step(state, to_global(next(train_iter))),
-                 evaluate, lambda step, state: checkpoints_lib.save(checkpoints, step, state, train_iter))
+    return _loop(config, workdir, state, start_step,
+                 lambda state: train_step(state, _to_global(batch_sharding, next(train_iter))),
+                 lambda params: evaluate(params, prefix="eval_"),
+                 lambda step, state: checkpoints_lib.save(checkpoints, step, state, train_iter))
   finally:
     checkpoints.wait_until_finished()
+    checkpoints_lib.record_sizes(checkpoints)
     checkpoints.close()
+
+
+def _to_global(batch_sharding: NamedSharding, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+  """This process's rows of a batch → global arrays sharded over the data axis."""
+  return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local_batch.items()}
+
+
+def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh: jax.sharding.Mesh, split: str):
+  """params (replicated on mesh) → the objective's metrics over the whole of `split` ("eval": the task's
+  evaluation split, or a TFDS split name), each process reading its shard. Used by training and efftx.evaluate."""
+  source = pipeline.source(config, split)
+  replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  eval_step = jax.jit(trainer.make_eval_step(parts.model, parts.objective),
+                      in_shardings=(replicated, batch_sharding), out_shardings=replicated)
+
+  def evaluate(params, prefix: str) -> dict[str, float]:
+    totals = None
+    for batch in pipeline.eval_batches(config, source):
+      sums = eval_step(params, _to_global(batch_sharding, batch))
+      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    metrics = parts.objective.summarize(totals, parts.task.token_unit, prefix=prefix)
+    return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+  return evaluate
 
 
 def _set_up_workdir(config: ml_collections.ConfigDict, workdir: str, resuming: bool) -> None:
@@ -126,9 +150,11 @@ def _set_up_workdir(config: ml_collections.ConfigDict, workdir: str, resuming: b
         parts = trainer.parts(config)
         abstract_params = jax.eval_shape(lambda: trainer.init_params(parts.model, jax.random.key(0)))
         checkpoints_lib.load_encoder(abstract_params, config.init_from, parts.objective.fresh_params)
-      os.makedirs(workdir, exist_ok=True)
-      with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+      try:
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+          f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+      except OSError as e:
+        raise UserError(f"cannot write in --workdir={workdir}: {e.strerror}") from None
     except UserError as e:
       error = e
   if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(np.int32(error is not None)) and not error:
@@ -139,14 +165,12 @@ def _set_up_workdir(config: ml_collections.ConfigDict, workdir: str, resuming: b
 
 def _restore_or_init(config, checkpoints, parts: trainer.Parts, tx, init_key, abstract_state, state_sharding,
                      train_iter) -> tuple[trainer.TrainState, int]:
-  """(state, step): the latest checkpoint's (train_iter moved to its position), else a new state — with another
-  run's encoder if config.init_from names one (fine-tuning: new head, fresh optimizer)."""
-  start_step = checkpoints.latest_step() or 0
-  if start_step:
+  """(state, step): the latest readable checkpoint's (train_iter moved to its position), else a new state — with
+  another run's encoder if config.init_from names one (fine-tuning: new head, fresh optimizer)."""
+  if checkpoints.all_steps():
     target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract_state,
                           state_sharding)
-    logging.info("resuming from %s at step %d", checkpoints.directory, start_step)
-    return checkpoints_lib.restore(checkpoints, start_step, target, train_iter), start_step
+    return checkpoints_lib.restore_latest_readable(checkpoints, target, train_iter)
   state = jax.jit(lambda: trainer.create_state(parts.model, tx, init_key), out_shardings=state_sharding)()
   if config.init_from:
     params = checkpoints_lib.load_encoder(jax.device_get(state.params), config.init_from,
@@ -155,9 +179,18 @@ def _restore_or_init(config, checkpoints, parts: trainer.Parts, tx, init_key, ab
   return state, 0
 
 
+class Diverged(UserError):
+  """A non-finite loss, gradient norm or parameter: the run stops without saving (its last checkpoint is good)."""
+
+
 def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dict[str, float]:
   """Steps to config.total_steps: log every log_every, evaluate every eval_every, save every checkpoint_every
-  (and at the end, and when a signal asks to stop). Returns the last metrics with "step"."""
+  (and at the end, and when a signal asks to stop). Returns the last metrics with "step".
+
+  The host waits for the device only at those boundaries: there the window's losses and gradient norms are checked
+  (a non-finite one stops the run — Diverged — and nothing non-finite is ever saved), and, on several processes,
+  a stop signal is agreed (so a signal stops every process at the same boundary, at most log_every steps on).
+  """
   is_chief = jax.process_index() == 0
   writer = metrics_lib.MetricWriter(workdir, start_step) if is_chief else None
   throughput = metrics_lib.Throughput(config.data.batch_size * config.model.max_len)
@@ -167,6 +200,9 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
                   disable=None if is_chief else True)  # None: shown on a terminal only
   # On a terminal, lines go above the progress bar; elsewhere to the log.
   report = (lambda line: bar.write(line, file=sys.stderr)) if not bar.disable else logging.info
+  leaf_names = ["/".join(str(getattr(k, "key", k)) for k in path)
+                for path, _ in jax.tree_util.tree_flatten_with_path(state.params)[0]]
+  all_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
 
   def log(step: int, row: dict[str, float]) -> None:
     last.update(row)
@@ -176,7 +212,7 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
 
   if start_step >= config.total_steps:
     logging.info("%s is already trained to step %d (config.total_steps=%d)", workdir, start_step, config.total_steps)
-  step = start_step
+  step, last_saved = start_step, start_step or None
   try:
     while step < config.total_steps:
       state, metrics = train_step(state)
@@ -184,19 +220,31 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
       bar.update()
       throughput.add(metrics)
       done = step == config.total_steps
-      if step % config.log_every == 0 or done:
-        row = throughput.row()
-        bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['accuracy']:.3f}")
-        log(step, row)
-      if step % config.eval_every == 0 or done:
-        eval_start = time.perf_counter()
-        log(step, evaluate(state.params))
-        throughput.pause(time.perf_counter() - eval_start)  # keep eval time out of the train throughput
+      log_now, eval_now = step % config.log_every == 0 or done, step % config.eval_every == 0 or done
+      save_now = step % config.checkpoint_every == 0 or done
+      if not (log_now or eval_now or save_now or (stop.requested and jax.process_count() == 1)):
+        continue  # keep dispatching: nothing below is needed before the next boundary
+      diverged = _first_nonfinite(throughput.window(), step, leaf_names)
       stopping = stop.requested
       if jax.process_count() > 1:  # every process must stop at the same step, or the others hang
         stopping = bool(multihost_utils.process_allgather(np.int32(stopping)).max())
-      if step % config.checkpoint_every == 0 or done or stopping:
+      if log_now or diverged:
+        row = throughput.row()
+        if not diverged:
+          bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['accuracy']:.3f}")
+        log(step, row)
+      if diverged:
+        raise Diverged(f"{diverged}; nothing after it was saved. {_advice(last_saved)}")
+      if eval_now:
+        eval_start = time.perf_counter()
+        log(step, evaluate(state.params))
+        throughput.pause(time.perf_counter() - eval_start)  # keep eval time out of the train throughput
+      if save_now or stopping:
+        if not all_finite(state):  # an update can overflow where the loss and gradients were finite
+          raise Diverged(f"non-finite parameters or optimizer state after step {step}; not saved. "
+                         + _advice(last_saved))
         save(step, state)
+        last_saved = step
       if stopping:
         logging.warning("stopped by signal at step %d (checkpoint saved); re-run the same command to resume", step)
         break
@@ -206,6 +254,26 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
     if writer:
       writer.close()
   return {**last, "step": int(step)}
+
+
+def _first_nonfinite(window: dict[str, np.ndarray], step: int, leaf_names: list[str]) -> str | None:
+  """What went wrong at the first step of the window (its last step is `step`) whose loss or gradient norm
+  is not finite, naming the first parameter whose gradient is; None if all are finite."""
+  bad_B = ~(np.isfinite(window["loss"]) & np.isfinite(window["grad_norm"]))
+  if not bad_B.any():
+    return None
+  i = int(np.argmax(bad_B))
+  at = step - len(bad_B) + 1 + i
+  leaf = int(window["nonfinite_grad_leaf"][i])
+  where = f"; first non-finite gradient: {leaf_names[leaf]}" if leaf >= 0 else ""
+  return f"diverged at step {at}: loss={window['loss'][i]:.4g}, grad_norm={window['grad_norm'][i]:.4g}{where}"
+
+
+def _advice(last_good: int | None) -> str:
+  if last_good is None:
+    return "No checkpoint was saved: lower config.optim.learning_rate or set config.optim.grad_clip and start again"
+  return (f"The last checkpoint (step {last_good}) is good: lower config.optim.learning_rate or set "
+          "config.optim.grad_clip, and re-run to continue from it")
 
 
 class _StopOnSignal:
@@ -239,18 +307,12 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-  config_lib.quiet_orbax_logs()
-  if len(argv) > 1:
-    config_lib.exit_with("efftx.train", f"unexpected arguments: {' '.join(argv[1:])}")
-  if not _WORKDIR.value:
-    config_lib.exit_with("efftx.train", "--workdir is required (where checkpoints and metrics go)")
-  if _DISTRIBUTED.value:
-    jax.distributed.initialize()
-  try:
+  config_lib.start_program("efftx.train", argv, _WORKDIR.value, "where checkpoints and metrics go")
+  # A bad config, a workdir holding another run, a bad corpus, divergence: one clear line; bugs keep their traceback.
+  with config_lib.one_line_errors("efftx.train"):
+    distributed.initialize_from_flags()
     config_lib.validate(_CONFIG.value, jax.device_count())
     result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except UserError as e:  # a bad config, a workdir holding another run, a bad corpus: one clear line; bugs keep
-    config_lib.exit_with("efftx.train", str(e))  # their traceback
   if jax.process_index() == 0:
     row = {k: v for k, v in result.items() if k != "step"}
     print(f"step {result['step']}: " + (metrics_lib.fmt(row) or "nothing to do"))

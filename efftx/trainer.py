@@ -72,7 +72,8 @@ def create_state(model: model_lib.Transformer, tx: optax.GradientTransformation,
 def make_train_step(model: model_lib.Transformer, objective: objectives.Objective,
                     tx: optax.GradientTransformation, schedule: optax.Schedule, dropout_key: jax.Array,
                     token_unit: str | None = None):
-  """(state, batch) → (state, metrics): loss, gradients, the AdamW update, the objective's metrics."""
+  """(state, batch) → (state, metrics): loss, gradients, the AdamW update, the objective's metrics (and
+  nonfinite_grad_leaf: see efftx.metrics.DIAGNOSTICS)."""
 
   def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
     rng = jax.random.fold_in(dropout_key, state.step)  # dropout differs every step, reproducibly
@@ -87,8 +88,11 @@ def make_train_step(model: model_lib.Transformer, objective: objectives.Objectiv
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                            opt_state=opt_state)
+    finite_G = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
     metrics = {**objective.summarize(sums, token_unit), "grad_norm": optax.tree.norm(grads),
-               "learning_rate": schedule(state.step)}
+               "learning_rate": schedule(state.step),
+               # the first parameter whose gradient is not finite (-1: none), named when a run diverges
+               "nonfinite_grad_leaf": jnp.where(finite_G.all(), -1, jnp.argmin(finite_G))}
     return new_state, metrics
 
   return train_step

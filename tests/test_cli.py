@@ -1,12 +1,15 @@
-"""Bad input on the command line: non-zero exit, one clear line naming the problem and the choices."""
+"""Bad input on the command line: non-zero exit, one clear line naming the problem and the choices, no traceback,
+and the workdir as it was."""
+import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import REPO
 
-CASES = [
+TRAIN_CASES = [
     # (extra arguments, words the one line must contain)
     (["--config.model.mixerr=fnet"], ["mixerr", "did you mean 'mixer'", "d_model"]),
     (["--config.model.mixer=fnett"], ["fnett", "attention, fnet"]),
@@ -42,30 +45,99 @@ CASES = [
      ["nowhere is missing or empty", "apt-get install dataset-fashion-mnist"]),
     (["--config.init_from={tmp}/nowhere"], ["init_from", "no such workdir or checkpoint"]),
     (["--config.data.objective=mlm"], ["listops", "no text to mask"]),
+    (["--config.data.objective=nsp"], ["objective='nsp'", "mlm"]),
+    (["--config.data.variant=huge"], ["variant='huge'", "full, small, tiny"]),
+    (["--config.data.batch_size=12"], ["batch_size=12", "8 devices"]),
+    # Issue 11: data folders, workdirs, config files, init_from.
+    (["--config=configs/quickstart.py:smoke", "--config.data.data_dir={tmp}/afile"],
+     ["preparing listops/tiny", "failed", "afile"]),
+    (["--config=configs/lra_image.py:data=fashion_mnist,smoke", "--config.data.corpus_dir={tmp}/garbage",
+      "--config.data.data_dir={tmp}/tfds"], ["garbage/train-images-idx3-ubyte.gz is not a gzipped idx file"]),
+    (["--config=configs/quickstart.py:smoke", "--workdir={tmp}/afile", "--config.data.data_dir={data_dir}"],
+     ["--workdir=", "afile is a file, not a folder"]),
+    (["--config=configs/quickstart.py:smoke", "--workdir={tmp}/afile/run", "--config.data.data_dir={data_dir}"],
+     ["cannot create --workdir=", "afile/run", "Not a directory"]),
+    (["--config=configs/quickstart.py:smoke", "--workdir={run}", "--config.model.d_ff=128",
+      "--config.data.data_dir={data_dir}"], ["holds a run with config.model.d_ff=64, not 128", "another --workdir"]),
+    (["--config=configs/quickstart.py:smoke", "--config.init_from={run}", "--config.model.d_model=48",
+      "--config.data.data_dir={data_dir}"], ["config.init_from", "encoders must match", "d_model=32"]),
+    (["--config={tmp}/raises.py"], ["raises.py", "no such corpus"]),
+    (["--config={tmp}/no_get_config.py"], ["no_get_config.py: the file has no get_config function"]),
 ]
+
+OTHER_CASES = [  # (program, arguments, words)
+    ("evaluate", ["--workdir={tmp}/empty"], ["empty is not a training run's workdir (no config.json)"]),
+    ("evaluate", ["--workdir={tmp}/configured"], ["configured has no checkpoint yet"]),
+    ("evaluate", ["--workdir={run}", "--checkpoint=3"], ["no checkpoint at step 3", "its checkpoints: 2, 4"]),
+    ("evaluate", ["--workdir={run}", "--split=train"], ["--split=train", "validation, test"]),
+    ("sample", ["--workdir={run}", "--prompt=[MAX"], ["trained task 'listops'", "nothing to sample"]),
+    ("sample", ["--workdir={tmp}/nowhere"], ["nowhere: no such workdir or checkpoint"]),
+]
+
+CASES = [("train", a, w) for a, w in TRAIN_CASES] + OTHER_CASES
+
+
+@pytest.fixture(scope="module")
+def finished_run(data_dir, tmp_path_factory):
+  """A finished smoke run (ListOps classifier, checkpoints at steps 2 and 4)."""
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+  from efftx import train  # pylint: disable=g-import-not-at-top
+  config = quickstart.get_config("smoke")
+  config.data.data_dir = data_dir
+  workdir = str(tmp_path_factory.mktemp("finished"))
+  train.train_and_evaluate(config, workdir)
+  return workdir
+
+
+def _snapshot(path):
+  """Every file under path with its size and modification time (None: path does not exist)."""
+  if not os.path.exists(path):
+    return None
+  if not os.path.isdir(path):
+    return os.stat(path).st_mtime_ns
+  return {os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
+          for d, _, files in os.walk(path) for f in files}
+
+
+def test_there_are_at_least_20_bad_input_cases():
+  assert len(CASES) >= 20
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args,words", CASES, ids=[" ".join(a) for a, _ in CASES])
-def test_bad_input_exits_with_one_clear_line(args, words, tmp_path):
+@pytest.mark.parametrize("prog,args,words", CASES, ids=[" ".join([p] + a) for p, a, _ in CASES])
+def test_bad_input_exits_with_one_clear_line(prog, args, words, tmp_path, data_dir, finished_run):
   (tmp_path / "empty").mkdir()
+  (tmp_path / "afile").write_text("not a folder")
+  (tmp_path / "configured").mkdir()
+  (tmp_path / "configured" / "config.json").write_text((open(os.path.join(finished_run, "config.json")).read()))
+  (tmp_path / "garbage").mkdir()
+  for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+               "t10k-labels-idx1-ubyte.gz"):
+    (tmp_path / "garbage" / name).write_bytes(np.random.default_rng(0).bytes(5000))
   (tmp_path / "option_it_lacks.py").write_text(
       "from configs import quickstart\n\n\ndef get_config():\n  config = quickstart.get_config('mixer=fnet')\n"
       "  config.mixer.attention_dropout = 0.1  # fnet has no attention probabilities\n  return config\n")
-  raw_args, args = args, [a.replace("{tmp}", str(tmp_path)) for a in args]
-  argv = [sys.executable, "-m", "efftx.train", f"--workdir={tmp_path / 'run'}"]
-  if not any(a.startswith("--config=") for a in args):
+  (tmp_path / "raises.py").write_text("def get_config():\n  raise FileNotFoundError('no such corpus: /data/x')\n")
+  (tmp_path / "no_get_config.py").write_text("def config():\n  return None\n")
+  fill = lambda a: a.replace("{tmp}", str(tmp_path)).replace("{run}", finished_run).replace("{data_dir}", data_dir)
+  raw_args, args = args, [fill(a) for a in args]
+  argv = [sys.executable, "-m", f"efftx.{prog}"]
+  if prog == "train" and not any(a.startswith("--workdir=") for a in args):
+    argv.append(f"--workdir={tmp_path / 'run'}")
+  if prog == "train" and not any(a.startswith("--config=") for a in args):
     argv.append("--config=configs/quickstart.py")
+  workdir = next(a for a in argv + args if a.startswith("--workdir=")).split("=", 1)[1]
+  before = _snapshot(workdir)
   proc = subprocess.run(argv + args, cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   if not any("{tmp}/" in a and "data_dir" in a for a in raw_args):
     assert len(lines) == 1, proc.stderr  # (preparing a dataset logs its progress first)
   assert "Traceback" not in proc.stderr
-  assert lines[-1].startswith("efftx.train: error: "), proc.stderr
+  assert lines[-1].startswith(f"efftx.{prog}: error: "), proc.stderr
   for word in words:
     assert word in lines[-1], lines[-1]
-  assert not (tmp_path / "run").exists()  # nothing written
+  assert _snapshot(workdir) == before  # the workdir as it was (absent if it was)
 
 
 @pytest.mark.slow

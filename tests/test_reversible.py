@@ -71,12 +71,11 @@ def _train_step_temp_bytes(num_layers, reversible_, ff_chunk_size=0, length=256,
 
 
 def test_reversible_memory_does_not_grow_with_depth():
-  rev = {n: _train_step_temp_bytes(n, True) for n in (2, 8, 24)}
-  plain = {n: _train_step_temp_bytes(n, False) for n in (2, 8, 24)}
-  assert rev[24] <= 1.25 * rev[2], rev
-  assert rev[8] <= 1.25 * rev[2], rev
-  assert plain[24] > 5 * plain[2], plain  # stored activations: roughly linear in depth
-  assert plain[8] > 2.5 * plain[2], plain
+  rev = {n: _train_step_temp_bytes(n, True) for n in (2, 12)}
+  plain = {n: _train_step_temp_bytes(n, False) for n in (2, 12)}
+  print("compiled temp bytes, reversible:", rev, "plain:", plain)
+  assert rev[12] <= 1.25 * rev[2], rev
+  assert plain[12] > 3 * plain[2], plain  # stored activations: roughly linear in depth
 
 
 def test_chunked_feed_forward_same_outputs_and_gradients():

@@ -1,11 +1,8 @@
-"""The sharded train step, and whole runs: stop by signal, re-run the same command, continue exactly."""
+"""The sharded train step, and whole runs in this process: outputs, resuming, refusing another model (signals and
+kills: test_faults.py)."""
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +10,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 import pytest
 
-from conftest import REPO
 from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import train
@@ -81,48 +77,6 @@ def test_sharded_and_single_device_steps_agree(smoke_config):
 def _rows(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]
-
-
-@pytest.mark.slow
-def test_stop_by_signal_then_same_command_continues_exactly(smoke_config, tmp_path):
-  overrides = {"total_steps": 120, "log_every": 1, "eval_every": 60, "checkpoint_every": 40}
-  # The uninterrupted run, in this process.
-  config = smoke_config()
-  config.update(overrides)
-  straight = str(tmp_path / "straight")
-  train.train_and_evaluate(config, straight)
-
-  # The same run as a command, stopped by SIGTERM early on, then the same command again.
-  workdir = str(tmp_path / "stopped")
-  command = [sys.executable, "-m", "efftx.train", "--config=configs/quickstart.py:smoke", f"--workdir={workdir}",
-             f"--config.data.data_dir={config.data.data_dir}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
-  proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  metrics_path = os.path.join(workdir, "metrics.jsonl")
-  deadline = time.time() + 120
-  while not (os.path.exists(metrics_path) and os.path.getsize(metrics_path)) and time.time() < deadline:
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGTERM)
-  out, _ = proc.communicate(timeout=120)
-  assert proc.returncode == 0, out
-  stopped_at = max(r["step"] for r in _rows(workdir))
-  assert 1 <= stopped_at < 120, out
-  assert f"stopped by signal at step {stopped_at}" in out
-  assert sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())[-1] == stopped_at
-
-  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert again.returncode == 0, again.stderr
-  assert f"at step {stopped_at}" in again.stderr  # "resumed from ... at step k"
-
-  resumed, reference = _rows(workdir), _rows(straight)
-  assert [r["step"] for r in resumed] == [r["step"] for r in reference]  # every step logged once
-  for got, want in zip(resumed, reference):
-    for key in ("loss", "accuracy", "grad_norm", "learning_rate", "eval_loss", "eval_accuracy"):
-      if key in want:
-        assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), (got["step"], key)
-
-  # Once finished, the same command again trains nothing more.
-  third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert third.returncode == 0 and len(_rows(workdir)) == len(resumed)
 
 
 def test_outputs_land_in_workdir(smoke_config, tmp_path):

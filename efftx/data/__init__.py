@@ -36,6 +36,7 @@ class Task:
   variants: tuple[str, ...] = ()     # registered datasets: the accepted variants (local builders list their own)
   # TFDS split names (slices allowed) for training and evaluation; a dict gives them per variant
   splits: tuple[str, str] | dict[str, tuple[str, str]] = ("train", "validation")
+  test_split: str | None = "test"    # the held-out split a paper reports (efftx.evaluate --split=test); None: none
   mask_id: int | None = None         # the [MASK] token: the task's text can be masked-LM pre-training data
   random_ids: tuple[int, int] = (0, 0)  # masked-LM: replacement tokens are drawn from [low, high)
   special_ids: tuple[int, ...] = ()  # masked-LM: never chosen (e.g. SEP)
@@ -157,5 +158,5 @@ TASKS = {
                  encode=_glue, variants=_GLUE_VARIANTS, splits={"mnli": ("train", "validation_matched"),
                                                                 **{v: ("train", "validation") for v in _GLUE_VARIANTS
                                                                    if v != "mnli"}},
-                 module="tensorflow_datasets.text.glue", **_BYTE_MLM),
+                 module="tensorflow_datasets.text.glue", test_split=None, **_BYTE_MLM),
 }

@@ -38,8 +38,11 @@ _IDX_UBYTE = 0x08
 
 def read_idx(path: str) -> np.ndarray:
   """An idx file (the MNIST format: magic 0 0 <type> <ndim>, big-endian int32 dims, then the data), gzipped."""
-  with gzip.open(path, "rb") as f:
-    data = f.read()
+  try:
+    with gzip.open(path, "rb") as f:
+      data = f.read()
+  except (OSError, EOFError) as e:  # not gzip, or cut short
+    raise UserError(f"{path} is not a gzipped idx file ({type(e).__name__}: {e})") from None
   if len(data) < 4 or data[0] != 0 or data[1] != 0:
     raise UserError(f"{path} is not an idx file (bad magic number)")
   if data[2] != _IDX_UBYTE:

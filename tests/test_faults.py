@@ -1,0 +1,288 @@
+"""Runs that survive: signals and kill -9 at any step (even mid-save), unreadable checkpoints, divergence, two runs
+on one workdir, several processes stopping together — each a real process, then the same command again."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import REPO
+from efftx import checkpoints
+from efftx import train
+
+# The smoke model, long enough to be interrupted several times; every step logged (the test watches the log).
+OVERRIDES = {"total_steps": 60, "log_every": 1, "eval_every": 30, "checkpoint_every": 10}
+
+
+def _command(workdir, data_dir, overrides=OVERRIDES, module="efftx.train"):
+  return [sys.executable, "-m", module, "--config=configs/quickstart.py:smoke", f"--workdir={workdir}",
+          f"--config.data.data_dir={data_dir}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+
+
+def _rows(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _logged_step(workdir) -> int:
+  try:
+    return max((r["step"] for r in _rows(workdir)), default=0)
+  except (OSError, ValueError):  # not there yet, or a line half written
+    return 0
+
+
+def _steps(workdir):
+  return sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
+
+
+def _start(command):
+  return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(condition, proc, timeout=180):
+  deadline = time.time() + timeout
+  while not condition():
+    assert proc.poll() is None, proc.communicate()[0]
+    assert time.time() < deadline, "timed out"
+    time.sleep(0.002)
+
+
+def _straight(smoke_config, workdir, overrides=OVERRIDES):
+  config = smoke_config()
+  config.update(overrides)
+  train.train_and_evaluate(config, workdir)
+  return config
+
+
+def _assert_same_run(got_dir, want_dir, step):
+  """Every step logged once with the same metrics, and the same final parameters, bit for bit."""
+  got, want = _rows(got_dir), _rows(want_dir)
+  assert [r["step"] for r in got] == [r["step"] for r in want]
+  for g, w in zip(got, want):
+    for key in ("loss", "accuracy", "grad_norm", "learning_rate", "eval_loss", "eval_accuracy"):
+      assert g.get(key) == w.get(key), (g["step"], key)
+  _, got_params, _ = checkpoints.restore_params(got_dir, step)
+  _, want_params, _ = checkpoints.restore_params(want_dir, step)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(got_params), jax.device_get(want_params))
+
+
+@pytest.mark.slow
+def test_kill_9_at_three_steps_and_mid_save_then_sigterm_resume_bitwise(smoke_config, tmp_path):
+  straight = str(tmp_path / "straight")
+  config = _straight(smoke_config, straight)
+  workdir = str(tmp_path / "faulty")
+  command = _command(workdir, config.data.data_dir)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+
+  # kill -9 at three steps between checkpoints: each time the same command resumes from the last checkpoint.
+  killed_at = []
+  for target in (7, 23, 34):
+    proc = _start(command)
+    _wait_for(lambda: _logged_step(workdir) >= target, proc)
+    proc.kill()
+    proc.wait()
+    killed_at.append(_logged_step(workdir))
+  print("killed after logging steps", killed_at, "; checkpoints then:", _steps(workdir))
+
+  # kill -9 while the step-40 checkpoint is being written (orbax writes into a temporary folder, then renames).
+  proc = _start(command)
+  _wait_for(lambda: any("tmp" in n for n in os.listdir(ckpt_dir)) and _logged_step(workdir) >= 40, proc)
+  proc.kill()
+  proc.wait()
+  assert any("tmp" in n for n in os.listdir(ckpt_dir)), "the kill came after the save completed"
+  assert 40 not in _steps(workdir) and _steps(workdir)[-1] == 30
+
+  # SIGTERM: a checkpoint at the step it stops at.
+  proc = _start(command)
+  _wait_for(lambda: _logged_step(workdir) >= 45, proc)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 0, out
+  stopped_at = _steps(workdir)[-1]
+  assert stopped_at >= 45 and f"stopped by signal at step {stopped_at}" in out
+  assert not any("tmp" in n for n in os.listdir(ckpt_dir))  # the half-written save was cleaned up
+
+  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0, again.stderr
+  assert f"at step {stopped_at}" in again.stderr  # "resuming from ... at step k"
+  _assert_same_run(workdir, straight, 60)
+
+  # Once finished, the same command again trains nothing more.
+  rows = _rows(workdir)
+  third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert third.returncode == 0 and _rows(workdir) == rows
+
+
+def _damage(step_dir, how):
+  """Truncates the data files of a checkpoint's train state to half their size, or deletes them, as a disk that
+  filled up or a copy cut short would leave them. (One file alone may not matter: orbax's OCDBT layout keeps
+  some data twice, so a restore can succeed — and return the right values — without it.) "unrecorded": truncated,
+  and the file sizes efftx recorded for the checkpoint are gone too (as for a run killed right after saving), so
+  only orbax's own read can find the damage."""
+  if how == "unrecorded":
+    os.remove(os.path.join(step_dir, checkpoints.SIZES_FILE))
+    how = "truncate"
+  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(step_dir, "state")) for f in fs
+           if os.path.basename(d) == "d"]
+  assert files
+  for path in files:
+    if how == "truncate":
+      with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    else:
+      os.remove(path)
+
+
+@pytest.fixture(scope="module")
+def twelve_steps(data_dir, tmp_path_factory):
+  """(config, workdir) of a finished 12-step smoke run with checkpoints at steps 4, 8 and 12."""
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+  config = quickstart.get_config("smoke")
+  config.data.data_dir = data_dir
+  config.update({"total_steps": 12, "log_every": 1, "eval_every": 12, "checkpoint_every": 4, "keep_checkpoints": 3})
+  workdir = str(tmp_path_factory.mktemp("twelve_steps"))
+  train.train_and_evaluate(config, workdir)
+  return config, workdir
+
+
+@pytest.mark.parametrize("how", ["truncate", "delete", "unrecorded"])
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous(twelve_steps, tmp_path, how, caplog):
+  config, straight = twelve_steps
+  workdir = str(tmp_path / "damaged")
+  shutil.copytree(straight, workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "12"))  # as if stopped at step 8 ...
+  _damage(os.path.join(workdir, "checkpoints", "8"), how)  # ... with its last checkpoint damaged
+
+  train.train_and_evaluate(config, workdir)
+  warning = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+  assert len(warning) == 1 and "checkpoint 8 cannot be read" in warning[0], warning
+  assert ("OCDBT" if how == "unrecorded" else "when written" if how == "truncate" else "is missing") in warning[0]
+  assert "resuming from step 4 instead" in warning[0]
+  assert os.listdir(os.path.join(workdir, "unreadable_checkpoints"))[0].startswith("8-")
+  _assert_same_run(workdir, straight, 12)  # steps 5–12 trained again from step 4, as in the straight run
+
+
+def test_when_no_checkpoint_is_readable_the_run_stops_with_one_line(twelve_steps, tmp_path):
+  config, straight = twelve_steps
+  shutil.copytree(straight, tmp_path, dirs_exist_ok=True)
+  for step in (4, 8, 12):
+    _damage(str(tmp_path / "checkpoints" / str(step)), "truncate")
+  config = config.copy_and_resolve_references()
+  config.total_steps = 16
+  with pytest.raises(ValueError, match=r"no checkpoint in .* can be read \(step 12: .*; step 8: .*; step 4: .*\): "
+                                       r"to start over, remove .*checkpoints or use another --workdir"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert _steps(str(tmp_path)) == [4, 8, 12]  # nothing moved or removed
+
+
+@pytest.mark.slow
+def test_divergence_stops_with_one_line_and_keeps_the_good_checkpoint(data_dir, tmp_path):
+  # A learning rate of 1e4 without clipping, warmed up over 40 steps: finite for a few steps, then NaN.
+  overrides = {"total_steps": 60, "log_every": 5, "eval_every": 60, "checkpoint_every": 2,
+               "optim.learning_rate": 1e4, "optim.grad_clip": 0, "optim.warmup_steps": 40}
+  proc = subprocess.run(_command(tmp_path, data_dir, overrides), cwd=REPO, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith("efftx.train: error: diverged at step "), proc.stderr
+  at = int(line.split("diverged at step ")[1].split(":")[0])
+  assert "first non-finite gradient: " in line and "loss=nan" in line.lower()
+  rows = _rows(tmp_path)
+  assert all(np.isfinite(r["loss"]) for r in rows if r["step"] < at - 4)  # logged windows before it were finite
+  saved = _steps(tmp_path)
+  assert saved and saved[-1] < at and f"The last checkpoint (step {saved[-1]}) is good" in line
+  for step in saved:  # every kept checkpoint is finite and restores
+    _, params, _ = checkpoints.restore_params(str(tmp_path), step)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(params)))
+
+
+@pytest.mark.slow
+def test_one_run_per_workdir_and_a_dead_runs_lock_does_not_block(data_dir, tmp_path):
+  workdir = tmp_path / "run"
+  first = _start(_command(workdir, data_dir, {**OVERRIDES, "total_steps": 10_000}))
+  _wait_for(lambda: _logged_step(workdir) >= 12, first)
+  before = sorted(os.listdir(workdir))
+  second = subprocess.run(_command(workdir, data_dir), cwd=REPO, capture_output=True, text=True, timeout=120)
+  lines = second.stderr.strip().splitlines()
+  assert second.returncode != 0 and len(lines) == 1, second.stderr
+  assert f"is in use by another run (pid {first.pid} on {socket.gethostname()}" in lines[0]
+
+  first.kill()  # kill -9: no chance to clean up; the kernel releases the lock
+  first.wait()
+  assert sorted(os.listdir(workdir)) == before  # running.json stays behind, stale
+  third = subprocess.run(_command(workdir, data_dir, {**OVERRIDES, "total_steps": 10}), cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+  assert third.returncode == 0, third.stderr
+  assert "already trained to step" in third.stderr
+  assert not os.path.exists(workdir / "running.json")
+
+
+@pytest.mark.slow
+def test_evaluate_equals_the_runs_own_last_eval_and_reads_the_test_split(smoke_config, tmp_path):
+  _straight(smoke_config, str(tmp_path), {"total_steps": 20, "log_every": 10, "eval_every": 10,
+                                                   "checkpoint_every": 10})
+  last_eval = [r for r in _rows(tmp_path) if "eval_loss" in r][-1]
+  proc = subprocess.run([sys.executable, "-m", "efftx.evaluate", f"--workdir={tmp_path}"], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.startswith("validation at step 20: accuracy=")
+  record = json.loads((tmp_path / "eval_validation_20.json").read_text())
+  assert record["loss"] == pytest.approx(last_eval["eval_loss"], rel=1e-6)
+  assert record["accuracy"] == last_eval["eval_accuracy"]
+
+  proc = subprocess.run([sys.executable, "-m", "efftx.evaluate", f"--workdir={tmp_path}", "--checkpoint=10",
+                         "--split=test"], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  record = json.loads((tmp_path / "eval_test_10.json").read_text())
+  assert record["tfds_split"] == "test" and record["examples"] == 200  # ListOps tiny: 200 test expressions
+  assert 0 <= record["accuracy"] <= 1 and record["step"] == 10
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_of_two_processes_stops_both_at_the_same_step(data_dir, tmp_path):
+  """2 real processes × 4 CPU devices (jax.distributed over loopback): the stop is agreed at log boundaries; the
+  checkpoint evaluates the same on two processes as on one."""
+  overrides = {**OVERRIDES, "total_steps": 10_000, "log_every": 3, "checkpoint_every": 1_000, "eval_every": 1_000}
+  address = f"127.0.0.1:{_free_port()}"
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  procs = [subprocess.Popen(_command(tmp_path, data_dir, overrides) + [
+      f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}"], cwd=REPO, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  _wait_for(lambda: _logged_step(tmp_path) >= 6, procs[0])
+  procs[1].send_signal(signal.SIGTERM)  # only the second process is told
+  outs = [p.communicate(timeout=180)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs
+  stopped = [int(o.split("stopped by signal at step ")[1].split()[0]) for o in outs]
+  assert stopped[0] == stopped[1] and stopped[0] % 3 == 0, stopped  # at a log boundary
+  assert _steps(tmp_path) == [stopped[0]]
+  _, params, _ = checkpoints.restore_params(str(tmp_path), stopped[0])  # complete, in one process
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(params)))
+
+  # efftx.evaluate on the two processes (each reading its shard) equals one process on 8 devices.
+  results = []
+  for count in (2, 1):
+    evaluate = [sys.executable, "-m", "efftx.evaluate", f"--workdir={tmp_path}"]
+    port = _free_port()
+    flags = lambda i: [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"]
+    procs = [subprocess.Popen(evaluate + (flags(i) if count == 2 else []), cwd=REPO,
+                              env=env if count == 2 else os.environ, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(count)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * count, outs
+    results.append(json.loads((tmp_path / f"eval_validation_{stopped[0]}.json").read_text()))
+  assert results[0]["examples"] == results[1]["examples"] == 200
+  assert results[0]["accuracy"] == results[1]["accuracy"]
+  assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-6)
