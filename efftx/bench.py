@@ -5,6 +5,7 @@
     python -m efftx.bench --mode=fourier                    # FNet's fft / rfft / matmul paths, ms per call
     python -m efftx.bench --mode=reversible --plot=mem.png  # memory vs depth, plain / reversible / chunked FF
     python -m efftx.bench --mode=pipeline --data_dir=DIR    # input pipeline examples/s vs the train step's
+    python -m efftx.bench --mode=sharding                   # per-device bytes, data parallel vs fsdp (~99M params)
 
 The fourier table is where the "auto" choice in efftx/mixers/fourier.py comes from. "mixers" mode times the full
 training step (forward, backward, AdamW) of the model at the peer benchmark's shape (../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
@@ -14,6 +15,10 @@ scratch) + argument bytes. Compiled sizes are deterministic; timings are ratios 
 quickstart model size (attention, width 64, 2 layers, batch 32): the pipeline alone, the train step alone on one
 cached batch, and the two together as train.py runs them; "loop/step" near 1 means the pipeline is not the
 bottleneck.
+"sharding" mode compiles the train step of a ~99M-parameter model (attention, d=768, 14 layers, 12 heads, FF 3072,
+length 512, one sequence per device) for every device, once with data = N and once with fsdp = N, and reports per
+device: the parameter and AdamW bytes each holds (from the shardings the rule in efftx/sharding.py gives) and the
+compiled step's memory_analysis(). On a CPU, fake devices do: XLA_FLAGS=--xla_force_host_platform_device_count=8.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from efftx import config as config_lib
 from efftx import model as model_lib
@@ -34,7 +40,8 @@ from efftx.data import TASKS
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
-_MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "reversible", "pipeline"], "What to measure.")
+_MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "reversible", "pipeline", "sharding"],
+                          "What to measure.")
 _MIXERS = flags.DEFINE_list("mixers", list(MIXERS), "Mixers to measure (keys of efftx.mixers.MIXERS).")
 _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths.")
 _TOKENS = flags.DEFINE_integer("tokens", 8192, "Tokens per step (batch = tokens // length).")
@@ -267,10 +274,50 @@ def _pipeline_table() -> list[dict]:
   return rows
 
 
+def _sharding_table() -> list[dict]:
+  from efftx import sharding  # pylint: disable=g-import-not-at-top
+  config = config_lib.default_config("attention")
+  config.model.update(d_model=768, num_layers=14, d_ff=3072, max_len=512, dropout=0.1)
+  config.mixer.num_heads = 12
+  n = jax.device_count()
+  parts = trainer.parts(config)
+  tx, schedule = trainer.make_optimizer(config)
+  abstract = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))
+  num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+  print(f"backend {jax.default_backend()}, {n} devices; attention, d=768, 14 layers, FF 3072, length 512, "
+        f"{num_params / 1e6:.1f}M parameters, batch {n} (one sequence per device); MiB per device")
+  print(f"{'mesh':<16}{'params':>9}{'AdamW':>9}{'arguments':>11}{'temp':>9}{'outputs':>9}")
+  rows = []
+  for fsdp in (1, n):
+    mesh = sharding.make_mesh(fsdp)
+    layout = sharding.shardings(mesh, abstract)
+    per_device = lambda tree, lay: sum(
+        int(np.prod(sh.shard_shape(x.shape))) * x.dtype.itemsize for x, sh in zip(jax.tree.leaves(tree),
+                                                                                   jax.tree.leaves(lay)))
+    state = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), abstract, layout)
+    batch = {"tokens": jax.ShapeDtypeStruct((n, 512), jnp.int32, sharding=sharding.batch(mesh)),
+             "mask": jax.ShapeDtypeStruct((n, 512), jnp.bool_, sharding=sharding.batch(mesh)),
+             "label": jax.ShapeDtypeStruct((n,), jnp.int32, sharding=sharding.batch(mesh))}
+    step = jax.jit(trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(0)),
+                   in_shardings=(layout, sharding.batch(mesh)), out_shardings=(layout, sharding.replicated(mesh)),
+                   donate_argnums=0)
+    memory = step.lower(state, batch).compile().memory_analysis()
+    mib = 2 ** 20
+    row = {"data": n // fsdp, "fsdp": fsdp, "params_bytes": per_device(abstract.params, layout.params),
+           "adamw_bytes": per_device(abstract.opt_state, layout.opt_state),
+           "argument_bytes": memory.argument_size_in_bytes, "temp_bytes": memory.temp_size_in_bytes,
+           "output_bytes": memory.output_size_in_bytes, "num_params": num_params}
+    rows.append(row)
+    print(f"{f'data {n // fsdp} × fsdp {fsdp}':<16}{row['params_bytes'] / mib:>9.1f}{row['adamw_bytes'] / mib:>9.1f}"
+          f"{row['argument_bytes'] / mib:>11.1f}{row['temp_bytes'] / mib:>9.1f}{row['output_bytes'] / mib:>9.1f}",
+          flush=True)
+  return rows
+
+
 def main(argv):
   del argv
   rows = {"mixers": _mixers_table, "fourier": _fourier_table, "reversible": _reversible_table,
-          "pipeline": _pipeline_table}[_MODE.value]()
+          "pipeline": _pipeline_table, "sharding": _sharding_table}[_MODE.value]()
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump({"backend": jax.default_backend(), "mode": _MODE.value, "rows": rows}, f, indent=1)

@@ -1,6 +1,6 @@
 """A run's workdir, checkpoints and saved config: the workdir's lock, the orbax manager, saving and restoring the
-train state with the data pipeline's position (falling back past unreadable checkpoints), reading a run's
-parameters, and loading another run's encoder."""
+train state (falling back past unreadable checkpoints; the data position is the step), reading a run's parameters,
+and loading another run's encoder."""
 from __future__ import annotations
 
 import datetime
@@ -15,7 +15,6 @@ import sys
 
 from absl import logging
 import flax.traverse_util
-import grain
 import jax
 import ml_collections
 import numpy as np
@@ -24,6 +23,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from efftx import config as config_lib
+from efftx import sharding
 from efftx import trainer
 from efftx.errors import UserError
 
@@ -89,13 +89,12 @@ def has_checkpoint(workdir: str) -> bool:
   return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
 
 
-def save(checkpoints: ocp.CheckpointManager, step: int, state: trainer.TrainState,
-         train_iter: grain.DatasetIterator) -> None:
+def save(checkpoints: ocp.CheckpointManager, step: int, state: trainer.TrainState) -> None:
   """Starts writing a checkpoint (asynchronously: training goes on); records the sizes of the earlier ones, which
-  orbax has completed by now."""
+  orbax has completed by now. The data position is the step (efftx.data.pipeline.train_iterator): nothing else
+  to save."""
   record_sizes(checkpoints)
-  checkpoints.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(train_iter)))
+  checkpoints.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
 
 
 # Written into each completed checkpoint: the size of every file in it, so that a checkpoint whose files were
@@ -134,16 +133,14 @@ def _damage(folder: str) -> str | None:
   return None
 
 
-def restore(checkpoints: ocp.CheckpointManager, step: int, abstract_state: trainer.TrainState,
-            train_iter: grain.DatasetIterator) -> trainer.TrainState:
-  """The train state at `step`, laid out as abstract_state's shardings; train_iter is moved to where it was."""
-  restored = checkpoints.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(train_iter)))
-  return restored["state"]
+def restore(checkpoints: ocp.CheckpointManager, step: int, abstract_state: trainer.TrainState) -> trainer.TrainState:
+  """The train state at `step`, laid out as abstract_state's shardings (any mesh: orbax reshards). Checkpoints of
+  efftx before the data position was the step also hold the pipeline's state ("data"), which is not needed."""
+  return checkpoints.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))["state"]
 
 
-def restore_latest_readable(checkpoints: ocp.CheckpointManager, abstract_state: trainer.TrainState,
-                            train_iter: grain.DatasetIterator) -> tuple[trainer.TrainState, int]:
+def restore_latest_readable(checkpoints: ocp.CheckpointManager,
+                            abstract_state: trainer.TrainState) -> tuple[trainer.TrainState, int]:
   """(state, step) of the newest checkpoint that restores (see `restore`). Newer ones that do not (truncated or
   missing files: a disk that filled up, a copy cut short) are moved to workdir/unreadable_checkpoints/ with a
   warning naming both steps; if none restores, UserError says so and how to start over."""
@@ -155,7 +152,7 @@ def restore_latest_readable(checkpoints: ocp.CheckpointManager, abstract_state: 
       failed.append((step, damage))
       continue
     try:
-      state = restore(checkpoints, step, abstract_state, train_iter)
+      state = restore(checkpoints, step, abstract_state)
     except Exception as e:  # pylint: disable=broad-except  # whatever else the damage, try the previous one
       failed.append((step, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"))
     else:
@@ -232,10 +229,10 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def restore_params(path: str, step: int | None = None,
-                   sharding: jax.sharding.Sharding | None = None) -> tuple[ml_collections.ConfigDict, dict, int]:
+                   mesh: jax.sharding.Mesh | None = None) -> tuple[ml_collections.ConfigDict, dict, int]:
   """(config, parameters, step) of a run: `path` is its workdir or workdir/checkpoints/<step>; `step` (default:
-  the one in the path, else the latest) picks the checkpoint. The parameters are restored with `sharding`
-  (default: on one device)."""
+  the one in the path, else the latest) picks the checkpoint. The parameters are laid out on `mesh` by the rule
+  of efftx.sharding (default: on one device)."""
   path = os.path.abspath(os.path.expanduser(path))
   if not os.path.exists(path):
     raise UserError(f"{path}: no such workdir or checkpoint")
@@ -258,9 +255,10 @@ def restore_params(path: str, step: int | None = None,
     raise UserError(f"{path} has no checkpoint" + (
         f" at step {step} (its checkpoints: {', '.join(map(str, steps)) or 'none'})" if step is not None else " yet"))
   model = trainer.parts(config).model
-  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract_params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                                 jax.eval_shape(lambda: trainer.init_params(model, jax.random.key(0))))
+  shapes = jax.eval_shape(lambda: trainer.init_params(model, jax.random.key(0)))
+  layout = (sharding.shardings(mesh, shapes) if mesh is not None else
+            jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), shapes))
+  abstract_params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, layout)
   target = {"params": abstract_params}
   damage = _damage(os.path.join(path, "checkpoints", str(step)))
   if damage:

@@ -58,6 +58,11 @@ def default_config(mixer: str = "attention") -> ml_collections.ConfigDict:
   c.data.worker_count = 0            # grain worker processes (0: read in the training process)
   c.data.read_threads = 2            # grain reader threads per process
 
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.fsdp = 1                    # devices along the mesh's fsdp axis, over which parameters and AdamW state are
+                                     # split (efftx/sharding.py); the other devices form the data axis. 1: plain
+                                     # data parallelism (every device holds everything). Free to change on resume
+
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 1e-3       # peak learning rate of AdamW, reached after warmup
   c.optim.warmup_steps = 100         # linear warmup from 0 (steps); cosine decay to 0 afterwards
@@ -186,6 +191,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
                     "(bytes with variant files, fashion_mnist, fashion_mnist_ar do)")
   if reads_folder and not d.corpus_dir and not getattr(task.dataset, "DEFAULT_MANUAL_DIR", None):
     raise UserError(f"task '{d.task}' ({d.variant}) reads a folder: set config.data.corpus_dir")
+  if config.mesh.fsdp < 1 or num_devices % config.mesh.fsdp:
+    raise UserError(f"config.mesh.fsdp={config.mesh.fsdp} must divide the {num_devices} devices")
   if d.batch_size < 1 or d.batch_size % num_devices:
     raise UserError(f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
                     f"{num_devices} devices it is sharded over")

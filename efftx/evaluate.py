@@ -17,12 +17,12 @@ import sys
 from absl import app
 from absl import flags
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import distributed
 from efftx import metrics as metrics_lib
+from efftx import sharding
 from efftx import train
 from efftx import trainer
 from efftx.data import pipeline
@@ -55,11 +55,14 @@ def evaluate(workdir: str, step: int | None = None, split: str = "validation") -
     raise UserError(f"task '{config.data.task}' has no labelled test split: use --split=validation")
   # Any batch that splits over this machine's devices will do: padding rows carry weight 0.
   config.data.batch_size = -(-config.data.batch_size // jax.device_count()) * jax.device_count()
+  if jax.device_count() % config.mesh.fsdp:
+    config.mesh.fsdp = 1  # trained on another machine: any layout will do here
   config_lib.validate(config, jax.device_count())
 
-  mesh = train.make_mesh()
-  _, params, step = checkpoints.restore_params(workdir, step, NamedSharding(mesh, P()))
-  metrics = train.make_evaluator(config, trainer.parts(config), mesh, tfds_split)(params, prefix="")
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  _, params, step = checkpoints.restore_params(workdir, step, mesh)
+  params_sharding = jax.tree.map(lambda x: x.sharding, params)
+  metrics = train.make_evaluator(config, trainer.parts(config), mesh, params_sharding, tfds_split)(params, prefix="")
   if jax.process_index() == 0:
     record = {"step": step, "split": split, "tfds_split": tfds_split,
               "examples": len(pipeline.source(config, tfds_split)), **metrics}

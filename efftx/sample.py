@@ -17,6 +17,7 @@ import numpy as np
 
 from efftx import checkpoints
 from efftx import config as config_lib
+from efftx import distributed
 from efftx import trainer
 from efftx.errors import UserError
 
@@ -30,6 +31,7 @@ def _define_flags() -> None:
   _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Softmax temperature; 0 picks the most likely token.")
   _TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens only (0: all).")
   _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+  distributed.define_flags()  # on a pod every process runs this command; each samples the same text
 
 
 def load(workdir: str) -> tuple[ml_collections.ConfigDict, dict]:
@@ -76,12 +78,14 @@ def generate(config: ml_collections.ConfigDict, params, prompt_P: np.ndarray, le
 def main(argv):
   config_lib.start_program("efftx.sample", argv, _WORKDIR.value, "a causal LM training run's")
   with config_lib.one_line_errors("efftx.sample"):
+    distributed.initialize_from_flags()
     config, params = load(_WORKDIR.value)
     task = trainer.parts(config).task
     prompt_P = task.tokenize(_PROMPT.value.encode())
     tokens = generate(config, params, prompt_P, _LENGTH.value, _TEMPERATURE.value, _TOP_K.value,
                       jax.random.key(_SEED.value))
-  sys.stdout.write(task.detokenize(tokens) + "\n")
+  if jax.process_index() == 0:
+    sys.stdout.write(task.detokenize(tokens) + "\n")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 from ml_collections import config_flags
 import ml_collections
 import numpy as np
@@ -31,6 +31,7 @@ from efftx import checkpoints as checkpoints_lib
 from efftx import config as config_lib
 from efftx import distributed
 from efftx import metrics as metrics_lib
+from efftx import sharding
 from efftx import trainer
 from efftx.data import pipeline
 from efftx.errors import UserError
@@ -43,13 +44,6 @@ def _define_flags() -> None:
                                             "Config file[:argument string].", lock_config=True)
   _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, TensorBoard, config.json.")
   distributed.define_flags()
-
-
-def make_mesh(devices=None) -> jax.sharding.Mesh:
-  """One "data" axis over the devices (default: every device of every process)."""
-  devices = jax.devices() if devices is None else devices
-  # Auto axes: XLA propagates the shardings (jax.make_mesh defaults to Explicit sharding-in-types).
-  return jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -70,40 +64,41 @@ def _train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   _set_up_workdir(config, workdir, resuming)
 
   # --------------------------------------------------------------------------------------------------- Mesh
-  # One data axis over every device of every process: the batch is split along it, parameters are replicated.
-  mesh = make_mesh()
-  replicated = NamedSharding(mesh, P())
-  batch_sharding = NamedSharding(mesh, P("data"))
-
-  # --------------------------------------------------------------------------------------------------- Data
-  train_iter = pipeline.train_iterator(config, pipeline.source(config, "train"))  # prepared by _set_up_workdir
+  # ("data", "fsdp") over every device of every process: the batch is split over both axes, parameters and
+  # optimizer state along fsdp by the rule in efftx/sharding.py (fsdp = 1: replicated, plain data parallelism).
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  replicated, batch_sharding = sharding.replicated(mesh), sharding.batch(mesh)
 
   # ---------------------------------------------------------------------------------------- Model, optimizer
   parts = trainer.parts(config)
   tx, schedule = trainer.make_optimizer(config)
   init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
   abstract_state = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, init_key))
-  state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
+  state_sharding = sharding.shardings(mesh, abstract_state)
 
   # ------------------------------------------------------------------------------------ Restore or initialise
   checkpoints = checkpoints_lib.manager(workdir, config.keep_checkpoints)
-  state, start_step = _restore_or_init(config, checkpoints, parts, tx, init_key, abstract_state, state_sharding,
-                                       train_iter)
+  state, start_step = _restore_or_init(config, checkpoints, parts, tx, init_key, abstract_state, state_sharding)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  logging.info("model: %s mixer, %d parameters; %d devices", config.model.mixer, num_params, jax.device_count())
+  logging.info("model: %s mixer, %d parameters; %d devices (data %d × fsdp %d)", config.model.mixer, num_params,
+               jax.device_count(), mesh.shape["data"], mesh.shape["fsdp"])
+
+  # --------------------------------------------------------------------------------------------------- Data
+  # The data position is the step: any number of processes reads the same global batches from start_step on.
+  train_iter = pipeline.train_iterator(config, pipeline.source(config, "train"), start_step)
 
   # ---------------------------------------------------------------------------------------------- Steps
   train_step = jax.jit(
       trainer.make_train_step(parts.model, parts.objective, tx, schedule, dropout_key, parts.task.token_unit),
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, replicated), donate_argnums=0)
-  evaluate = make_evaluator(config, parts, mesh, "eval")
+  evaluate = make_evaluator(config, parts, mesh, state_sharding.params, "eval")
 
   # ----------------------------------------------------------------------------------------------- Loop
   try:
     return _loop(config, workdir, state, start_step,
                  lambda state: train_step(state, _to_global(batch_sharding, next(train_iter))),
                  lambda params: evaluate(params, prefix="eval_"),
-                 lambda step, state: checkpoints_lib.save(checkpoints, step, state, train_iter))
+                 lambda step, state: checkpoints_lib.save(checkpoints, step, state))
   finally:
     checkpoints.wait_until_finished()
     checkpoints_lib.record_sizes(checkpoints)
@@ -115,13 +110,15 @@ def _to_global(batch_sharding: NamedSharding, local_batch: dict[str, np.ndarray]
   return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local_batch.items()}
 
 
-def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh: jax.sharding.Mesh, split: str):
-  """params (replicated on mesh) → the objective's metrics over the whole of `split` ("eval": the task's
-  evaluation split, or a TFDS split name), each process reading its shard. Used by training and efftx.evaluate."""
+def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh: jax.sharding.Mesh,
+                   params_sharding, split: str):
+  """params (laid out as params_sharding on mesh) → the objective's metrics over the whole of `split` ("eval": the
+  task's evaluation split, or a TFDS split name), each process reading its shard. Used by training and
+  efftx.evaluate."""
   source = pipeline.source(config, split)
-  replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  batch_sharding = sharding.batch(mesh)
   eval_step = jax.jit(trainer.make_eval_step(parts.model, parts.objective),
-                      in_shardings=(replicated, batch_sharding), out_shardings=replicated)
+                      in_shardings=(params_sharding, batch_sharding), out_shardings=sharding.replicated(mesh))
 
   def evaluate(params, prefix: str) -> dict[str, float]:
     totals = None
@@ -163,14 +160,14 @@ def _set_up_workdir(config: ml_collections.ConfigDict, workdir: str, resuming: b
     raise error
 
 
-def _restore_or_init(config, checkpoints, parts: trainer.Parts, tx, init_key, abstract_state, state_sharding,
-                     train_iter) -> tuple[trainer.TrainState, int]:
-  """(state, step): the latest readable checkpoint's (train_iter moved to its position), else a new state — with
-  another run's encoder if config.init_from names one (fine-tuning: new head, fresh optimizer)."""
+def _restore_or_init(config, checkpoints, parts: trainer.Parts, tx, init_key, abstract_state,
+                     state_sharding) -> tuple[trainer.TrainState, int]:
+  """(state, step): the latest readable checkpoint's (laid out on this run's mesh, whatever mesh wrote it), else a
+  new state — with another run's encoder if config.init_from names one (fine-tuning: new head, fresh optimizer)."""
   if checkpoints.all_steps():
     target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract_state,
                           state_sharding)
-    return checkpoints_lib.restore_latest_readable(checkpoints, target, train_iter)
+    return checkpoints_lib.restore_latest_readable(checkpoints, target)
   state = jax.jit(lambda: trainer.create_state(parts.model, tx, init_key), out_shardings=state_sharding)()
   if config.init_from:
     params = checkpoints_lib.load_encoder(jax.device_get(state.params), config.init_from,

@@ -55,3 +55,26 @@ def padded_inputs(B: int, L: int, D: int, second_length: int, seed: int = 0):
   mask_BxL = np.ones((B, L), bool)
   mask_BxL[1, second_length:] = False
   return x_BxLxD, mask_BxL
+
+
+def metrics_rows(workdir) -> list[dict]:
+  """The rows of a run's metrics.jsonl."""
+  import json  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def logged_step(workdir) -> int:
+  """The last step in a running run's metrics.jsonl (0 before there is one, or while a line is half written)."""
+  try:
+    return max((r["step"] for r in metrics_rows(workdir)), default=0)
+  except (OSError, ValueError):
+    return 0
+
+
+def free_port() -> int:
+  """A TCP port on the loopback interface that nothing listens on (for jax.distributed's coordinator)."""
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]

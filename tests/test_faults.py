@@ -13,6 +13,8 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import logged_step
+from conftest import metrics_rows
 from conftest import REPO
 from efftx import checkpoints
 from efftx import train
@@ -25,17 +27,6 @@ def _command(workdir, data_dir, overrides=OVERRIDES, module="efftx.train"):
   return [sys.executable, "-m", module, "--config=configs/quickstart.py:smoke", f"--workdir={workdir}",
           f"--config.data.data_dir={data_dir}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
 
-
-def _rows(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
-def _logged_step(workdir) -> int:
-  try:
-    return max((r["step"] for r in _rows(workdir)), default=0)
-  except (OSError, ValueError):  # not there yet, or a line half written
-    return 0
 
 
 def _steps(workdir):
@@ -63,7 +54,7 @@ def _straight(smoke_config, workdir, overrides=OVERRIDES):
 
 def _assert_same_run(got_dir, want_dir, step):
   """Every step logged once with the same metrics, and the same final parameters, bit for bit."""
-  got, want = _rows(got_dir), _rows(want_dir)
+  got, want = metrics_rows(got_dir), metrics_rows(want_dir)
   assert [r["step"] for r in got] == [r["step"] for r in want]
   for g, w in zip(got, want):
     for key in ("loss", "accuracy", "grad_norm", "learning_rate", "eval_loss", "eval_accuracy"):
@@ -85,15 +76,15 @@ def test_kill_9_at_three_steps_and_mid_save_then_sigterm_resume_bitwise(smoke_co
   killed_at = []
   for target in (7, 23, 34):
     proc = _start(command)
-    _wait_for(lambda: _logged_step(workdir) >= target, proc)
+    _wait_for(lambda: logged_step(workdir) >= target, proc)
     proc.kill()
     proc.wait()
-    killed_at.append(_logged_step(workdir))
+    killed_at.append(logged_step(workdir))
   print("killed after logging steps", killed_at, "; checkpoints then:", _steps(workdir))
 
   # kill -9 while the step-40 checkpoint is being written (orbax writes into a temporary folder, then renames).
   proc = _start(command)
-  _wait_for(lambda: any("tmp" in n for n in os.listdir(ckpt_dir)) and _logged_step(workdir) >= 40, proc)
+  _wait_for(lambda: any("tmp" in n for n in os.listdir(ckpt_dir)) and logged_step(workdir) >= 40, proc)
   proc.kill()
   proc.wait()
   assert any("tmp" in n for n in os.listdir(ckpt_dir)), "the kill came after the save completed"
@@ -101,7 +92,7 @@ def test_kill_9_at_three_steps_and_mid_save_then_sigterm_resume_bitwise(smoke_co
 
   # SIGTERM: a checkpoint at the step it stops at.
   proc = _start(command)
-  _wait_for(lambda: _logged_step(workdir) >= 45, proc)
+  _wait_for(lambda: logged_step(workdir) >= 45, proc)
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode == 0, out
@@ -115,9 +106,9 @@ def test_kill_9_at_three_steps_and_mid_save_then_sigterm_resume_bitwise(smoke_co
   _assert_same_run(workdir, straight, 60)
 
   # Once finished, the same command again trains nothing more.
-  rows = _rows(workdir)
+  rows = metrics_rows(workdir)
   third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert third.returncode == 0 and _rows(workdir) == rows
+  assert third.returncode == 0 and metrics_rows(workdir) == rows
 
 
 def _damage(step_dir, how):
@@ -194,7 +185,7 @@ def test_divergence_stops_with_one_line_and_keeps_the_good_checkpoint(data_dir, 
   assert line.startswith("efftx.train: error: diverged at step "), proc.stderr
   at = int(line.split("diverged at step ")[1].split(":")[0])
   assert "first non-finite gradient: " in line and "loss=nan" in line.lower()
-  rows = _rows(tmp_path)
+  rows = metrics_rows(tmp_path)
   assert all(np.isfinite(r["loss"]) for r in rows if r["step"] < at - 4)  # logged windows before it were finite
   saved = _steps(tmp_path)
   assert saved and saved[-1] < at and f"The last checkpoint (step {saved[-1]}) is good" in line
@@ -207,7 +198,7 @@ def test_divergence_stops_with_one_line_and_keeps_the_good_checkpoint(data_dir, 
 def test_one_run_per_workdir_and_a_dead_runs_lock_does_not_block(data_dir, tmp_path):
   workdir = tmp_path / "run"
   first = _start(_command(workdir, data_dir, {**OVERRIDES, "total_steps": 10_000}))
-  _wait_for(lambda: _logged_step(workdir) >= 12, first)
+  _wait_for(lambda: logged_step(workdir) >= 12, first)
   before = sorted(os.listdir(workdir))
   second = subprocess.run(_command(workdir, data_dir), cwd=REPO, capture_output=True, text=True, timeout=120)
   lines = second.stderr.strip().splitlines()
@@ -228,7 +219,7 @@ def test_one_run_per_workdir_and_a_dead_runs_lock_does_not_block(data_dir, tmp_p
 def test_evaluate_equals_the_runs_own_last_eval_and_reads_the_test_split(smoke_config, tmp_path):
   _straight(smoke_config, str(tmp_path), {"total_steps": 20, "log_every": 10, "eval_every": 10,
                                                    "checkpoint_every": 10})
-  last_eval = [r for r in _rows(tmp_path) if "eval_loss" in r][-1]
+  last_eval = [r for r in metrics_rows(tmp_path) if "eval_loss" in r][-1]
   proc = subprocess.run([sys.executable, "-m", "efftx.evaluate", f"--workdir={tmp_path}"], cwd=REPO,
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
@@ -243,46 +234,3 @@ def test_evaluate_equals_the_runs_own_last_eval_and_reads_the_test_split(smoke_c
   record = json.loads((tmp_path / "eval_test_10.json").read_text())
   assert record["tfds_split"] == "test" and record["examples"] == 200  # ListOps tiny: 200 test expressions
   assert 0 <= record["accuracy"] <= 1 and record["step"] == 10
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-@pytest.mark.slow
-def test_a_signal_to_one_of_two_processes_stops_both_at_the_same_step(data_dir, tmp_path):
-  """2 real processes × 4 CPU devices (jax.distributed over loopback): the stop is agreed at log boundaries; the
-  checkpoint evaluates the same on two processes as on one."""
-  overrides = {**OVERRIDES, "total_steps": 10_000, "log_every": 3, "checkpoint_every": 1_000, "eval_every": 1_000}
-  address = f"127.0.0.1:{_free_port()}"
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-  procs = [subprocess.Popen(_command(tmp_path, data_dir, overrides) + [
-      f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}"], cwd=REPO, env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  _wait_for(lambda: _logged_step(tmp_path) >= 6, procs[0])
-  procs[1].send_signal(signal.SIGTERM)  # only the second process is told
-  outs = [p.communicate(timeout=180)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], outs
-  stopped = [int(o.split("stopped by signal at step ")[1].split()[0]) for o in outs]
-  assert stopped[0] == stopped[1] and stopped[0] % 3 == 0, stopped  # at a log boundary
-  assert _steps(tmp_path) == [stopped[0]]
-  _, params, _ = checkpoints.restore_params(str(tmp_path), stopped[0])  # complete, in one process
-  assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(params)))
-
-  # efftx.evaluate on the two processes (each reading its shard) equals one process on 8 devices.
-  results = []
-  for count in (2, 1):
-    evaluate = [sys.executable, "-m", "efftx.evaluate", f"--workdir={tmp_path}"]
-    port = _free_port()
-    flags = lambda i: [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"]
-    procs = [subprocess.Popen(evaluate + (flags(i) if count == 2 else []), cwd=REPO,
-                              env=env if count == 2 else os.environ, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(count)]
-    outs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * count, outs
-    results.append(json.loads((tmp_path / f"eval_validation_{stopped[0]}.json").read_text()))
-  assert results[0]["examples"] == results[1]["examples"] == 200
-  assert results[0]["accuracy"] == results[1]["accuracy"]
-  assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-6)

@@ -61,7 +61,7 @@ def trained_lm(tmp_path_factory, data_dir):
   from configs import lm_bytes  # pylint: disable=g-import-not-at-top
   config = lm_bytes.get_config("mixer=aft_simple,smoke")
   config.data.data_dir = data_dir
-  config.total_steps, config.eval_every, config.log_every = 150, 150, 150
+  config.total_steps, config.eval_every, config.log_every = 80, 80, 80
   config.optim.update(warmup_steps=10, learning_rate=3e-3)
   workdir = str(tmp_path_factory.mktemp("lm"))
   result = train.train_and_evaluate(config, workdir)

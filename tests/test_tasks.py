@@ -81,23 +81,25 @@ def _config(task, variant, data_dir, **model):
   return config
 
 
-def test_two_processes_cover_each_epoch_without_overlap(smoke_config):
+def test_global_batches_are_the_same_on_any_number_of_processes_and_epochs_do_not_overlap(smoke_config):
   config = smoke_config()
   pipeline.prepare(config)
   train_source, eval_source = pipeline.source(config, "train"), pipeline.source(config, "eval")
   row_key = lambda tokens: tokens.tobytes()  # ListOps expressions are distinct, and so are their token rows
   everything = {row_key(pipeline.Encode("listops", 48, False)(train_source[i])["tokens"])
                 for i in range(len(train_source))}
-  seen = []
-  for p in range(2):
-    it = pipeline.train_iterator(config, train_source, process_index=p, process_count=2)
-    local_batch = config.data.batch_size // 2
-    batches = [next(it) for _ in range(-(-len(train_source) // 2 // local_batch) + 1)]
-    assert all(b["tokens"].shape == (local_batch, 48) for b in batches)
-    rows = [row_key(t) for b in batches for t in b["tokens"]][:len(train_source) // 2]  # this shard's epoch
-    assert len(set(rows)) == len(rows)
-    seen.append(set(rows))
-  assert not seen[0] & seen[1] and seen[0] | seen[1] == everything
+  one = pipeline.train_iterator(config, train_source)
+  two = [pipeline.train_iterator(config, train_source, process_index=p, process_count=2) for p in (0, 1)]
+  epoch = len(train_source) // config.data.batch_size  # whole global batches in the first epoch
+  rows = []
+  for _ in range(epoch + 8):  # into the second epoch
+    whole, halves = next(one), [next(it) for it in two]
+    assert all(h["tokens"].shape == (config.data.batch_size // 2, 48) for h in halves)
+    for k in whole:  # process p holds rows p·B/2 … (p+1)·B/2 − 1 of the one-process batch
+      np.testing.assert_array_equal(np.concatenate([h[k] for h in halves]), whole[k])
+    rows += [row_key(t) for t in whole["tokens"]]
+  first_epoch = rows[:len(train_source)]
+  assert len(set(first_epoch)) == len(first_epoch) and set(first_epoch) == everything
   eval_rows, counts = [], []
   for p in range(2):
     batches = list(pipeline.eval_batches(config, eval_source, process_index=p, process_count=2))
@@ -106,20 +108,20 @@ def test_two_processes_cover_each_epoch_without_overlap(smoke_config):
   assert counts[0] == counts[1] and len(eval_rows) == len(set(eval_rows)) == len(eval_source)
 
 
-def test_iterator_state_restores_the_same_next_batches(smoke_config):
+def test_the_data_position_is_the_step(smoke_config):
   config = smoke_config()
   pipeline.prepare(config)
   source = pipeline.source(config, "train")
   it = pipeline.train_iterator(config, source)
-  for _ in range(70):  # past the first epoch of 62 batches: the restored state must hold the epoch too
+  for _ in range(70):  # past the first epoch of 31 batches: the position must hold the epoch too
     next(it)
-  state = it.get_state()
   want = [next(it) for _ in range(3)]
-  fresh = pipeline.train_iterator(config, source)
-  fresh.set_state(state)
-  for w in want:
-    got = next(fresh)
-    assert all((got[k] == w[k]).all() for k in w)
+  for count in (1, 2):  # resumed on one process, or on two
+    resumed = [pipeline.train_iterator(config, source, start_step=70, process_index=p, process_count=count)
+               for p in range(count)]
+    for w in want:
+      got = [next(r) for r in resumed]
+      assert all((np.concatenate([g[k] for g in got]) == w[k]).all() for k in w)
   other_seed = config.copy_and_resolve_references()
   other_seed.seed = 1
   assert not (next(pipeline.train_iterator(other_seed, source))["tokens"] ==
@@ -179,7 +181,7 @@ def test_mlm_eval_corruption_is_the_same_on_every_pass_and_for_any_process_count
   # Process 1 of 2 holds examples 1, 3, 5, ...: corrupted exactly as in the one-process pass.
   half = next(pipeline.eval_batches(config, source, process_index=1, process_count=2))
   assert (half["tokens"][:4] == first["tokens"][1:8:2]).all()
-  # In training, each process draws its own masks (records are all full length: equal streams would repeat them).
+  # In training, the processes' rows draw their own masks (seeded by the row's place in the stream).
   train_source = pipeline.source(config, "train")
   p0, p1 = (next(pipeline.train_iterator(config, train_source, process_index=p, process_count=2)) for p in (0, 1))
   assert (p0["mask"].all() and p1["mask"].all()) and not (p0["weights"] == p1["weights"]).all()

@@ -10,8 +10,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 import pytest
 
+from conftest import metrics_rows
 from efftx import checkpoints
 from efftx import config as config_lib
+from efftx import sharding
 from efftx import train
 from efftx import trainer
 from efftx.data import pipeline
@@ -20,7 +22,7 @@ from efftx.data import pipeline
 def _setup(config, devices):
   parts = trainer.parts(config)
   tx, schedule = trainer.make_optimizer(config)
-  mesh = train.make_mesh(devices)
+  mesh = sharding.make_mesh(1, devices)
   state = jax.device_put(trainer.create_state(parts.model, tx, jax.random.key(0)), NamedSharding(mesh, P()))
   train_step = trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(1))
   step = jax.jit(train_step, out_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P())))
@@ -74,17 +76,13 @@ def test_sharded_and_single_device_steps_agree(smoke_config):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), params_8, params_1)
 
 
-def _rows(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
 
 def test_outputs_land_in_workdir(smoke_config, tmp_path):
   config = smoke_config()
   result = train.train_and_evaluate(config, str(tmp_path))
   assert result["step"] == config.total_steps and 0 <= result["eval_accuracy"] <= 1
   assert json.load(open(tmp_path / "config.json"))["model"]["mixer"] == "attention"
-  rows = _rows(tmp_path)
+  rows = metrics_rows(tmp_path)
   assert all("step" in r for r in rows) and any("eval_accuracy" in r for r in rows)
   assert any("tokens_per_sec" in r and "steps_per_sec" in r and "learning_rate" in r for r in rows)
   assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tensorboard"))
@@ -151,7 +149,7 @@ def test_a_workdir_from_before_mixer_options_resumes_exactly(smoke_config, tmp_p
   saved["model"] = {**_OLD_FLAT_MODEL, **saved["model"], **saved.pop("mixer")}
   (old / "config.json").write_text(json.dumps(saved))
   train.train_and_evaluate(config, str(old))
-  resumed, reference = _rows(old), _rows(straight)
+  resumed, reference = metrics_rows(old), metrics_rows(straight)
   assert [r["step"] for r in resumed] == [r["step"] for r in reference]
   # Steps 1–4 were not trained again: their rows are the copied ones, timings included.
   assert [r for r in resumed if r["step"] <= 4] == [r for r in reference if r["step"] <= 4]

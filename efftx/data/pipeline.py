@@ -1,7 +1,8 @@
 """The input pipeline: TFDS array_record → tfds.data_source → grain → per-process numpy batches.
 
-Each JAX process reads its own shard of every split (`index::process_count`), so on a pod the processes together
-cover the data once per epoch without overlap; train.py assembles the global batch from the process-local ones.
+Each JAX process reads its own rows of every global batch (training) or its own shard of a split (evaluation), so
+on a pod the processes together cover the data once per epoch without overlap, and the global batches are the same
+for any number of processes; train.py assembles them from the process-local ones.
 """
 from __future__ import annotations
 
@@ -111,13 +112,12 @@ class Encode:
     return out
 
 
-def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset, stream: int = 0) -> grain.MapDataset:
-  """Encodes the elements of ds, then lets the objective corrupt them (masked-LM does), seeded from
-  (config.seed, stream) and the element's index in ds — train.py gives each process its own stream, so processes
-  draw different masks."""
+def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset) -> grain.MapDataset:
+  """Encodes the elements of ds, then lets the objective corrupt them (masked-LM does), seeded from config.seed
+  and the element's index in ds."""
   task = TASKS[config.data.task]
   ds = ds.map(Encode(config.data.task, config.model.max_len, config.data.truncate))
-  seed = int(np.random.SeedSequence([config.seed, stream]).generate_state(1)[0])
+  seed = int(np.random.SeedSequence([config.seed, 0]).generate_state(1)[0])
   return objectives.for_run(config, task).corrupt(ds, task, seed)
 
 
@@ -139,18 +139,21 @@ def _process(process_index: int | None, process_count: int | None) -> tuple[int,
           jax.process_count() if process_count is None else process_count)
 
 
-def train_iterator(config: ml_collections.ConfigDict, train_source, process_index: int | None = None,
-                   process_count: int | None = None) -> grain.DatasetIterator:
-  """Endless process-local batches, reshuffled every epoch from config.seed; checkpointable (get/set_state).
+def train_iterator(config: ml_collections.ConfigDict, train_source, start_step: int = 0,
+                   process_index: int | None = None, process_count: int | None = None) -> grain.DatasetIterator:
+  """Endless process-local batches from training step `start_step` on, reshuffled every epoch from config.seed.
 
-  Process p of n reads the examples p, p + n, p + 2n, ... (default: this JAX process of all of them).
+  The global batches do not depend on how many processes read them: global batch k is the examples
+  k·B … (k+1)·B − 1 of one seeded, endlessly reshuffled stream (B = config.data.batch_size), and process p of n
+  reads its rows p·B/n … (p+1)·B/n − 1. So the data position is the step: a run resumes from a checkpoint's step
+  alone, on any number of processes and devices, with exactly the batches an uninterrupted run would have seen.
   """
   index, count = _process(process_index, process_count)
-  ds = grain.MapDataset.source(train_source)[index::count]
-  ds = ds.seed(config.seed).shuffle().repeat()  # shuffle before repeat: a new order each epoch
-  ds = _encoded(config, ds, stream=index)
-  ds = ds.batch(config.data.batch_size // count, drop_remainder=True)
-  it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=config.data.read_threads, prefetch_buffer_size=8))
+  ds = grain.MapDataset.source(train_source).seed(config.seed).shuffle().repeat()  # a new order each epoch
+  ds = _encoded(config, ds)  # (masked-LM corruption is seeded by the element's place in the stream)
+  # Local batches of B/n consecutive examples; global batch k is local batches k·n … k·n + n − 1.
+  local = ds.batch(config.data.batch_size // count, drop_remainder=True)[index::count][start_step:]
+  it_ds = local.to_iter_dataset(grain.ReadOptions(num_threads=config.data.read_threads, prefetch_buffer_size=8))
   if config.data.worker_count:
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=config.data.worker_count))
   return iter(it_ds)

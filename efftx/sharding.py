@@ -1,0 +1,66 @@
+"""How a run lays its arrays out on the devices: the mesh, and the one rule for parameters and optimizer state.
+
+The mesh has two axes, ("data", "fsdp"), over every device of every process: config.mesh.fsdp devices along
+"fsdp", the rest along "data". The batch is split over both. Parameters and AdamW's state are split along "fsdp"
+(fully-sharded data parallelism, ZeRO-3): each device holds 1/fsdp of them, and XLA gathers a layer's parameters
+where the step needs them and reduce-scatters their gradients. fsdp = 1 is plain data parallelism.
+
+The rule is by shape, as big_vision's fsdp rule is, not a table of names: an array is split along its largest
+dimension that the fsdp axis divides, so every mixer, every head and any parameter added later is covered with
+nothing to maintain. Arrays under MIN_SHARDED elements (biases, norm scales, small embeddings) stay whole on every
+device: gathering them would cost more than they save. AdamW's moments have their parameters' shapes, so they are
+laid out like them. The rule knows one name: the reversible stack's "layers", whose leading axis its scan walks
+layer by layer — that axis is never split (splitting it would gather every layer at once).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+import numpy as np
+
+MIN_SHARDED = 4096  # elements; smaller arrays are replicated
+STACKED = "layers"  # a parameter path through this name has a leading layer axis (efftx.reversible)
+
+
+def make_mesh(fsdp: int = 1, devices=None) -> jax.sharding.Mesh:
+  """("data", "fsdp") over `devices` (default: every device of every process), fsdp devices along "fsdp"."""
+  devices = jax.devices() if devices is None else devices
+  # Auto axes: XLA propagates the shardings (jax.make_mesh defaults to Explicit sharding-in-types).
+  return jax.make_mesh((len(devices) // fsdp, fsdp), ("data", "fsdp"), devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def batch(mesh: jax.sharding.Mesh) -> NamedSharding:
+  """Examples split over every device (both axes)."""
+  return NamedSharding(mesh, P(("data", "fsdp")))
+
+
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def spec(path: tuple, shape: tuple[int, ...], fsdp: int) -> P:
+  """The rule: the PartitionSpec of an array at `path` (a jax tree path) with `shape`."""
+  if fsdp == 1 or int(np.prod(shape, dtype=np.int64)) < MIN_SHARDED:
+    return P()
+  names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+  first = 1 if STACKED in names else 0
+  dims = [d for d in range(first, len(shape)) if shape[d] % fsdp == 0]
+  if not dims:
+    return P()
+  largest = max(dims, key=lambda d: (shape[d], d))  # ties: the later dimension
+  return P(*["fsdp" if d == largest else None for d in range(len(shape))])
+
+
+def shardings(mesh: jax.sharding.Mesh, tree: Any) -> Any:
+  """NamedShardings for every array of `tree` (arrays or jax.ShapeDtypeStructs: parameters, a TrainState)."""
+  fsdp = mesh.shape["fsdp"]
+  return jax.tree_util.tree_map_with_path(lambda path, x: NamedSharding(mesh, spec(path, x.shape, fsdp)), tree)
+
+
+def bytes_on_first_device(tree: Any) -> int:
+  """Bytes of `tree`'s arrays held by the first device (from the arrays' addressable shards)."""
+  device = jax.local_devices()[0]
+  return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == device)

@@ -1,0 +1,241 @@
+"""Scale-out on 8 fake devices: the fsdp axis (parameters and optimizer state split), and resuming a checkpoint
+on another number of devices or another data/fsdp split."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import free_port
+from conftest import logged_step
+from conftest import mixer_config
+from conftest import metrics_rows
+from conftest import REPO
+from efftx import checkpoints
+from efftx import config as config_lib
+from efftx import sharding
+from efftx import train
+from efftx import trainer
+from efftx.mixers import MIXERS
+
+
+def test_the_rule_splits_the_largest_divisible_dimension_and_never_a_layer_axis():
+  key = lambda *names: tuple(jax.tree_util.DictKey(n) for n in names)
+  assert sharding.spec(key("block_0", "ff", "up", "kernel"), (64, 256), 8) == jax.sharding.PartitionSpec(None, "fsdp")
+  assert sharding.spec(key("embed", "embedding"), (4096, 64), 8) == jax.sharding.PartitionSpec("fsdp", None)
+  assert sharding.spec(key("final_norm", "scale"), (64,), 8) == jax.sharding.PartitionSpec()  # small: replicated
+  assert sharding.spec(key("classifier", "kernel"), (4096, 10), 8) == jax.sharding.PartitionSpec("fsdp", None)
+  assert sharding.spec(key("x"), (3, 5, 4099), 8) == jax.sharding.PartitionSpec()  # nothing divisible
+  assert sharding.spec(key("x"), (64, 256), 1) == jax.sharding.PartitionSpec()  # no fsdp axis
+  # The reversible stack's stacked parameters: the layer axis (here the largest) is never split.
+  assert sharding.spec(key("reversible", "layers", "G", "ff", "up", "kernel"), (512, 64, 128), 8) == \
+      jax.sharding.PartitionSpec(None, None, "fsdp")
+
+
+def _steps(config, fsdp, num_steps=1):
+  """([loss, grad_norm] per step, final state) of num_steps train steps on one fixed batch, laid out with this
+  fsdp."""
+  parts = trainer.parts(config)
+  tx, schedule = trainer.make_optimizer(config)
+  mesh = sharding.make_mesh(fsdp)
+  abstract = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))
+  state_sharding = sharding.shardings(mesh, abstract)
+  state = jax.jit(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)), out_shardings=state_sharding)()
+  step = jax.jit(trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(1)),
+                 in_shardings=(state_sharding, sharding.batch(mesh)),
+                 out_shardings=(state_sharding, sharding.replicated(mesh)))
+  rng = np.random.default_rng(0)
+  L = config.model.max_len
+  batch = {"tokens": rng.integers(1, 16, (16, L)).astype(np.int32), "mask": np.ones((16, L), bool),
+           "label": rng.integers(0, 10, (16,)).astype(np.int32)}
+  out = []
+  for _ in range(num_steps):
+    state, metrics = step(state, jax.device_put(batch, sharding.batch(mesh)))
+    out.append([float(metrics["loss"]), float(metrics["grad_norm"])])
+  return out, state
+
+
+@pytest.mark.parametrize("mixer,reversible", [(m, False) for m in MIXERS] + [("attention", True)])
+def test_every_mixer_trains_the_same_with_sharded_parameters(mixer, reversible):
+  config = mixer_config(mixer, d_model=64, d_ff=128, num_layers=1, max_len=32, num_heads=4, dropout=0.1,
+                        reversible=reversible, lsh_chunk=8)
+  config.optim.warmup_steps = 0
+  (metrics_1, state_1), (metrics_8, state_8) = _steps(config, 1), _steps(config, 8)
+  np.testing.assert_allclose(metrics_8, metrics_1, rtol=1e-5)  # the loss and the gradient norm
+  # Parameters after the update to within one update (learning rate 1e-3): Adam's first step moves each
+  # parameter by ±lr whatever its gradient's size, so where a gradient is ~0 another summation order can flip it.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2.5e-3),
+               jax.device_get(state_8.params), jax.device_get(state_1.params))
+  split = [x for x in jax.tree.leaves(state_8.params) if not x.sharding.is_fully_replicated]
+  assert split, "no parameter was split"
+
+
+
+def _assert_rows_close(got, want, first_step=1):
+  got, want = [r for r in got if r["step"] >= first_step], [r for r in want if r["step"] >= first_step]
+  assert [r["step"] for r in got] == [r["step"] for r in want] and got
+  for g, w in zip(got, want):
+    for key in ("loss", "grad_norm", "eval_loss"):
+      if key in w:
+        assert g[key] == pytest.approx(w[key], rel=1e-5), (g["step"], key)
+
+
+def _max_parameter_difference(workdir, other, step) -> float:
+  """max |a − b| over the parameters of two runs' checkpoints at `step` (parameters are O(0.001–1)), leaving out
+  attention's key bias: a softmax over keys does not see it, so its gradient is 0 in exact arithmetic and its
+  values are rounding noise that Adam's m/√v scales up to ±learning rate per step."""
+  _, got, _ = checkpoints.restore_params(str(workdir), step)
+  _, want, _ = checkpoints.restore_params(str(other), step)
+  diffs = []
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(jax.device_get(got))[0],
+                          jax.tree.leaves(jax.device_get(want))):
+    d = np.abs(np.asarray(a) - np.asarray(b))
+    if [getattr(k, "key", None) for k in path][-2:] == ["qkv", "bias"]:
+      d = np.delete(d, 1, axis=0)  # (q, k, v) × heads × head width: drop k
+    diffs.append(float(d.max()))
+  return max(diffs)
+
+
+def _quickstart_size(smoke_config, **fields):
+  """The quickstart's model (width 64, FF 256) on the smoke data, logged every step."""
+  config = smoke_config()
+  config.model.update(d_model=64, d_ff=256)
+  config.update({"total_steps": 12, "log_every": 1, "eval_every": 12, "checkpoint_every": 6, **fields})
+  return config
+
+
+def test_fsdp_8_equals_data_8_with_an_eighth_of_the_state_per_device(smoke_config, tmp_path):
+  config = _quickstart_size(smoke_config)
+  train.train_and_evaluate(config, str(tmp_path / "data8"))
+  config.mesh.fsdp = 8
+  train.train_and_evaluate(config, str(tmp_path / "fsdp8"))
+  _assert_rows_close(metrics_rows(tmp_path / "fsdp8"), metrics_rows(tmp_path / "data8"))
+
+  parts = trainer.parts(config)
+  tx, _ = trainer.make_optimizer(config)
+  held = {}
+  for fsdp in (1, 8):
+    mesh = sharding.make_mesh(fsdp)
+    abstract = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))
+    state = jax.jit(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)),
+                    out_shardings=sharding.shardings(mesh, abstract))()
+    held[fsdp] = (sharding.bytes_on_first_device(state.params), sharding.bytes_on_first_device(state.opt_state))
+  total = sum(x.nbytes for x in jax.tree.leaves(state.params))
+  # Arrays under MIN_SHARDED elements stay whole on every device (here: embeddings of a 48-position, 20-token
+  # model, biases, norms); everything else is split 8 ways.
+  small = [sum(x.nbytes for x in jax.tree.leaves(tree) if x.size < sharding.MIN_SHARDED)
+           for tree in (state.params, state.opt_state)]
+  print(f"bytes on device 0: parameters {held[1][0]} (data = 8) vs {held[8][0]} (fsdp = 8, "
+        f"{held[8][0] / held[1][0]:.3f}), AdamW state {held[1][1]} vs {held[8][1]} ({held[8][1] / held[1][1]:.3f}); "
+        f"arrays kept whole: {small[0]} + {small[1]} bytes")
+  assert held[1][0] == total
+  for data_8, fsdp_8, whole in zip(held[1], held[8], small):
+    assert fsdp_8 == pytest.approx((data_8 - whole) / 8 + whole, rel=0.01)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(smoke_config, tmp_path):
+  config = _quickstart_size(smoke_config)
+  straight = str(tmp_path / "straight")
+  train.train_and_evaluate(config, straight)
+
+  def stopped_at_6(name):
+    workdir = tmp_path / name
+    shutil.copytree(straight, workdir)
+    shutil.rmtree(workdir / "checkpoints" / "12")
+    return workdir
+
+  # 4 devices (another process, as JAX fixes its device count at start-up), data = 4.
+  on_4 = stopped_at_6("on_4")
+  overrides = [f"--config.{k}={v}" for k, v in {"total_steps": 12, "log_every": 1, "eval_every": 12,
+                                                  "checkpoint_every": 6, "model.d_model": 64,
+                                                  "model.d_ff": 256}.items()]
+  proc = subprocess.run([sys.executable, "-m", "efftx.train", "--config=configs/quickstart.py:smoke",
+                         f"--workdir={on_4}", f"--config.data.data_dir={config.data.data_dir}"] + overrides,
+                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+  assert proc.returncode == 0, proc.stderr
+  assert "4 devices (data 4 × fsdp 1)" in proc.stderr
+  # 8 devices split data 2 × fsdp 4.
+  other_split = stopped_at_6("other_split")
+  config.mesh.fsdp = 4
+  train.train_and_evaluate(config, str(other_split))
+
+  for workdir in (on_4, other_split):
+    _assert_rows_close(metrics_rows(workdir), metrics_rows(straight), first_step=7)
+    diff = _max_parameter_difference(workdir, straight, 12)
+    print(f"{workdir.name}: final parameters differ from the uninterrupted 8-device run's by at most {diff:.2e}")
+    assert diff < 1e-5
+
+
+def test_fsdp_must_divide_the_devices(smoke_config):
+  config = smoke_config()
+  config.mesh.fsdp = 3
+  with pytest.raises(ValueError, match="config.mesh.fsdp=3 must divide the 8 devices"):
+    config_lib.validate(config, 8)
+
+
+def _train_command(workdir, config, **overrides):
+  """efftx.train on the quickstart's smoke data with _quickstart_size's model and schedule, as a command."""
+  fields = {"total_steps": config.total_steps, "log_every": config.log_every, "eval_every": config.eval_every,
+            "checkpoint_every": config.checkpoint_every, "model.d_model": 64, "model.d_ff": 256, **overrides}
+  return [sys.executable, "-m", "efftx.train", "--config=configs/quickstart.py:smoke", f"--workdir={workdir}",
+          f"--config.data.data_dir={config.data.data_dir}"] + [f"--config.{k}={v}" for k, v in fields.items()]
+
+
+def _two_processes(command):
+  """Two processes × 4 CPU devices of one JAX run (jax.distributed over loopback)."""
+  port = free_port()
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  return [subprocess.Popen(command + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                                      f"--process_id={i}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True) for i in range(2)]
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_stop_together_and_resume_on_one(smoke_config, tmp_path):
+  """2 real processes × 4 devices against 1 process × 8 devices: the same per-step losses; a SIGTERM to one
+  process stops both at the same (log) step with a checkpoint; that checkpoint evaluates the same on two processes
+  as on one, and resumes in 1 process × 8 devices to the same end."""
+  config = _quickstart_size(smoke_config, total_steps=60, log_every=3, eval_every=60, checkpoint_every=60)
+  straight = tmp_path / "straight"
+  train.train_and_evaluate(config, str(straight))
+
+  workdir = tmp_path / "two"
+  procs = _two_processes(_train_command(workdir, config))
+  deadline = time.time() + 180
+  while logged_step(workdir) < 6:
+    assert procs[0].poll() is None and time.time() < deadline, procs[0].communicate()[0]
+    time.sleep(0.01)
+  procs[1].send_signal(signal.SIGTERM)  # only the second process is told
+  outs = [p.communicate(timeout=180)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs
+  stopped = [int(o.split("stopped by signal at step ")[1].split()[0]) for o in outs]
+  assert stopped[0] == stopped[1] < 60 and stopped[0] % 3 == 0, stopped  # at a log boundary
+  assert sorted(os.listdir(workdir / "checkpoints")) == [str(stopped[0])]
+  _assert_rows_close(metrics_rows(workdir), [r for r in metrics_rows(straight) if r["step"] <= stopped[0]])
+
+  # efftx.evaluate on the two processes (each reading its shard) equals one process on 8 devices.
+  results = []
+  for procs in (_two_processes([sys.executable, "-m", "efftx.evaluate", f"--workdir={workdir}"]),
+                [subprocess.Popen([sys.executable, "-m", "efftx.evaluate", f"--workdir={workdir}"], cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]):
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    results.append(json.loads((workdir / f"eval_validation_{stopped[0]}.json").read_text()))
+  assert results[0]["examples"] == results[1]["examples"] == 200
+  assert results[0]["accuracy"] == results[1]["accuracy"]
+  assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-6)
+
+  # The two processes' checkpoint, resumed by one process on 8 devices: the same run as the straight one.
+  train.train_and_evaluate(config, str(workdir))
+  _assert_rows_close(metrics_rows(workdir), metrics_rows(straight))
+  diff = _max_parameter_difference(workdir, straight, 60)
+  print(f"stopped at step {stopped[0]}; final parameters differ by at most {diff:.2e}")
+  assert diff < 1e-5
