@@ -4,10 +4,24 @@ import os
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA's compiled programs are cached on disk for the session, shared with the processes the tests start: dozens
+# of real runs compile the same smoke model (~6 of the ~10 s one takes), and in-process tests rebuild it too.
+_XLA_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import tempfile  # pylint: disable=g-import-not-at-top
+  _XLA_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="efftx-tests-xla-cache-")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import pytest  # pylint: disable=g-import-not-at-top
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
+  if _XLA_CACHE:
+    import shutil  # pylint: disable=g-import-not-at-top
+    shutil.rmtree(_XLA_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
