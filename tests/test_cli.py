@@ -1,5 +1,6 @@
 """Bad input on the command line: non-zero exit, one clear line naming the problem and the choices, no traceback,
 and the workdir as it was."""
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -103,32 +104,52 @@ def test_there_are_at_least_20_bad_input_cases():
   assert len(CASES) >= 20
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("prog,args,words", CASES, ids=[" ".join([p] + a) for p, a, _ in CASES])
-def test_bad_input_exits_with_one_clear_line(prog, args, words, tmp_path, data_dir, finished_run):
-  (tmp_path / "empty").mkdir()
-  (tmp_path / "afile").write_text("not a folder")
-  (tmp_path / "configured").mkdir()
-  (tmp_path / "configured" / "config.json").write_text((open(os.path.join(finished_run, "config.json")).read()))
-  (tmp_path / "garbage").mkdir()
+def _make_inputs(tmp, finished_run):
+  """The files and folders the cases name under {tmp}."""
+  (tmp / "empty").mkdir()
+  (tmp / "afile").write_text("not a folder")
+  (tmp / "configured").mkdir()
+  (tmp / "configured" / "config.json").write_text((open(os.path.join(finished_run, "config.json")).read()))
+  (tmp / "garbage").mkdir()
   for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
                "t10k-labels-idx1-ubyte.gz"):
-    (tmp_path / "garbage" / name).write_bytes(np.random.default_rng(0).bytes(5000))
-  (tmp_path / "option_it_lacks.py").write_text(
+    (tmp / "garbage" / name).write_bytes(np.random.default_rng(0).bytes(5000))
+  (tmp / "option_it_lacks.py").write_text(
       "from configs import quickstart\n\n\ndef get_config():\n  config = quickstart.get_config('mixer=fnet')\n"
       "  config.mixer.attention_dropout = 0.1  # fnet has no attention probabilities\n  return config\n")
-  (tmp_path / "raises.py").write_text("def get_config():\n  raise FileNotFoundError('no such corpus: /data/x')\n")
-  (tmp_path / "no_get_config.py").write_text("def config():\n  return None\n")
-  fill = lambda a: a.replace("{tmp}", str(tmp_path)).replace("{run}", finished_run).replace("{data_dir}", data_dir)
-  raw_args, args = args, [fill(a) for a in args]
-  argv = [sys.executable, "-m", f"efftx.{prog}"]
-  if prog == "train" and not any(a.startswith("--workdir=") for a in args):
-    argv.append(f"--workdir={tmp_path / 'run'}")
-  if prog == "train" and not any(a.startswith("--config=") for a in args):
-    argv.append("--config=configs/quickstart.py")
-  workdir = next(a for a in argv + args if a.startswith("--workdir=")).split("=", 1)[1]
-  before = _snapshot(workdir)
-  proc = subprocess.run(argv + args, cwd=REPO, capture_output=True, text=True, timeout=120)
+  (tmp / "raises.py").write_text("def get_config():\n  raise FileNotFoundError('no such corpus: /data/x')\n")
+  (tmp / "no_get_config.py").write_text("def config():\n  return None\n")
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(data_dir, finished_run, tmp_path_factory):
+  """Every case run as a real process, two at a time (they are independent; each has its own {tmp}): a list of
+  (completed process, workdir snapshot before, snapshot after). Snapshots are taken before the first case starts
+  and after the last ends, so cases sharing the finished run's workdir cannot see each other."""
+  jobs = []
+  for i, (prog, args, _) in enumerate(CASES):
+    tmp = tmp_path_factory.mktemp(f"bad_input_{i}")
+    _make_inputs(tmp, finished_run)
+    args = [a.replace("{tmp}", str(tmp)).replace("{run}", finished_run).replace("{data_dir}", data_dir)
+            for a in args]
+    argv = [sys.executable, "-m", f"efftx.{prog}"]
+    if prog == "train" and not any(a.startswith("--workdir=") for a in args):
+      argv.append(f"--workdir={tmp / 'run'}")
+    if prog == "train" and not any(a.startswith("--config=") for a in args):
+      argv.append("--config=configs/quickstart.py")
+    jobs.append((argv + args, next(a for a in argv + args if a.startswith("--workdir=")).split("=", 1)[1]))
+  before = [_snapshot(workdir) for _, workdir in jobs]
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    procs = list(pool.map(lambda job: subprocess.run(job[0], cwd=REPO, capture_output=True, text=True,
+                                                     timeout=300), jobs))
+  return list(zip(procs, before, [_snapshot(workdir) for _, workdir in jobs]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[" ".join([p] + a) for p, a, _ in CASES])
+def test_bad_input_exits_with_one_clear_line(case, bad_input_runs):
+  prog, raw_args, words = CASES[case]
+  proc, before, after = bad_input_runs[case]
   assert proc.returncode != 0
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   if not any("{tmp}/" in a and "data_dir" in a for a in raw_args):
@@ -137,7 +158,7 @@ def test_bad_input_exits_with_one_clear_line(prog, args, words, tmp_path, data_d
   assert lines[-1].startswith(f"efftx.{prog}: error: "), proc.stderr
   for word in words:
     assert word in lines[-1], lines[-1]
-  assert _snapshot(workdir) == before  # the workdir as it was (absent if it was)
+  assert after == before  # the workdir as it was (absent if it was)
 
 
 @pytest.mark.slow
