@@ -108,13 +108,22 @@ def record_sizes(checkpoints: ocp.CheckpointManager) -> None:
   if jax.process_index() != 0:
     return
   for step in checkpoints.all_steps():
-    folder = os.path.join(os.fspath(checkpoints.directory), str(step))
+    folder = _folder(checkpoints, step)
     if os.path.isdir(folder) and not os.path.exists(os.path.join(folder, SIZES_FILE)):
       sizes = {os.path.relpath(os.path.join(d, f), folder): os.path.getsize(os.path.join(d, f))
                for d, _, files in os.walk(folder) for f in files}
       with open(os.path.join(folder, SIZES_FILE + ".tmp"), "w") as f:
         json.dump(sizes, f)
       os.replace(os.path.join(folder, SIZES_FILE + ".tmp"), os.path.join(folder, SIZES_FILE))
+
+
+def _folder(checkpoints: ocp.CheckpointManager, step: int) -> str:
+  return os.path.join(os.fspath(checkpoints.directory), str(step))
+
+
+def _reason(error: Exception) -> str:
+  """An orbax/TensorStore read error in one line (their messages run to pages of JSON specs)."""
+  return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
 
 
 def _damage(folder: str) -> str | None:
@@ -147,14 +156,14 @@ def restore_latest_readable(checkpoints: ocp.CheckpointManager,
   failed = []
   _quiet_failed_reads()
   for step in sorted(checkpoints.all_steps(), reverse=True):
-    damage = _damage(os.path.join(os.fspath(checkpoints.directory), str(step)))
+    damage = _damage(_folder(checkpoints, step))
     if damage:
       failed.append((step, damage))
       continue
     try:
       state = restore(checkpoints, step, abstract_state)
     except Exception as e:  # pylint: disable=broad-except  # whatever else the damage, try the previous one
-      failed.append((step, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"))
+      failed.append((step, _reason(e)))
     else:
       break
     # Collect the failed reads now, out of the except block (its frames hold them): on Python 3.11, a collection
@@ -198,7 +207,7 @@ def _set_aside(checkpoints: ocp.CheckpointManager, failed: list[tuple[int, str]]
     if jax.process_index() == 0:
       os.makedirs(aside, exist_ok=True)
       target = os.path.join(aside, f"{step}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-      shutil.move(os.path.join(os.fspath(checkpoints.directory), str(step)), target)
+      shutil.move(_folder(checkpoints, step), target)
     logging.warning("checkpoint %d cannot be read (%s); resuming from step %d instead (the unreadable one is in %s)",
                     step, why, good_step, aside)
   if jax.process_count() > 1:
@@ -269,8 +278,7 @@ def restore_params(path: str, step: int | None = None,
     restored = checkpoints.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
   except Exception as e:  # pylint: disable=broad-except  # truncated or missing files
-    raise UserError(f"checkpoint {step} of {path} cannot be read ({type(e).__name__}: "
-                    f"{(str(e).strip().splitlines() or [''])[0][:200]})") from None
+    raise UserError(f"checkpoint {step} of {path} cannot be read ({_reason(e)})") from None
   finally:
     checkpoints.close()
   return config, restored["state"]["params"], step
