@@ -1,6 +1,11 @@
 """A run's workdir, checkpoints and saved config: the workdir's lock, the orbax manager, saving and restoring the
 train state (falling back past unreadable checkpoints; the data position is the step), reading a run's parameters,
-and loading another run's encoder."""
+and loading another run's encoder.
+
+A workdir is a local folder or a bucket path (gs://bucket/folder), reached through each library's own path
+handling: etils epath (gcsfs) here, orbax's TensorStore for checkpoints, tensorboardX's google-cloud-storage writer
+for event files. The differences a bucket makes: no lock (an object store has none), and files rewritten whole
+instead of appended to (efftx.metrics)."""
 from __future__ import annotations
 
 import datetime
@@ -9,11 +14,11 @@ import gc
 import json
 import logging as logging_std
 import os
-import shutil
 import socket
 import sys
 
 from absl import logging
+from etils import epath
 import flax.traverse_util
 import jax
 import ml_collections
@@ -28,71 +33,97 @@ from efftx import trainer
 from efftx.errors import UserError
 
 
+def run_folder(path: str) -> epath.Path:
+  """A run's folder as given (--workdir, config.init_from): a local path, made absolute, or a gs:// bucket path."""
+  if "://" not in path:
+    return epath.Path(os.path.abspath(os.path.expanduser(path)))
+  if not path.startswith("gs://"):
+    raise UserError(f"{path}: a run's folder is a local path or a gs:// bucket path, not {path.split('://')[0]}://")
+  return epath.Path(path)
+
+
+def on_bucket(path: os.PathLike | str) -> bool:
+  return os.fspath(path).startswith("gs://")
+
+
 class WorkdirLock:
   """An exclusive lock on the workdir folder (flock), held by one run's process 0 for the run's life, so a second
   run started on the same workdir is refused instead of writing over the first. The kernel releases it when the
   holder exits in any way, kill -9 included, so a dead run's lock never blocks. Who holds it is written to
   workdir/running.json (removed on release) for the refusal's message. A workdir this lock created is removed
-  again on release if the run failed before writing anything else into it."""
+  again on release if the run failed before writing anything else into it.
 
-  def __init__(self, workdir: str):
-    self._workdir, self._fd, self._created = workdir, None, not os.path.exists(workdir)
-    if not self._created and not os.path.isdir(workdir):
+  A bucket has no locks: there running.json is only read, to warn that another run may be writing (a killed
+  run leaves it behind, so it cannot refuse); one run per bucket workdir is the launcher's to ensure."""
+
+  def __init__(self, workdir: epath.PathLike):
+    workdir = epath.Path(workdir)
+    self._workdir, self._fd, self._created = workdir, None, not workdir.exists()
+    self._running = workdir / "running.json"
+    if not self._created and not workdir.is_dir():
       raise UserError(f"--workdir={workdir} is a file, not a folder")
     try:
-      os.makedirs(workdir, exist_ok=True)
-      self._fd = os.open(workdir, os.O_RDONLY)
+      workdir.mkdir(parents=True, exist_ok=True)
+      if not on_bucket(workdir):
+        self._fd = os.open(workdir, os.O_RDONLY)
     except OSError as e:
-      raise UserError(f"cannot create --workdir={workdir}: {e.strerror}") from None
+      raise UserError(f"cannot create --workdir={workdir}: {e.strerror or e}") from None
+    if on_bucket(workdir):
+      if self._running.exists():
+        logging.warning("%s may be in use by another run (%s): a bucket has no lock, so if that run is still "
+                        "going, stop one of the two", workdir, self._holder())
+    else:
+      try:
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        os.close(self._fd)
+        raise UserError(f"{workdir} is in use by another run ({self._holder()}): wait for it to end or stop it, "
+                        "or use another --workdir") from None
+      except OSError as e:  # a filesystem without locks: go on, unprotected
+        logging.warning("cannot lock %s (%s): nothing stops a second run from writing into it", workdir, e.strerror)
     try:
-      fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      os.close(self._fd)
-      raise UserError(f"{workdir} is in use by another run ({self._holder()}): wait for it to end or stop it, "
-                      "or use another --workdir") from None
-    except OSError as e:  # a filesystem without locks: go on, unprotected
-      logging.warning("cannot lock %s (%s): nothing stops a second run from writing into it", workdir, e.strerror)
-    try:
-      with open(os.path.join(workdir, "running.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "host": socket.gethostname(),
-                   "since": datetime.datetime.now().isoformat(timespec="seconds")}, f)
+      self._running.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                           "since": datetime.datetime.now().isoformat(timespec="seconds")}))
     except OSError as e:
       self.release()
-      raise UserError(f"cannot write in --workdir={workdir}: {e.strerror}") from None
+      raise UserError(f"cannot write in --workdir={workdir}: {e.strerror or e}") from None
 
   def _holder(self) -> str:
     try:
-      with open(os.path.join(self._workdir, "running.json")) as f:
-        h = json.load(f)
+      h = json.loads(self._running.read_text())
       return f"pid {h['pid']} on {h['host']}, since {h['since']}"
     except (OSError, ValueError, KeyError):
       return "its process holds the folder's lock"
 
   def release(self) -> None:
-    if os.path.exists(os.path.join(self._workdir, "running.json")):
-      os.remove(os.path.join(self._workdir, "running.json"))
-    if self._created and os.path.isdir(self._workdir) and not os.listdir(self._workdir):
-      os.rmdir(self._workdir)  # the run failed before writing anything: leave no trace
-    os.close(self._fd)
+    self._running.unlink(missing_ok=True)
+    if self._fd is not None:
+      if self._created and self._workdir.is_dir() and not any(self._workdir.iterdir()):
+        self._workdir.rmdir()  # the run failed before writing anything: leave no trace
+      os.close(self._fd)
 
 
-def manager(workdir: str, keep: int) -> ocp.CheckpointManager:
+def manager(workdir: epath.PathLike, keep: int) -> ocp.CheckpointManager:
   """workdir/checkpoints, keeping the last `keep`. A save is written to a temporary folder and renamed when
-  complete, so a run killed while saving leaves the previous checkpoints as they were; the temporary folder is
-  removed when the next run opens the manager."""
-  return ocp.CheckpointManager(os.path.join(workdir, "checkpoints"), options=ocp.CheckpointManagerOptions(
+  complete (on a bucket: marked complete by a last file, commit_success.txt), so a run killed while saving leaves
+  the previous checkpoints as they were; the temporary folder is removed when the next run opens the manager."""
+  return ocp.CheckpointManager(epath.Path(workdir) / "checkpoints", options=ocp.CheckpointManagerOptions(
       max_to_keep=keep, create=True, cleanup_tmp_directories=True))
 
 
-def has_checkpoint(workdir: str) -> bool:
-  folder = os.path.join(workdir, "checkpoints")
-  return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
+def has_checkpoint(workdir: epath.PathLike) -> bool:
+  folder = epath.Path(workdir) / "checkpoints"
+  return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
 
 
 def save(checkpoints: ocp.CheckpointManager, step: int, state: trainer.TrainState) -> None:
   """Starts writing a checkpoint (asynchronously: training goes on); records the sizes of the earlier ones, which
   orbax has completed by now. The data position is the step (efftx.data.pipeline.train_iterator): nothing else
   to save."""
+  # The previous save has ended long since, as a rule (orbax's save would wait for it too); its sizes are final
+  # only then (on a bucket a checkpoint's folder has its step's name while it is written, and the end of the save
+  # rewrites _CHECKPOINT_METADATA).
+  checkpoints.wait_until_finished()
   record_sizes(checkpoints)
   checkpoints.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
 
@@ -103,22 +134,39 @@ SIZES_FILE = "efftx_file_sizes.json"
 
 
 def record_sizes(checkpoints: ocp.CheckpointManager) -> None:
-  """Writes SIZES_FILE into every completed checkpoint that lacks one (process 0; orbax renames a checkpoint's
-  folder to its step only once it is complete, so a folder named by its step is complete)."""
+  """Writes SIZES_FILE into every checkpoint that lacks one (process 0; call it when no save is in flight)."""
   if jax.process_index() != 0:
     return
   for step in checkpoints.all_steps():
     folder = _folder(checkpoints, step)
-    if os.path.isdir(folder) and not os.path.exists(os.path.join(folder, SIZES_FILE)):
-      sizes = {os.path.relpath(os.path.join(d, f), folder): os.path.getsize(os.path.join(d, f))
-               for d, _, files in os.walk(folder) for f in files}
-      with open(os.path.join(folder, SIZES_FILE + ".tmp"), "w") as f:
-        json.dump(sizes, f)
-      os.replace(os.path.join(folder, SIZES_FILE + ".tmp"), os.path.join(folder, SIZES_FILE))
+    if folder.is_dir() and not (folder / SIZES_FILE).exists():
+      write_whole(folder / SIZES_FILE, json.dumps(_file_sizes(folder)))
 
 
-def _folder(checkpoints: ocp.CheckpointManager, step: int) -> str:
-  return os.path.join(os.fspath(checkpoints.directory), str(step))
+def _file_sizes(folder: epath.Path) -> dict[str, int]:
+  """{path under folder: bytes} of every file in it."""
+  sizes = {}
+  for d, _, files in folder.walk():
+    # On a bucket, the walk names folders without their gs:// scheme: take the part below `folder` by name.
+    below = os.fspath(d).removeprefix("gs://").removeprefix(os.fspath(folder).removeprefix("gs://")).strip("/")
+    for name in files:
+      sizes[f"{below}/{name}" if below else name] = (folder / below / name).stat().length
+  return sizes
+
+
+def write_whole(path: epath.Path, text: str) -> None:
+  """Writes a file so that a reader sees the old text or the new, never part (a bucket's upload is that already;
+  locally, through a temporary file and a rename)."""
+  if on_bucket(path):
+    path.write_text(text)
+  else:
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _folder(checkpoints: ocp.CheckpointManager, step: int) -> epath.Path:
+  return epath.Path(checkpoints.directory) / str(step)
 
 
 def _reason(error: Exception) -> str:
@@ -126,19 +174,18 @@ def _reason(error: Exception) -> str:
   return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
 
 
-def _damage(folder: str) -> str | None:
+def _damage(folder: epath.Path) -> str | None:
   """What is wrong with a checkpoint's files by its SIZES_FILE (None: nothing, or no record to tell)."""
   try:
-    with open(os.path.join(folder, SIZES_FILE)) as f:
-      sizes = json.load(f)
+    sizes = json.loads((folder / SIZES_FILE).read_text())
   except (OSError, ValueError):
     return None
   for name, size in sizes.items():
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
+    path = folder / name
+    if not path.exists():
       return f"{name} is missing"
-    if os.path.getsize(path) != size:
-      return f"{name} holds {os.path.getsize(path)} bytes, {size} when written"
+    if path.stat().length != size:
+      return f"{name} holds {path.stat().length} bytes, {size} when written"
   return None
 
 
@@ -202,12 +249,14 @@ def _quiet_failed_reads() -> None:
 
 
 def _set_aside(checkpoints: ocp.CheckpointManager, failed: list[tuple[int, str]], good_step: int) -> None:
-  aside = os.path.join(os.path.dirname(os.fspath(checkpoints.directory)), "unreadable_checkpoints")
+  aside = epath.Path(checkpoints.directory).parent / "unreadable_checkpoints"
   for step, why in failed:
     if jax.process_index() == 0:
-      os.makedirs(aside, exist_ok=True)
-      target = os.path.join(aside, f"{step}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-      shutil.move(_folder(checkpoints, step), target)
+      aside.mkdir(parents=True, exist_ok=True)
+      if not (aside / "README.txt").exists():  # also makes the folder exist on a bucket, where a move needs it
+        (aside / "README.txt").write_text("Checkpoints efftx could not read when resuming, set aside as "
+                                          "<step>-<when>; the run went on from an earlier one.\n")
+      _folder(checkpoints, step).rename(aside / f"{step}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     logging.warning("checkpoint %d cannot be read (%s); resuming from step %d instead (the unreadable one is in %s)",
                     step, why, good_step, aside)
   if jax.process_count() > 1:
@@ -215,16 +264,15 @@ def _set_aside(checkpoints: ocp.CheckpointManager, failed: list[tuple[int, str]]
   checkpoints.reload()
 
 
-def read_config(workdir: str) -> ml_collections.ConfigDict:
+def read_config(workdir: epath.PathLike) -> ml_collections.ConfigDict:
   """workdir/config.json, with fields added since the run at their defaults (older layouts converted)."""
-  with open(os.path.join(workdir, "config.json")) as f:
-    return config_lib.from_saved(json.load(f))
+  return config_lib.from_saved(json.loads((epath.Path(workdir) / "config.json").read_text()))
 
 
-def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
+def check_same_run(config: ml_collections.ConfigDict, workdir: epath.PathLike) -> None:
   """Refuses to resume a workdir whose checkpoint belongs to a different model or data setup."""
-  if not os.path.exists(os.path.join(workdir, "config.json")) or not os.path.isdir(
-      os.path.join(workdir, "checkpoints")):
+  workdir = epath.Path(workdir)
+  if not (workdir / "config.json").exists() or not (workdir / "checkpoints").is_dir():
     return
   saved = json.loads(read_config(workdir).to_json_best_effort())
   current = json.loads(config.to_json_best_effort())
@@ -242,21 +290,19 @@ def restore_params(path: str, step: int | None = None,
   """(config, parameters, step) of a run: `path` is its workdir or workdir/checkpoints/<step>; `step` (default:
   the one in the path, else the latest) picks the checkpoint. The parameters are laid out on `mesh` by the rule
   of efftx.sharding (default: on one device)."""
-  path = os.path.abspath(os.path.expanduser(path))
-  if not os.path.exists(path):
+  path = run_folder(os.fspath(path))
+  if not path.exists():
     raise UserError(f"{path}: no such workdir or checkpoint")
-  if not os.path.exists(os.path.join(path, "config.json")):
-    workdir = os.path.dirname(os.path.dirname(path))
-    if (os.path.basename(path).isdigit() and os.path.basename(os.path.dirname(path)) == "checkpoints"
-        and os.path.exists(os.path.join(workdir, "config.json"))):
-      path, step = workdir, int(os.path.basename(path)) if step is None else step
+  if not (path / "config.json").exists():
+    if path.name.isdigit() and path.parent.name == "checkpoints" and (path.parent.parent / "config.json").exists():
+      path, step = path.parent.parent, int(path.name) if step is None else step
     else:
       raise UserError(f"{path} is neither a training run's workdir (with config.json) nor "
                       "<workdir>/checkpoints/<step>")
   config = read_config(path)
-  if not os.path.isdir(os.path.join(path, "checkpoints")):
+  if not (path / "checkpoints").is_dir():
     raise UserError(f"{path} has no checkpoint yet")
-  checkpoints = ocp.CheckpointManager(os.path.join(path, "checkpoints"),
+  checkpoints = ocp.CheckpointManager(path / "checkpoints",
                                       options=ocp.CheckpointManagerOptions(create=False, read_only=True))
   steps = sorted(checkpoints.all_steps())
   step = steps[-1] if step is None and steps else step
@@ -269,7 +315,7 @@ def restore_params(path: str, step: int | None = None,
             jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), shapes))
   abstract_params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, layout)
   target = {"params": abstract_params}
-  damage = _damage(os.path.join(path, "checkpoints", str(step)))
+  damage = _damage(path / "checkpoints" / str(step))
   if damage:
     checkpoints.close()
     raise UserError(f"checkpoint {step} of {path} cannot be read ({damage})")

@@ -152,6 +152,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
                     "options")
   if d.task not in TASKS:
     raise UserError(f"config.data.task='{d.task}' is not a task; choose from: {', '.join(TASKS)}")
+  if "://" in (d.data_dir or ""):  # google/array_record#120: its reader is riegeli's FdReader
+    raise UserError(f"config.data.data_dir='{d.data_dir}': array_record, the format efftx reads, opens local "
+                    "files only; mount the bucket (gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and set "
+                    "config.data.data_dir=/mnt/BUCKET/...")
   task = TASKS[d.task]
   variants = task.variant_names()
   if d.variant not in variants:

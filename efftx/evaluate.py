@@ -11,7 +11,6 @@ multi-process flags are efftx.train's), also while the run is still training.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from absl import app
@@ -45,8 +44,8 @@ def evaluate(workdir: str, step: int | None = None, split: str = "validation") -
   process 0 writes them to workdir/eval_<split>_<step>.json with the split's name and size."""
   if split not in SPLITS:
     raise UserError(f"--split={split}: choose from {', '.join(SPLITS)}")
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  if not os.path.exists(os.path.join(workdir, "config.json")):
+  workdir = checkpoints.run_folder(workdir)
+  if not (workdir / "config.json").exists():
     raise UserError(f"{workdir} is not a training run's workdir (no config.json)")
   config = checkpoints.read_config(workdir)
   task = trainer.parts(config).task
@@ -66,8 +65,7 @@ def evaluate(workdir: str, step: int | None = None, split: str = "validation") -
   if jax.process_index() == 0:
     record = {"step": step, "split": split, "tfds_split": tfds_split,
               "examples": len(pipeline.source(config, tfds_split)), **metrics}
-    with open(os.path.join(workdir, f"eval_{split}_{step}.json"), "w") as f:
-      json.dump(record, f, indent=2)
+    checkpoints.write_whole(workdir / f"eval_{split}_{step}.json", json.dumps(record, indent=2))
   return metrics, step
 
 
@@ -78,7 +76,7 @@ def main(argv: list[str]) -> None:
     metrics, step = evaluate(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value)
   if jax.process_index() == 0:
     print(f"{_SPLIT.value} at step {step}: {metrics_lib.fmt(metrics)} "
-          f"(written to {os.path.join(os.path.abspath(_WORKDIR.value), f'eval_{_SPLIT.value}_{step}.json')})")
+          f"(written to {checkpoints.run_folder(_WORKDIR.value) / f'eval_{_SPLIT.value}_{step}.json'})")
     sys.stdout.flush()
 
 

@@ -5,10 +5,13 @@ import json
 import os
 import time
 
+from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
 import tensorboardX
+
+from efftx import checkpoints
 
 
 # Per-step values that are not averaged into a logged row: the index of the first parameter whose gradient is not
@@ -20,28 +23,35 @@ class MetricWriter:
   """metrics.jsonl (one JSON object per logged step) and TensorBoard event files, in workdir.
 
   On resume, rows logged after the restored checkpoint (by a run that stopped before saving) are dropped, so
-  every step appears once.
+  every step appears once. A local metrics.jsonl is appended to; one on a bucket (which cannot append) is
+  uploaded whole at every row — a few kB per thousand steps.
   """
 
-  def __init__(self, workdir: str, start_step: int):
-    self._path = os.path.join(workdir, "metrics.jsonl")
-    if os.path.exists(self._path):
-      with open(self._path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["step"] <= start_step]
-      with open(self._path, "w") as f:
-        f.writelines(rows)
-    self._jsonl = open(self._path, "a")
-    self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
+  def __init__(self, workdir: epath.PathLike, start_step: int):
+    self._path = epath.Path(workdir) / "metrics.jsonl"
+    self._rows = []
+    if self._path.exists():
+      self._rows = [line for line in self._path.read_text().splitlines(keepends=True)
+                    if line.strip() and json.loads(line)["step"] <= start_step]
+      checkpoints.write_whole(self._path, "".join(self._rows))
+    self._jsonl = None if checkpoints.on_bucket(workdir) else self._path.open("a")
+    self._tb = tensorboardX.SummaryWriter(os.fspath(workdir / "tensorboard"), purge_step=start_step + 1)
 
   def write(self, step: int, row: dict[str, float]) -> None:
-    self._jsonl.write(json.dumps({"step": step, **row}) + "\n")
-    self._jsonl.flush()
+    line = json.dumps({"step": step, **row}) + "\n"
+    if self._jsonl:
+      self._jsonl.write(line)
+      self._jsonl.flush()
+    else:
+      self._rows.append(line)
+      self._path.write_text("".join(self._rows))
     for name, value in row.items():
       self._tb.add_scalar(name, value, step)
     self._tb.flush()
 
   def close(self) -> None:
-    self._jsonl.close()
+    if self._jsonl:
+      self._jsonl.close()
     self._tb.close()
 
 

@@ -9,7 +9,6 @@ second Ctrl-C stops at once. Outputs in --workdir: config.json, metrics.jsonl, t
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -18,6 +17,7 @@ import time
 from absl import app
 from absl import flags
 from absl import logging
+from etils import epath
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
@@ -49,7 +49,7 @@ def _define_flags() -> None:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains to config.total_steps (resuming from workdir if it holds a checkpoint); returns the last metrics."""
   config_lib.validate(config, jax.device_count())
-  workdir = os.path.abspath(os.path.expanduser(workdir))
+  workdir = checkpoints_lib.run_folder(workdir)
   # Process 0 holds the workdir's lock for the whole run: a second run on it is refused, not interleaved.
   lock = checkpoints_lib.WorkdirLock(workdir) if jax.process_index() == 0 else None
   try:
@@ -59,7 +59,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       lock.release()
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def _train(config: ml_collections.ConfigDict, workdir: epath.Path) -> dict[str, float]:
   resuming = checkpoints_lib.has_checkpoint(workdir)
   _set_up_workdir(config, workdir, resuming)
 
@@ -131,11 +131,11 @@ def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh
   return evaluate
 
 
-def _set_up_workdir(config: ml_collections.ConfigDict, workdir: str, resuming: bool) -> None:
+def _set_up_workdir(config: ml_collections.ConfigDict, workdir: epath.Path, resuming: bool) -> None:
   """Process 0 checks the workdir, prepares the data, encodes a few examples of each split (so that a setting
   that cannot work fails before anything is written in workdir), then writes config.json; the others wait, and
   stop with it if it failed (instead of waiting forever at the next collective)."""
-  if config.init_from and not resuming and not os.path.exists(os.path.expanduser(config.init_from)):
+  if config.init_from and not resuming and not checkpoints_lib.run_folder(config.init_from).exists():
     raise UserError(f"config.init_from='{config.init_from}': no such workdir or checkpoint")
   error = None
   if jax.process_index() == 0:
@@ -148,10 +148,9 @@ def _set_up_workdir(config: ml_collections.ConfigDict, workdir: str, resuming: b
         abstract_params = jax.eval_shape(lambda: trainer.init_params(parts.model, jax.random.key(0)))
         checkpoints_lib.load_encoder(abstract_params, config.init_from, parts.objective.fresh_params)
       try:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-          f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+        checkpoints_lib.write_whole(workdir / "config.json", config.to_json_best_effort(indent=2, sort_keys=True))
       except OSError as e:
-        raise UserError(f"cannot write in --workdir={workdir}: {e.strerror}") from None
+        raise UserError(f"cannot write in --workdir={workdir}: {e.strerror or e}") from None
     except UserError as e:
       error = e
   if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(np.int32(error is not None)) and not error:
@@ -313,7 +312,7 @@ def main(argv: list[str]) -> None:
   if jax.process_index() == 0:
     row = {k: v for k, v in result.items() if k != "step"}
     print(f"step {result['step']}: " + (metrics_lib.fmt(row) or "nothing to do"))
-    print(f"outputs in {os.path.abspath(_WORKDIR.value)}")
+    print(f"outputs in {checkpoints_lib.run_folder(_WORKDIR.value)}")
 
 
 if __name__ == "__main__":

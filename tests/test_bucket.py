@@ -1,0 +1,148 @@
+"""A workdir on a bucket (gs://), end to end, against a local Cloud Storage emulator (gcp-storage-emulator).
+
+Each library reaches the emulator through its own documented setting, exactly as it would reach Cloud Storage:
+etils epath / gcsfs and tensorboardX's google-cloud-storage writer by STORAGE_EMULATOR_HOST, orbax's TensorStore
+by TENSORSTORE_GCS_HTTP_URL. Nothing in efftx knows it is talking to an emulator.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from etils import epath
+import fsspec
+import jax
+import numpy as np
+import pytest
+
+from conftest import REPO, free_port, metrics_rows
+from efftx import checkpoints
+from efftx import train
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "efftx-test"
+OVERRIDES = {"total_steps": 12, "log_every": 1, "eval_every": 12, "checkpoint_every": 4, "keep_checkpoints": 3}
+
+
+@pytest.fixture(scope="module")
+def bucket_env(tmp_path_factory):
+  """Starts the emulator with an empty bucket; the environment that points every library at it."""
+  port = free_port()
+  storage = tmp_path_factory.mktemp("gcs")
+  log = tmp_path_factory.mktemp("gcs_log") / "emulator.log"
+  with open(log, "w") as out:  # a file, not a pipe: it logs every request, and a full pipe would stall it
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "tests", "gcs_emulator.py"), "-d", str(storage), "start", "--port", str(port),
+         "--default-bucket", BUCKET], stdout=out, stderr=subprocess.STDOUT)
+  env = {"STORAGE_EMULATOR_HOST": f"http://localhost:{port}", "TENSORSTORE_GCS_HTTP_URL": f"http://localhost:{port}",
+         "GOOGLE_CLOUD_PROJECT": "efftx-test", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "anonymous"}
+  deadline = time.time() + 60
+  while "All services started" not in log.read_text():
+    assert server.poll() is None and time.time() < deadline, f"the emulator did not start: {log.read_text()}"
+    time.sleep(0.1)
+  yield env
+  server.terminate()
+  server.wait(timeout=30)
+
+
+@pytest.fixture
+def on_bucket(bucket_env, monkeypatch):
+  for name, value in bucket_env.items():
+    monkeypatch.setenv(name, value)
+  return bucket_env
+
+
+def _fresh(workdir) -> epath.Path:
+  """workdir, with this process's cache of the bucket's listings dropped (gcsfs keeps them; the runs changed it)."""
+  fsspec.filesystem("gs", finalize_on_close=True).invalidate_cache()  # the instance epath uses
+  return epath.Path(workdir)
+
+
+def _steps(workdir) -> list[int]:
+  return sorted(int(p.name) for p in (_fresh(workdir) / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def _untimed(row: dict) -> dict:
+  return {k: v for k, v in row.items() if k not in ("steps_per_sec", "tokens_per_sec")}
+
+
+def _command(workdir, data_dir, module="efftx.train"):
+  return [sys.executable, "-m", module, "--config=configs/quickstart.py:smoke", f"--workdir={workdir}",
+          f"--config.data.data_dir={data_dir}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+
+
+def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke_config, data_dir, tmp_path,
+                                                                            on_bucket):
+  local = str(tmp_path / "local")
+  config = smoke_config()
+  config.update(OVERRIDES)
+  train.train_and_evaluate(config, local)
+
+  workdir = f"gs://{BUCKET}/runs/smoke"
+  env = {**os.environ, **on_bucket}
+  # Started, stopped by SIGTERM after step 5 (it saves where it stops), then the same command again.
+  first = subprocess.Popen(_command(workdir, data_dir), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+  log = []
+  while not any("] step 5:" in line for line in log[-1:]):
+    log.append(first.stdout.readline())
+    assert log[-1] or first.poll() is None, "".join(log)
+  first.send_signal(signal.SIGTERM)
+  out = "".join(log) + first.communicate(timeout=120)[0]
+  assert first.returncode == 0, out
+  stopped_at = max(_steps(workdir))
+  assert 5 <= stopped_at < 12, out
+  again = subprocess.run(_command(workdir, data_dir), cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert f"resuming from {workdir}/checkpoints at step {stopped_at}" in again.stderr
+  metrics = _fresh(workdir) / "metrics.jsonl"
+
+  # Every step once, each metric (but the timings) equal to the local run's; the parameters bit for bit.
+  got = [json.loads(line) for line in metrics.read_text().splitlines()]
+  want = metrics_rows(local)
+  assert [r["step"] for r in got] == [r["step"] for r in want]  # step 12 twice: its train row and its eval row
+  assert sorted({r["step"] for r in got}) == list(range(1, 13))
+  assert [_untimed(r) for r in got] == [_untimed(r) for r in want]
+  _, got_params, _ = checkpoints.restore_params(workdir, 12)
+  _, want_params, _ = checkpoints.restore_params(local, 12)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(got_params), jax.device_get(want_params))
+  events = list((_fresh(workdir) / "tensorboard").glob("events.out.tfevents.*"))
+  assert events and all(e.stat().length > 0 for e in events), events
+  assert json.loads((_fresh(workdir) / "config.json").read_text())["model"] == json.loads(
+      config.to_json_best_effort())["model"]
+  assert not (_fresh(workdir) / "running.json").exists()
+
+  # The evaluation of the bucket run writes its record beside it.
+  proc = subprocess.run([sys.executable, "-m", "efftx.evaluate", f"--workdir={workdir}"], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  record = json.loads((_fresh(workdir) / "eval_validation_12.json").read_text())
+  assert record["step"] == 12 and record["loss"] == pytest.approx(want[-1]["eval_loss"], rel=1e-5)
+
+  # A damaged latest checkpoint on the bucket: set aside (a move inside the bucket), the run goes on from step 8.
+  sizes = json.loads((_fresh(workdir) / "checkpoints" / "12" / checkpoints.SIZES_FILE).read_text())
+  largest = max((n for n in sizes if "/d/" in n), key=sizes.get)
+  (epath.Path(workdir) / "checkpoints" / "12" / largest).unlink()
+  proc = subprocess.run(_command(workdir, data_dir), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "checkpoint 12 cannot be read" in proc.stderr and "resuming from step 8 instead" in proc.stderr
+  aside = sorted(p.name for p in (_fresh(workdir) / "unreadable_checkpoints").iterdir())
+  assert len(aside) == 2 and aside[0].startswith("12-") and aside[1] == "README.txt", aside
+  assert [_untimed(json.loads(line)) for line in
+          (_fresh(workdir) / "metrics.jsonl").read_text().splitlines()] == [_untimed(r) for r in want]
+  assert _steps(workdir)[-2:] == [8, 12]
+  _, again_params, _ = checkpoints.restore_params(workdir, 12)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(again_params), jax.device_get(want_params))
+
+
+def test_data_dir_on_a_bucket_is_refused_with_the_way_around(data_dir, tmp_path):
+  proc = subprocess.run(_command(tmp_path, "gs://some-bucket/tensorflow_datasets"), cwd=REPO, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "efftx.train: error: config.data.data_dir='gs://some-bucket/tensorflow_datasets': array_record")
+  assert "gcsfuse" in proc.stderr
