@@ -1,0 +1,583 @@
+"""Sweeps: run a study's grid of training runs, then turn them into the study's table and plot.
+
+    python -m efftx.sweep experiments/<study>/sweep.py --workdir=/tmp/efftx/<study> [--parallel=2]
+    python -m efftx.sweep experiments/<study>/sweep.py --workdir=DIR --report [--publish]
+    python -m efftx.sweep ... --launcher=slurm [--slurm_partition=gpu --gpus_per_node=8 --timeout_min=600]
+    python -m efftx.sweep ... --launcher=tpu --tpu=my-slice --zone=us-central2-b   # needs a gs:// --workdir
+    python -m efftx.sweep ... --dry_run                                          # what would run, any launcher
+
+A sweep file is plain Python that defines:
+  CONFIG          the config file its points start from, e.g. "configs/lm_bytes.py"
+  points(scale)   -> list[Point]: the grid at scale "cpu" (what this repository's tables ran) or "paper"
+  METRIC, GOAL    the metric each point contributes (its last value in the point's metrics.jsonl), "min" or "max"
+  PAPER           optional {group: the paper's number}; SOURCE says where they come from
+  X               optional (axis label, {group: x}): the plot draws ours and the paper's against x; else bars
+  claim(rows)     optional: one line saying whether the paper's claim held, from the aggregated rows
+and holds in its docstring the claim being tested and the paper's numbers with their source.
+
+Every point is one `python -m efftx.train` command (Point.command; printed before it runs, runnable by hand) with
+its own workdir DIR/<point>: a re-run skips points that reached their total_steps, resumes the others from their
+checkpoints, and retries failed ones. A failing point is reported with its one-line error; the others go on.
+On one machine `--parallel` points run at a time; `--launcher=slurm` submits each point as a SLURM job through
+submitit; `--launcher=tpu` runs each point on every worker of a TPU VM slice with `gcloud compute tpus tpu-vm ssh
+--worker=all` (one point at a time, in order). Seeds of a group are aggregated as mean ± std (sample std), and
+learning rates as the best mean (a group's row is its best learning rate, as Zoology reports). The report is
+written after every run (and alone with --report); the exit status is 1 when a point failed.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import dataclasses
+import datetime
+import io
+import json
+import math
+import os
+import platform
+import runpy
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+from absl import app
+from absl import flags
+from etils import epath
+
+from efftx import config as config_lib
+from efftx.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHERS = ("local", "slurm", "tpu")
+POINT_FILE = "sweep_point.json"  # in a point's workdir: its last attempt's outcome, error line and time
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One training run of a sweep: the config file's argument, config overrides, seed and learning rate.
+
+  `group` is the table row the point contributes to: the seeds and learning rates of one group are aggregated."""
+  group: str
+  arg: str = ""
+  overrides: tuple[tuple[str, Any], ...] = ()
+  seed: int = 0
+  learning_rate: float | None = None
+
+  @property
+  def name(self) -> str:
+    """The point's folder under the sweep's workdir."""
+    name = self.group + (f"-lr{self.learning_rate:g}" if self.learning_rate is not None else "") + f"-seed{self.seed}"
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
+
+  def flags(self, config_file: str) -> list[str]:
+    """The efftx.train flags of this point (without --workdir)."""
+    out = [f"--config={config_file}" + (f":{self.arg}" if self.arg else "")]
+    out += [f"--config.{key}={value}" for key, value in self.overrides]
+    out += [f"--config.seed={self.seed}"]
+    if self.learning_rate is not None:
+      out += [f"--config.optim.learning_rate={self.learning_rate:g}"]
+    return out
+
+  def command(self, config_file: str, workdir: str, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "efftx.train", *self.flags(config_file), f"--workdir={workdir}"]
+
+
+def grid(groups: dict[str, dict[str, Any]], seeds=(0,), learning_rates=(None,)) -> list[Point]:
+  """Every group × learning rate × seed. A group is {"arg": the config argument, "overrides": {key: value}}."""
+  points = []
+  for group, spec in groups.items():
+    unknown = set(spec) - {"arg", "overrides"}
+    if unknown:
+      raise UserError(f"group '{group}': unknown keys {sorted(unknown)} (a group has 'arg' and 'overrides')")
+    for lr in learning_rates:
+      for seed in seeds:
+        points.append(Point(group, spec.get("arg", ""), tuple(spec.get("overrides", {}).items()), seed, lr))
+  return points
+
+
+@dataclasses.dataclass
+class Study:
+  """A sweep file, loaded."""
+  path: str
+  config: str
+  points: list[Point]
+  metric: str
+  goal: str
+  doc: str
+  paper: dict[str, float]
+  source: str
+  x: tuple[str, dict[str, float]] | None
+  claim: Callable[[list[dict]], str] | None
+
+  @property
+  def name(self) -> str:
+    return os.path.basename(os.path.dirname(os.path.abspath(self.path)))
+
+
+def load(path: str, scale: str = "cpu") -> Study:
+  """Reads a sweep file and builds its grid at `scale`, with one clear error for what is missing or wrong."""
+  if not os.path.exists(path):
+    raise UserError(f"{path}: no such sweep file")
+  try:
+    module = runpy.run_path(path)
+  except UserError as e:
+    raise UserError(f"{path}: {e}") from None
+  missing = [n for n in ("CONFIG", "points", "METRIC", "GOAL") if n not in module]
+  if missing:
+    raise UserError(f"{path} does not define {', '.join(missing)} (see `python -m efftx.sweep --help`)")
+  if module["GOAL"] not in ("min", "max"):
+    raise UserError(f"{path}: GOAL is '{module['GOAL']}', not 'min' or 'max'")
+  points = module["points"](scale)
+  if not points:
+    raise UserError(f"{path}: no points at scale '{scale}'")
+  names = [p.name for p in points]
+  if len(set(names)) != len(names):
+    raise UserError(f"{path}: two points share the name {next(n for n in names if names.count(n) > 1)}")
+  config = module["CONFIG"]
+  if not os.path.isabs(config) and not os.path.exists(config) and os.path.exists(os.path.join(REPO, config)):
+    config = os.path.join(REPO, config)
+  return Study(path, config, points, module["METRIC"], module["GOAL"], module.get("__doc__") or "",
+               module.get("PAPER", {}), module.get("SOURCE", ""), module.get("X"), module.get("claim"))
+
+
+# ---------------------------------------------------------------------------------------------- Point state
+
+def _read_json(path: epath.Path) -> dict | None:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def _metric_rows(folder: epath.Path) -> list[dict]:
+  try:
+    text = (folder / "metrics.jsonl").read_text()
+  except OSError:
+    return []
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def state(folder: epath.Path) -> str:
+  """"done" (trained to its config's total_steps), "failed" (its last attempt failed), "unfinished" (started,
+  stopped before the end) or "pending"."""
+  config = _read_json(folder / "config.json")
+  rows = _metric_rows(folder)
+  if config and rows and max(r["step"] for r in rows) >= config["total_steps"]:
+    return "done"
+  outcome = _read_json(folder / POINT_FILE) or {}
+  if outcome.get("status") == "failed":
+    return "failed"
+  return "unfinished" if rows or config else "pending"
+
+
+_RUNNING: set[subprocess.Popen] = set()  # the points running now (launcher local), for stop()
+_RUNNING_LOCK = threading.Lock()
+
+
+def run_point(command: list[str], folder: str) -> dict:
+  """Runs one point's command with its output in folder/train.log; records the outcome in folder/POINT_FILE.
+  Returns {"status": "done" | "stopped" | "failed", "error": its one-line error, "seconds": this attempt's}."""
+  folder = epath.Path(folder)
+  folder.mkdir(parents=True, exist_ok=True)
+  start = time.time()
+  log_path = folder / "train.log"
+  with tempfile.TemporaryFile("w+") as log:  # copied into the point's folder (which may be on a bucket) at the end
+    log.write(f"$ {shlex.join(command)}\n")
+    log.flush()
+    # Its own session: a Ctrl-C at the terminal reaches the sweep alone, which stops the points with one SIGTERM
+    # each (two signals would stop efftx.train at once, without its checkpoint).
+    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with _RUNNING_LOCK:
+      _RUNNING.add(proc)
+    try:
+      proc.wait()
+    finally:
+      with _RUNNING_LOCK:
+        _RUNNING.discard(proc)
+    log.seek(0)
+    text = log.read()
+  previous_log = log_path.read_text() if log_path.exists() else ""
+  log_path.write_text(previous_log + text)
+  previous = _read_json(folder / POINT_FILE) or {}
+  outcome = {"command": command, "returncode": proc.returncode, "seconds": time.time() - start,
+             "total_seconds": previous.get("total_seconds", 0.0) + time.time() - start}
+  if proc.returncode == 0:
+    outcome["status"] = "done" if state(folder) == "done" else "stopped"
+  else:
+    outcome["status"] = "failed"
+    lines = [l for l in text.splitlines() if l.strip()]
+    errors = [l for l in lines if l.startswith("efftx.train: error:")]
+    outcome["error"] = (errors or lines or [f"exit status {proc.returncode}"])[-1][:500]
+  (folder / POINT_FILE).write_text(json.dumps(outcome, indent=2))
+  return outcome
+
+
+# ---------------------------------------------------------------------------------------------- Launchers
+
+@dataclasses.dataclass
+class Launch:
+  """How points run: launcher, --parallel, and the cluster's settings."""
+  launcher: str = "local"
+  parallel: int = 1
+  slurm: dict[str, Any] = dataclasses.field(default_factory=dict)  # submitit parameters (slurm_partition, ...)
+  submitit_cluster: str = "slurm"  # "local": submitit's local executor (tests)
+  tpu: str = ""
+  zone: str = ""
+  remote_dir: str = "efftx"  # the checkout's folder on the TPU workers
+
+
+def tpu_command(launch: Launch, train_command: list[str]) -> list[str]:
+  """The gcloud command that runs one point on every worker of the slice (each a JAX process)."""
+  remote = shlex.join(["python3", *train_command[1:], "--distributed"])
+  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", launch.tpu, f"--zone={launch.zone}", "--worker=all",
+          f"--command=cd {launch.remote_dir} && {remote}"]
+
+
+def _commands(study: Study, workdir: str, launch: Launch) -> dict[str, list[str]]:
+  out = {}
+  for p in study.points:
+    command = p.command(study.config, f"{workdir}/{p.name}")
+    if launch.launcher == "tpu":  # the config file as the workers' checkout names it
+      config_file = os.path.relpath(study.config, REPO) if study.config.startswith(REPO + os.sep) else study.config
+      command = tpu_command(launch, p.command(config_file, f"{workdir}/{p.name}", python="python3"))
+    elif launch.launcher == "slurm" and launch.slurm.get("nodes", 1) > 1:
+      command += ["--distributed"]
+    out[p.name] = command
+  return out
+
+
+class _Status:
+  """The sweep's status line (done / running / failed / pending, ETA), printed on every change and each 30 s."""
+
+  def __init__(self, names: list[str], states: dict[str, str], parallel: int):
+    self.states, self._parallel, self._lock = dict(states), parallel, threading.Lock()
+    self._started, self._durations, self._last = time.time(), [], ""
+    self._names = names
+
+  def set(self, name: str, value: str, seconds: float | None = None) -> None:
+    with self._lock:
+      self.states[name] = value
+      if seconds is not None and value == "done":
+        self._durations.append(seconds)
+      self.print(force=True)
+
+  def print(self, force: bool = False) -> None:
+    counts = {k: sum(v == k for v in self.states.values()) for k in ("done", "running", "failed")}
+    waiting = len(self.states) - sum(counts.values())
+    line = f"sweep: {counts['done']} done, {counts['running']} running, {counts['failed']} failed, {waiting} pending"
+    if self._durations and (waiting or counts["running"]):
+      mean = sum(self._durations) / len(self._durations)
+      eta = mean * (waiting + counts["running"] / 2) / self._parallel
+      line += f"; ETA {datetime.timedelta(seconds=round(eta))}"
+    line += f" ({datetime.timedelta(seconds=round(time.time() - self._started))} elapsed)"
+    if force or line != self._last:
+      print(line, file=sys.stderr, flush=True)
+      self._last = line
+
+
+def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False) -> dict[str, str]:
+  """Runs every point that is not done; returns {point: state} at the end."""
+  commands = _commands(study, workdir, launch)
+  states = {name: state(epath.Path(workdir) / name) for name in commands}
+  todo = [n for n in commands if states[n] != "done"]
+  for name, command in commands.items():
+    verb = "skip (done)" if states[name] == "done" else {"unfinished": "resume", "failed": "retry"}.get(
+        states[name], "run")
+    print(f"{verb:12s} {name}: {shlex.join(command)}", flush=True)
+  if launch.launcher == "slurm":
+    print(f"             (each submitted through submitit with {launch.slurm or 'default parameters'}; logs in "
+          f"{workdir}/submitit)", flush=True)
+  if dry_run or not todo:
+    return states
+  status = _Status(list(commands), states, launch.parallel if launch.launcher == "local" else len(todo))
+  if launch.launcher == "slurm":
+    return _run_slurm(study, workdir, launch, commands, todo, status)
+  stop = threading.Event()
+
+  def one(name: str) -> None:
+    if stop.is_set():
+      return
+    status.set(name, "running")
+    outcome = run_point(commands[name], f"{workdir}/{name}")
+    if outcome["status"] == "failed":
+      print(f"failed       {name}: {outcome['error']}", file=sys.stderr, flush=True)
+    status.set(name, {"done": "done", "failed": "failed"}.get(outcome["status"], "unfinished"), outcome["seconds"])
+
+  def on_signal(signum, frame):  # pylint: disable=unused-argument
+    if not stop.is_set():
+      print("efftx.sweep: stopping: the running points save a checkpoint and stop; the same command goes on",
+            file=sys.stderr, flush=True)
+      stop.set()
+      with _RUNNING_LOCK:
+        for proc in _RUNNING:
+          proc.send_signal(signal.SIGTERM)
+
+  previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+  threading.Thread(target=_tick, args=(status, stop), daemon=True).start()
+  try:
+    with concurrent.futures.ThreadPoolExecutor(launch.parallel if launch.launcher == "local" else 1) as pool:
+      for future in [pool.submit(one, n) for n in todo]:
+        future.result()
+  finally:
+    stop.set()
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+  return status.states
+
+
+def _tick(status: _Status, stop: threading.Event) -> None:
+  while not stop.wait(30):
+    status.print()
+
+
+def _run_slurm(study, workdir, launch, commands, todo, status) -> dict[str, str]:
+  import submitit  # pylint: disable=g-import-not-at-top
+  executor = submitit.AutoExecutor(folder=os.path.join(workdir, "submitit", "%j"), cluster=launch.submitit_cluster)
+  executor.update_parameters(name=f"efftx-{study.name}", **launch.slurm)
+  from efftx import sweep as importable  # pylint: disable=g-import-not-at-top,import-self
+  # run_point by reference to its module (under `python -m efftx.sweep` this module is __main__, which the job's
+  # process cannot import).
+  jobs = {name: executor.submit(importable.run_point, commands[name], f"{workdir}/{name}") for name in todo}
+  for name, job in jobs.items():
+    print(f"submitted    {name}: job {job.job_id}", flush=True)
+    status.set(name, "running")
+  for job in submitit.helpers.as_completed(list(jobs.values())):
+    name = next(n for n, j in jobs.items() if j is job)
+    try:
+      outcome = job.result()
+    except Exception as e:  # pylint: disable=broad-except  # the job itself died (timeout, node failure)
+      outcome = {"status": "failed", "error": f"job {job.job_id}: {str(e).strip().splitlines()[-1][:300]}",
+                 "seconds": None}
+    if outcome["status"] == "failed":
+      print(f"failed       {name}: {outcome['error']}", file=sys.stderr, flush=True)
+    status.set(name, {"done": "done", "failed": "failed"}.get(outcome["status"], "unfinished"), outcome["seconds"])
+  return status.states
+
+
+# ---------------------------------------------------------------------------------------------- Report
+
+def collect(study: Study, workdir: str) -> list[dict]:
+  """One row per point: group, seed, learning rate, state, its metric's last logged value, and its seconds."""
+  rows = []
+  for p in study.points:
+    folder = epath.Path(workdir) / p.name
+    values = [r[study.metric] for r in _metric_rows(folder) if study.metric in r]
+    outcome = _read_json(folder / POINT_FILE) or {}
+    rows.append({"point": p.name, "group": p.group, "seed": p.seed, "learning_rate": p.learning_rate,
+                 "state": state(folder), "value": values[-1] if values else None,
+                 "seconds": outcome.get("total_seconds"), "error": outcome.get("error")})
+  return rows
+
+
+def aggregate(points: list[dict], goal: str, groups: list[str] | None = None) -> list[dict]:
+  """Per group: for each learning rate the mean and sample std of the finished seeds' values; the group's row is
+  the learning rate with the best mean ("min" or "max" by goal). Groups in the order given (default: first seen)."""
+  order = groups or list(dict.fromkeys(p["group"] for p in points))
+  out = []
+  for group in order:
+    by_lr: dict[Any, list[float]] = {}
+    for p in points:
+      if p["group"] == group and p["state"] == "done" and p["value"] is not None and math.isfinite(p["value"]):
+        by_lr.setdefault(p["learning_rate"], []).append(p["value"])
+    total = sum(1 for p in points if p["group"] == group)
+    if not by_lr:
+      out.append({"group": group, "mean": None, "std": None, "n": 0, "of": total, "learning_rate": None,
+                  "by_learning_rate": {}})
+      continue
+    means = {lr: sum(v) / len(v) for lr, v in by_lr.items()}
+    best = (min if goal == "min" else max)(means, key=means.get)
+    values = by_lr[best]
+    std = math.sqrt(sum((v - means[best]) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    out.append({"group": group, "mean": means[best], "std": std, "n": len(values), "of": total,
+                "learning_rate": best, "by_learning_rate": {str(lr): m for lr, m in means.items()}})
+  return out
+
+
+def _fmt(value: float | None) -> str:
+  return "—" if value is None else f"{value:.4g}"
+
+
+def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, str]:
+  """Writes DIR/report.md, report.csv, report.png and results.json; returns their paths."""
+  points = collect(study, workdir)
+  rows = aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)))
+  several_lrs = len({p.learning_rate for p in study.points}) > 1
+  seconds = sum(p["seconds"] or 0 for p in points)
+  lines = [f"# {study.name}: {study.metric} ({'lower' if study.goal == 'min' else 'higher'} is better)", ""]
+  doc = study.doc.strip().splitlines()
+  if doc:
+    lines += [doc[0], ""]
+  header = ["setting", "paper", "ours (mean ± std)", "seeds"] + (["best learning rate"] if several_lrs else [])
+  lines += ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
+  for r in rows:
+    ours = "—" if r["mean"] is None else f"{r['mean']:.4g} ± {r['std']:.2g}"
+    cells = [r["group"], _fmt(study.paper.get(r["group"])), ours, f"{r['n']}/{r['of']}"]
+    if several_lrs:
+      cells.append("—" if r["learning_rate"] is None else f"{r['learning_rate']:g}")
+    lines.append("| " + " | ".join(cells) + " |")
+  lines.append("")
+  if study.source:
+    lines += [f"Paper: {study.source}", ""]
+  if study.claim and all(r["mean"] is not None for r in rows):
+    lines += [f"**Claim at our scale:** {study.claim(rows)}", ""]
+  failed = [p for p in points if p["state"] != "done"]
+  if failed:
+    lines += ["Not finished: " + "; ".join(f"{p['point']} ({p['state']}"
+                                            + (f": {p['error']}" if p["error"] else "") + ")" for p in failed), ""]
+  lines += [f"Scale: `{scale}` ({len(study.points)} runs). Command: `{command}`",
+            f"Machine: {_machine()}. Training time, all runs together: {datetime.timedelta(seconds=round(seconds))}. "
+            f"Written {datetime.datetime.now():%Y-%m-%d %H:%M}.", ""]
+  folder = epath.Path(workdir)
+  folder.mkdir(parents=True, exist_ok=True)
+  paths = {"md": folder / "report.md", "csv": folder / "report.csv", "png": folder / "report.png",
+           "json": folder / "results.json"}
+  paths["md"].write_text("\n".join(lines))
+  out = io.StringIO()
+  writer = csv.writer(out)
+  writer.writerow(["setting", "paper", "mean", "std", "seeds", "runs", "best_learning_rate"])
+  for r in rows:
+    writer.writerow([r["group"], study.paper.get(r["group"], ""), r["mean"], r["std"], r["n"], r["of"],
+                     r["learning_rate"]])
+  paths["csv"].write_text(out.getvalue())
+  paths["json"].write_text(json.dumps({"study": study.name, "metric": study.metric, "goal": study.goal,
+                                       "scale": scale, "command": command, "machine": _machine(),
+                                       "training_seconds": seconds, "rows": rows, "points": points}, indent=2))
+  _plot(study, rows, paths["png"])
+  return {k: os.fspath(v) for k, v in paths.items()}
+
+
+def _plot(study: Study, rows: list[dict], path: epath.Path) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4))
+  done = [r for r in rows if r["mean"] is not None]
+  if study.x:
+    label, xs = study.x
+    on_axis = [r for r in done if r["group"] in xs]
+    ax.errorbar([xs[r["group"]] for r in on_axis], [r["mean"] for r in on_axis],
+                yerr=[r["std"] for r in on_axis], marker="o", capsize=3, label="ours")
+    paper = [(xs[g], v) for g, v in study.paper.items() if g in xs]
+    if paper:
+      ax.plot(*zip(*sorted(paper)), "s--", label="paper")
+    if all(v > 0 for v in xs.values()) and max(xs.values()) / min(xs.values()) >= 16:
+      ax.set_xscale("log", base=2)
+    for r in done:  # groups off the axis (baselines): horizontal lines
+      if r["group"] not in xs:
+        ax.axhline(r["mean"], linestyle=":", color="gray")
+        ax.annotate(r["group"], (ax.get_xlim()[0], r["mean"]), fontsize=8, va="bottom")
+    ax.set_xlabel(label)
+  else:
+    positions = range(len(done))
+    ax.bar(positions, [r["mean"] for r in done], yerr=[r["std"] for r in done], capsize=3, label="ours")
+    paper = [(i, study.paper[r["group"]]) for i, r in enumerate(done) if r["group"] in study.paper]
+    if paper:
+      ax.plot(*zip(*paper), "k_", markersize=20, label="paper")
+    ax.set_xticks(list(positions), [r["group"] for r in done], rotation=30, ha="right")
+  ax.set_ylabel(study.metric)
+  ax.set_title(study.name)
+  ax.legend()
+  fig.tight_layout()
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=120)
+  plt.close(fig)
+  path.write_bytes(buffer.getvalue())
+
+
+def _machine() -> str:
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  import jax  # pylint: disable=g-import-not-at-top
+  return f"{cpu}, {os.cpu_count()} cores, JAX {jax.__version__}"
+
+
+def publish(study: Study, paths: dict[str, str]) -> list[str]:
+  """Copies the report into the sweep file's folder (experiments/<study>/) as table.md, table.csv, plot.png and
+  results.json."""
+  folder = os.path.dirname(os.path.abspath(study.path))
+  names = {"md": "table.md", "csv": "table.csv", "png": "plot.png", "json": "results.json"}
+  out = []
+  for kind, name in names.items():
+    target = os.path.join(folder, name)
+    with open(target, "wb") as f:
+      f.write(epath.Path(paths[kind]).read_bytes())
+    out.append(target)
+  return out
+
+
+# ---------------------------------------------------------------------------------------------- Program
+
+def _define_flags() -> None:
+  global _WORKDIR, _SCALE, _PARALLEL, _LAUNCHER, _DRY_RUN, _REPORT, _PUBLISH, _TPU, _ZONE, _REMOTE_DIR
+  global _SLURM_PARTITION, _NODES, _GPUS_PER_NODE, _TIMEOUT_MIN, _SUBMITIT_CLUSTER
+  _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's folder: one workdir per point, the report.")
+  _SCALE = flags.DEFINE_enum("scale", "cpu", ["cpu", "paper"], "The grid: reduced (cpu) or the paper's.")
+  _PARALLEL = flags.DEFINE_integer("parallel", 1, "Points at a time (launcher local).", lower_bound=1)
+  _LAUNCHER = flags.DEFINE_enum("launcher", "local", LAUNCHERS, "Where points run.")
+  _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each point's state and command; run nothing.")
+  _REPORT = flags.DEFINE_bool("report", False, "Only write the report from the points' workdirs.")
+  _PUBLISH = flags.DEFINE_bool("publish", False, "Copy the report next to the sweep file.")
+  _TPU = flags.DEFINE_string("tpu", "", "launcher tpu: the TPU VM slice's name.")
+  _ZONE = flags.DEFINE_string("zone", "", "launcher tpu: its zone.")
+  _REMOTE_DIR = flags.DEFINE_string("remote_dir", "efftx", "launcher tpu: the efftx checkout on the workers.")
+  _SLURM_PARTITION = flags.DEFINE_string("slurm_partition", "", "launcher slurm: the partition.")
+  _NODES = flags.DEFINE_integer("nodes", 1, "launcher slurm: nodes per point (one process per node).")
+  _GPUS_PER_NODE = flags.DEFINE_integer("gpus_per_node", 0, "launcher slurm: GPUs per node.")
+  _TIMEOUT_MIN = flags.DEFINE_integer("timeout_min", 24 * 60, "launcher slurm: a point's time limit (minutes).")
+  _SUBMITIT_CLUSTER = flags.DEFINE_enum("submitit_cluster", "slurm", ["slurm", "local"],
+                                        "launcher slurm: submitit's executor (local: on this machine, for tests).")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) != 2:
+    config_lib.exit_with("efftx.sweep", "give one sweep file: python -m efftx.sweep experiments/<study>/sweep.py "
+                         "--workdir=DIR")
+  if not _WORKDIR.value:
+    config_lib.exit_with("efftx.sweep", "--workdir is required: the folder for the points' runs and the report")
+  with config_lib.one_line_errors("efftx.sweep"):
+    study = load(argv[1], _SCALE.value)
+    workdir = _WORKDIR.value if "://" in _WORKDIR.value else os.path.abspath(os.path.expanduser(_WORKDIR.value))
+    launch = Launch(_LAUNCHER.value, _PARALLEL.value, tpu=_TPU.value, zone=_ZONE.value, remote_dir=_REMOTE_DIR.value,
+                    submitit_cluster=_SUBMITIT_CLUSTER.value)
+    if launch.launcher == "tpu" and not (launch.tpu and launch.zone):
+      raise UserError("--launcher=tpu needs --tpu=<slice name> and --zone=<zone>")
+    if launch.launcher == "tpu" and not workdir.startswith("gs://") and not _DRY_RUN.value:
+      raise UserError("--launcher=tpu needs a --workdir every worker and this machine reach: gs://bucket/folder")
+    if launch.launcher == "slurm":
+      launch.slurm = {"timeout_min": _TIMEOUT_MIN.value, "nodes": _NODES.value, "tasks_per_node": 1}
+      if _SLURM_PARTITION.value:
+        launch.slurm["slurm_partition"] = _SLURM_PARTITION.value
+      if _GPUS_PER_NODE.value:
+        launch.slurm["gpus_per_node"] = _GPUS_PER_NODE.value
+      if launch.submitit_cluster == "local":
+        launch.slurm = {"timeout_min": _TIMEOUT_MIN.value}
+    command = shlex.join(["python", "-m", "efftx.sweep", os.path.relpath(os.path.abspath(argv[1]), REPO)]
+                         + ([f"--scale={_SCALE.value}"] if _SCALE.value != "cpu" else []) + ["--workdir=DIR"])
+    if not _REPORT.value:
+      states = run(study, workdir, launch, dry_run=_DRY_RUN.value)
+      if _DRY_RUN.value:
+        return
+      unfinished = [n for n, s in states.items() if s != "done"]
+      if unfinished:
+        print(f"efftx.sweep: not finished: {', '.join(unfinished)}", file=sys.stderr)
+    paths = report(study, workdir, _SCALE.value, command)
+    print(epath.Path(paths["md"]).read_text())
+    print(f"report: {', '.join(paths.values())}")
+    if _PUBLISH.value:
+      print(f"published: {', '.join(publish(study, paths))}")
+  if not _REPORT.value and not _DRY_RUN.value and "failed" in states.values():
+    sys.exit(1)  # after the report: a script running the sweep learns that a point failed
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,179 @@
+"""efftx.sweep: the grid, skip / resume / retry of points, a failing point, aggregation, the report, each
+launcher's dry run, and the SLURM path through submitit's local executor."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from efftx import sweep
+
+
+def _sweep_file(tmp_path, data_dir, groups: dict, extra: str = "") -> str:
+  path = tmp_path / "study" / "sweep.py"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(f'''"""A test study."""
+from efftx.sweep import grid
+CONFIG = "configs/quickstart.py"
+METRIC = "eval_accuracy"
+GOAL = "max"
+
+def points(scale):
+  groups = {groups!r}
+  for spec in groups.values():
+    spec["overrides"] = {{**spec.get("overrides", {{}}), "data.data_dir": {str(data_dir)!r}}}
+  return grid(groups)
+{extra}''')
+  return str(path)
+
+
+def _sweep(*args, **kwargs):
+  return subprocess.run([sys.executable, "-m", "efftx.sweep", *map(str, args)], cwd=REPO, capture_output=True,
+                        text=True, timeout=kwargs.get("timeout", 600))
+
+
+def test_grid_names_and_commands():
+  points = sweep.grid({"aft_local s=8": {"arg": "mixer=aft_local", "overrides": {"mixer.window": 8}}},
+                      seeds=(0, 1), learning_rates=(1e-3, 3e-4))
+  assert [p.name for p in points] == ["aft_local_s=8-lr0.001-seed0", "aft_local_s=8-lr0.001-seed1",
+                                      "aft_local_s=8-lr0.0003-seed0", "aft_local_s=8-lr0.0003-seed1"]
+  assert points[3].command("configs/lm_bytes.py", "/w/x", python="python") == [
+      "python", "-m", "efftx.train", "--config=configs/lm_bytes.py:mixer=aft_local", "--config.mixer.window=8",
+      "--config.seed=1", "--config.optim.learning_rate=0.0003", "--workdir=/w/x"]
+
+
+def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
+  rng = np.random.default_rng(0)
+  values = rng.normal(size=(2, 3, 3))  # group × learning rate × seed
+  points = [{"group": f"g{g}", "learning_rate": lr, "seed": s, "state": "done", "value": float(values[g, i, s])}
+            for g in range(2) for i, lr in enumerate((1e-3, 3e-4, 1e-4)) for s in range(3)]
+  points[0]["state"] = "failed"  # g0, lr 1e-3, seed 0: left out
+  points[1]["value"] = float("nan")  # g0, lr 1e-3, seed 1: diverged, left out
+  for goal, pick in (("max", np.argmax), ("min", np.argmin)):
+    rows = sweep.aggregate(points, goal)
+    for g, row in enumerate(rows):
+      kept = [values[g, i, :] if (g, i) != (0, 0) else values[0, 0, 2:] for i in range(3)]
+      means = [k.mean() for k in kept]
+      best = int(pick(means))
+      assert row["group"] == f"g{g}" and row["learning_rate"] == (1e-3, 3e-4, 1e-4)[best]
+      assert row["mean"] == pytest.approx(means[best])
+      assert row["std"] == pytest.approx(kept[best].std(ddof=1) if len(kept[best]) > 1 else 0.0)
+      assert row["n"] == len(kept[best]) and row["of"] == 9
+
+
+def test_report_from_existing_workdirs(tmp_path, data_dir):
+  path = _sweep_file(tmp_path, data_dir, {"a": {"arg": "smoke"}, "b": {"arg": "smoke,mixer=fnet"}},
+                     extra='PAPER = {"a": 0.5}\nSOURCE = "Somebody et al. (2020), Table 1"\n'
+                           'X = ("width", {"a": 1, "b": 2})\n'
+                           'def claim(rows):\n  return "held" if rows[0]["mean"] > rows[1]["mean"] else "did not hold"\n')
+  study = sweep.load(path)
+  workdir = tmp_path / "runs"
+  for p, value in zip(study.points, (0.75, 0.25)):  # what two finished runs leave behind
+    (workdir / p.name).mkdir(parents=True)
+    (workdir / p.name / "config.json").write_text(json.dumps({"total_steps": 10}))
+    (workdir / p.name / "metrics.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in ({"step": 5, "eval_accuracy": 0.1}, {"step": 10, "loss": 1.0},
+                                          {"step": 10, "eval_accuracy": value})) + "\n")
+  proc = _sweep(path, f"--workdir={workdir}", "--report", "--publish")
+  assert proc.returncode == 0, proc.stderr
+  table = (workdir / "report.md").read_text()
+  assert "| a | 0.5 | 0.75 ± 0 | 1/1 |" in table and "| b | — | 0.25 ± 0 | 1/1 |" in table, table
+  assert "**Claim at our scale:** held" in table and "Somebody et al. (2020), Table 1" in table
+  assert (workdir / "report.csv").read_text().splitlines()[1:] == ["a,0.5,0.75,0.0,1,1,", "b,,0.25,0.0,1,1,"]
+  assert (workdir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  for name in ("table.md", "table.csv", "plot.png", "results.json"):
+    assert (tmp_path / "study" / name).read_bytes() == (workdir / {"table.md": "report.md", "table.csv": "report.csv",
+                                                         "plot.png": "report.png"}.get(name, name)).read_bytes()
+
+
+def test_dry_run_prints_each_launchers_commands(tmp_path, data_dir):
+  path = _sweep_file(tmp_path, data_dir, {"a": {"arg": "smoke"}})
+  workdir = tmp_path / "runs"
+  local = _sweep(path, f"--workdir={workdir}", "--dry_run")
+  assert local.returncode == 0, local.stderr
+  line = local.stdout.splitlines()[0]
+  assert line.startswith("run          a-seed0: ") and "-m efftx.train --config=configs/quickstart.py:smoke" in line
+  assert f"--workdir={workdir}/a-seed0" in line and not workdir.exists()
+  slurm = _sweep(path, f"--workdir={workdir}", "--dry_run", "--launcher=slurm", "--slurm_partition=gpu",
+                 "--nodes=2", "--gpus_per_node=8")
+  assert slurm.returncode == 0, slurm.stderr
+  assert "--distributed" in slurm.stdout and "'slurm_partition': 'gpu'" in slurm.stdout
+  assert "'gpus_per_node': 8" in slurm.stdout and "'nodes': 2" in slurm.stdout
+  tpu = _sweep(path, f"--workdir={workdir}", "--dry_run", "--launcher=tpu", "--tpu=my-slice",
+               "--zone=us-central2-b")  # a dry run takes a local workdir too (a real one must be gs://)
+  assert tpu.returncode == 0, tpu.stderr
+  assert ("gcloud compute tpus tpu-vm ssh my-slice --zone=us-central2-b --worker=all '--command=cd efftx && "
+          "python3 -m efftx.train --config=configs/quickstart.py:smoke") in tpu.stdout
+  assert f"--workdir={workdir}/a-seed0 --distributed'" in tpu.stdout
+  refused = _sweep(path, f"--workdir={workdir}", "--launcher=tpu", "--tpu=my-slice", "--zone=z")
+  assert refused.returncode == 2
+  assert refused.stderr.strip().splitlines()[-1] == (
+      "efftx.sweep: error: --launcher=tpu needs a --workdir every worker and this machine reach: gs://bucket/folder")
+
+
+@pytest.mark.slow
+def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
+  long = {"total_steps": 200, "checkpoint_every": 50, "eval_every": 200, "log_every": 10}
+  path = _sweep_file(tmp_path, data_dir, {"long": {"arg": "smoke", "overrides": long},
+                                          "short": {"arg": "smoke,mixer=fnet", "overrides": {"total_steps": 6}},
+                                          "broken": {"arg": "smoke", "overrides": {"model.d_model": -1}}})
+  workdir = tmp_path / "runs"
+  # Stopped (SIGTERM to the sweep) once the first point has a checkpoint: it saves and stops, nothing else starts.
+  first = subprocess.Popen([sys.executable, "-m", "efftx.sweep", path, f"--workdir={workdir}"], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 180
+  while not (workdir / "long-seed0" / "checkpoints" / "50").exists():
+    assert first.poll() is None and time.time() < deadline, first.communicate()
+    time.sleep(0.05)
+  first.send_signal(signal.SIGTERM)
+  out, err = first.communicate(timeout=120)
+  assert first.returncode == 0, err
+  assert "efftx.sweep: stopping" in err and "not finished: long-seed0, short-seed0, broken-seed0" in err
+  assert sweep.state(workdir / "long-seed0") == "unfinished" and not (workdir / "short-seed0").exists()
+
+  again = _sweep(path, f"--workdir={workdir}", "--parallel=2")
+  assert again.returncode == 1, again.stderr  # a point failed
+  command = f"{sys.executable} -m efftx.train --config=configs/quickstart.py:smoke"
+  assert again.stdout.splitlines()[:3] == [
+      f"resume       long-seed0: {command} --config.total_steps=200 --config.checkpoint_every=50 "
+      f"--config.eval_every=200 --config.log_every=10 --config.data.data_dir={data_dir} --config.seed=0 "
+      f"--workdir={workdir}/long-seed0",
+      f"run          short-seed0: {command},mixer=fnet --config.total_steps=6 --config.data.data_dir={data_dir} "
+      f"--config.seed=0 --workdir={workdir}/short-seed0",
+      f"run          broken-seed0: {command} --config.model.d_model=-1 --config.data.data_dir={data_dir} "
+      f"--config.seed=0 --workdir={workdir}/broken-seed0"]
+  assert ("failed       broken-seed0: efftx.train: error: config.model.d_model=-1 must be a positive integer"
+          in again.stderr)
+  assert "sweep: 2 done, 0 running, 1 failed, 0 pending" in again.stderr
+  assert "not finished: broken-seed0" in again.stderr
+  long_log = (workdir / "long-seed0" / "train.log").read_text()
+  assert long_log.count("$ ") == 2 and "resuming from" in long_log
+  assert long_log.splitlines()[0] == "$ " + again.stdout.splitlines()[0].split(": ", 1)[1]  # the printed command
+  train_steps = [json.loads(l)["step"] for l in (workdir / "long-seed0" / "metrics.jsonl").read_text().splitlines()
+                 if "loss" in json.loads(l)]
+  assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 200  # every logged step once
+  assert "| long | — |" in again.stdout and "| broken | — | — | 0/1 |" in again.stdout
+
+  third = _sweep(path, f"--workdir={workdir}")
+  assert third.returncode == 1, third.stderr
+  assert [l.split(":")[0].strip() for l in third.stdout.splitlines()[:3]] == [
+      "skip (done)  long-seed0", "skip (done)  short-seed0", "retry        broken-seed0"]
+  assert (workdir / "long-seed0" / "train.log").read_text() == long_log  # not run again
+
+
+@pytest.mark.slow
+def test_slurm_launcher_through_submitits_local_executor(tmp_path, data_dir):
+  path = _sweep_file(tmp_path, data_dir, {"fnet": {"arg": "smoke,mixer=fnet", "overrides": {"total_steps": 4}}})
+  workdir = tmp_path / "runs"
+  proc = _sweep(path, f"--workdir={workdir}", "--launcher=slurm", "--submitit_cluster=local")
+  assert proc.returncode == 0, proc.stderr
+  assert "submitted    fnet-seed0: job " in proc.stdout
+  assert sweep.state(workdir / "fnet-seed0") == "done"
+  assert os.listdir(workdir / "submitit")  # submitit's own job folder and logs
+  outcome = json.loads((workdir / "fnet-seed0" / sweep.POINT_FILE).read_text())
+  assert outcome["status"] == "done" and outcome["returncode"] == 0
