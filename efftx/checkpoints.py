@@ -63,8 +63,12 @@ class WorkdirLock:
     if not self._created and not workdir.is_dir():
       raise UserError(f"--workdir={workdir} is a file, not a folder")
     try:
-      workdir.mkdir(parents=True, exist_ok=True)
-      if not on_bucket(workdir):
+      if on_bucket(workdir):  # no folders to make (and gcsfs's makedirs would create a mistyped bucket)
+        bucket = "gs://" + os.fspath(workdir).removeprefix("gs://").split("/")[0]
+        if not epath.Path(bucket).exists():
+          raise UserError(f"--workdir={workdir}: the bucket {bucket} does not exist or cannot be reached")
+      else:
+        workdir.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(workdir, os.O_RDONLY)
     except OSError as e:
       raise UserError(f"cannot create --workdir={workdir}: {e.strerror or e}") from None

@@ -139,6 +139,15 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(again_params), jax.device_get(want_params))
 
 
+def test_a_bucket_that_does_not_exist_is_refused_not_created(data_dir, on_bucket):
+  proc = subprocess.run(_command("gs://no-such-bucket/run", data_dir), cwd=REPO, env={**os.environ, **on_bucket},
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1] == ("efftx.train: error: --workdir=gs://no-such-bucket/run: the bucket "
+                                                  "gs://no-such-bucket does not exist or cannot be reached")
+  assert not epath.Path("gs://no-such-bucket").exists()
+
+
 def test_data_dir_on_a_bucket_is_refused_with_the_way_around(data_dir, tmp_path):
   proc = subprocess.run(_command(tmp_path, "gs://some-bucket/tensorflow_datasets"), cwd=REPO, capture_output=True,
                         text=True, timeout=120)
