@@ -208,11 +208,17 @@ def run_point(command: list[str], folder: str) -> dict:
              "total_seconds": previous.get("total_seconds", 0.0) + time.time() - start}
   if proc.returncode == 0:
     outcome["status"] = "done" if state(folder) == "done" else "stopped"
+  elif proc.returncode in (-signal.SIGTERM, -signal.SIGINT):  # stopped before its own handler was in place
+    outcome["status"] = "stopped"
   else:
     outcome["status"] = "failed"
-    lines = [l for l in text.splitlines() if l.strip()]
+    lines = [l for l in text.splitlines()[1:] if l.strip()]  # after the "$ command" line
     errors = [l for l in lines if l.startswith("efftx.train: error:")]
-    outcome["error"] = (errors or lines or [f"exit status {proc.returncode}"])[-1][:500]
+    if errors or proc.returncode > 0:
+      outcome["error"] = (errors or lines or [f"exit status {proc.returncode}"])[-1][:500]
+    else:  # killed (out of memory, a job's time limit)
+      outcome["error"] = f"killed by {signal.Signals(-proc.returncode).name}" + (
+          f"; its last output: {lines[-1][:300]}" if lines else "")
   (folder / POINT_FILE).write_text(json.dumps(outcome, indent=2))
   return outcome
 

@@ -177,3 +177,14 @@ def test_slurm_launcher_through_submitits_local_executor(tmp_path, data_dir):
   assert os.listdir(workdir / "submitit")  # submitit's own job folder and logs
   outcome = json.loads((workdir / "fnet-seed0" / sweep.POINT_FILE).read_text())
   assert outcome["status"] == "done" and outcome["returncode"] == 0
+
+
+def test_a_point_stopped_by_a_signal_is_resumable_and_one_killed_is_failed(tmp_path):
+  die = "import os, signal, sys; print('starting'); sys.stdout.flush(); os.kill(os.getpid(), signal.{})"
+  stopped = sweep.run_point([sys.executable, "-c", die.format("SIGTERM")], str(tmp_path / "a"))
+  assert stopped["status"] == "stopped" and sweep.state(tmp_path / "a") == "pending"
+  killed = sweep.run_point([sys.executable, "-c", die.format("SIGKILL")], str(tmp_path / "b"))
+  assert killed["status"] == "failed" and killed["error"] == "killed by SIGKILL; its last output: starting"
+  silent = sweep.run_point([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                           str(tmp_path / "c"))
+  assert silent["error"] == "killed by SIGKILL" and sweep.state(tmp_path / "c") == "failed"

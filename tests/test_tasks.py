@@ -277,3 +277,34 @@ def test_registered_datasets_say_how_to_build_them_when_absent(tmp_path):
                            side_effect=ConnectionError("no network")):
     with pytest.raises(ValueError, match="tfds build imdb_reviews/plain_text --file_format=array_record"):
       pipeline.prepare(config)
+
+
+@pytest.mark.slow
+def test_runs_started_together_prepare_a_dataset_once(tmp_path):
+  """The data_dir lock: a preparation waits while another holds it, and four processes preparing the same dataset
+  in a fresh data_dir at once all succeed (without the lock, the later ones fail renaming TFDS's folder)."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from conftest import REPO  # pylint: disable=g-import-not-at-top
+  code = ("import sys; from configs import quickstart; from efftx.data import pipeline; "
+          "c = quickstart.get_config('smoke'); c.data.data_dir = sys.argv[1]; pipeline.prepare(c); print('ok')")
+  prepared = tmp_path / "listops" / "tiny" / "1.0.0"
+  with open(tmp_path / ".efftx_prepare.lock", "a") as held:
+    fcntl.flock(held, fcntl.LOCK_EX)
+    waiting = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # ample time to import and prepare (~2 s), were it not waiting
+    assert waiting.poll() is None and not prepared.exists()
+  out, err = waiting.communicate(timeout=120)
+  assert waiting.returncode == 0 and out.strip().endswith("ok"), err
+  assert prepared.exists()
+
+  fresh = tmp_path / "fresh"
+  procs = [subprocess.Popen([sys.executable, "-c", code, str(fresh)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for _ in range(4)]
+  for proc in procs:
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0 and out.strip().endswith("ok"), err
+  assert sorted(os.listdir(fresh / "listops" / "tiny")) == ["1.0.0"]

@@ -7,6 +7,7 @@ for any number of processes; train.py assembles them from the process-local ones
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 from typing import Iterator
 
@@ -29,6 +30,20 @@ def data_dir(config: ml_collections.ConfigDict) -> str:
 
 
 def prepare(config: ml_collections.ConfigDict) -> None:
+  """`_prepare` under an exclusive lock on data_dir (data_dir/.efftx_prepare.lock, flock): runs started together
+  on one data_dir (a sweep's points) prepare a dataset once; the others wait, then find it prepared."""
+  try:
+    os.makedirs(data_dir(config), exist_ok=True)
+    lock = open(os.path.join(data_dir(config), ".efftx_prepare.lock"), "a")
+  except OSError:  # a data_dir this run cannot write: only reading a prepared dataset can work (_prepare says)
+    _prepare(config)
+    return
+  with lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the holder dies
+    _prepare(config)
+
+
+def _prepare(config: ml_collections.ConfigDict) -> None:
   """Makes the task's dataset ready as array_record in data_dir, unless it is there already.
 
   Local builders generate or read their data (a folder of files: config.data.corpus_dir); registered TFDS
