@@ -415,9 +415,9 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   several_lrs = len({p.learning_rate for p in study.points}) > 1
   seconds = sum(p["seconds"] or 0 for p in points)
   lines = [f"# {study.name}: {study.metric} ({'lower' if study.goal == 'min' else 'higher'} is better)", ""]
-  doc = study.doc.strip().splitlines()
-  if doc:
-    lines += [doc[0], ""]
+  first_paragraph = study.doc.strip().split("\n\n")[0]
+  if first_paragraph:
+    lines += [" ".join(first_paragraph.split()), ""]
   header = ["setting", "paper", "ours (mean ± std)", "seeds"] + (["best learning rate"] if several_lrs else [])
   lines += ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
   for r in rows:

@@ -12,7 +12,8 @@ Paper, test bpc: s = 0 1.209, 1 1.205, 2 1.176, 4 1.165, 8 1.162, 32 1.154, 64 1
 Ours: the Python standard library's source as the corpus (configs/lm_bytes.py; enwik8 is not offline here),
 validation bits/byte at the last step. Scale "cpu": 2 layers, width 64, context 256, batch 8, 800 steps, 3 seeds
 — 33 runs; "paper": the paper's 24 layers, width 256, context 1024 (windows to 1024), 3 seeds.
-Expected: not yet run (no table committed); `--publish` writes table.md here when it has.
+Expected (scale cpu, 2-core CPU, 36 min wall with --parallel=2, 2026-11-30): U-shaped, but lowest at s = 4
+(3.071 ± 0.003 bits/byte) rather than 32; AFT-simple 3.425, AFT-full 3.274 (table.md, plot.png).
 """
 from efftx.sweep import grid
 
