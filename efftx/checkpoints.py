@@ -188,8 +188,9 @@ def _damage(folder: epath.Path) -> str | None:
     path = folder / name
     if not path.exists():
       return f"{name} is missing"
-    if path.stat().length != size:
-      return f"{name} holds {path.stat().length} bytes, {size} when written"
+    length = path.stat().length
+    if length != size:
+      return f"{name} holds {length} bytes, {size} when written"
   return None
 
 

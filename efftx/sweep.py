@@ -49,6 +49,7 @@ from absl import app
 from absl import flags
 from etils import epath
 
+from efftx import checkpoints
 from efftx import config as config_lib
 from efftx.errors import UserError
 
@@ -247,12 +248,13 @@ def tpu_command(launch: Launch, train_command: list[str]) -> list[str]:
 def _commands(study: Study, workdir: str, launch: Launch) -> dict[str, list[str]]:
   out = {}
   for p in study.points:
-    command = p.command(study.config, f"{workdir}/{p.name}")
     if launch.launcher == "tpu":  # the config file as the workers' checkout names it
       config_file = os.path.relpath(study.config, REPO) if study.config.startswith(REPO + os.sep) else study.config
       command = tpu_command(launch, p.command(config_file, f"{workdir}/{p.name}", python="python3"))
-    elif launch.launcher == "slurm" and launch.slurm.get("nodes", 1) > 1:
-      command += ["--distributed"]
+    else:
+      command = p.command(study.config, f"{workdir}/{p.name}")
+      if launch.launcher == "slurm" and launch.slurm.get("nodes", 1) > 1:
+        command += ["--distributed"]
     out[p.name] = command
   return out
 
@@ -260,10 +262,9 @@ def _commands(study: Study, workdir: str, launch: Launch) -> dict[str, list[str]
 class _Status:
   """The sweep's status line (done / running / failed / pending, ETA), printed on every change and each 30 s."""
 
-  def __init__(self, names: list[str], states: dict[str, str], parallel: int):
+  def __init__(self, states: dict[str, str], parallel: int):
     self.states, self._parallel, self._lock = dict(states), parallel, threading.Lock()
     self._started, self._durations, self._last = time.time(), [], ""
-    self._names = names
 
   def set(self, name: str, value: str, seconds: float | None = None) -> None:
     with self._lock:
@@ -300,7 +301,7 @@ def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False) -> di
           f"{workdir}/submitit)", flush=True)
   if dry_run or not todo:
     return states
-  status = _Status(list(commands), states, launch.parallel if launch.launcher == "local" else len(todo))
+  status = _Status(states, launch.parallel if launch.launcher == "local" else len(todo))
   if launch.launcher == "slurm":
     return _run_slurm(study, workdir, launch, commands, todo, status)
   stop = threading.Event()
@@ -551,7 +552,7 @@ def main(argv: list[str]) -> None:
     config_lib.exit_with("efftx.sweep", "--workdir is required: the folder for the points' runs and the report")
   with config_lib.one_line_errors("efftx.sweep"):
     study = load(argv[1], _SCALE.value)
-    workdir = _WORKDIR.value if "://" in _WORKDIR.value else os.path.abspath(os.path.expanduser(_WORKDIR.value))
+    workdir = os.fspath(checkpoints.run_folder(_WORKDIR.value))  # as efftx.train reads each point's --workdir
     launch = Launch(_LAUNCHER.value, _PARALLEL.value, tpu=_TPU.value, zone=_ZONE.value, remote_dir=_REMOTE_DIR.value,
                     submitit_cluster=_SUBMITIT_CLUSTER.value)
     if launch.launcher == "tpu" and not (launch.tpu and launch.zone):
