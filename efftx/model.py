@@ -145,10 +145,12 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
-    """Logits. With decode=True (causal LMs), after `init(key, tokens_BxT, decode=True)` made the cache for T
-    positions: one token per call, `apply({**variables, "cache": cache}, tokens_Bx1, decode=True,
-    mutable=["cache"])`, each mixed with the ones before it."""
+               decode: bool = False, positions: jax.Array | None = None) -> jax.Array:
+    """Logits; with positions (B×K indices), only at those positions (the head sees x_BxKxD: a per-position loss
+    that looks at a few positions, MQAR's queries, skips the rest of the B×L×V logits). With decode=True (causal
+    LMs), after `init(key, tokens_BxT, decode=True)` made the cache for T positions: one token per call,
+    `apply({**variables, "cache": cache}, tokens_Bx1, decode=True, mutable=["cache"])`, each mixed with the ones
+    before it."""
     _, L = tokens_BxL.shape
     if L > self.max_len:
       raise ValueError(f"sequence length {L} exceeds max_len={self.max_len}")
@@ -195,6 +197,11 @@ class Transformer(nn.Module):
       x_BxLxD = x_BxLxD.astype(jnp.float32)
     else:
       x_BxLxD = nn.LayerNorm(self.norm_eps, dtype=jnp.float32, name="final_norm")(x_BxLxD)
+    if positions is not None:
+      if self.cls_token:
+        raise ValueError("positions select per-position logits; a [CLS] position is for classification")
+      x_BxLxD = jnp.take_along_axis(x_BxLxD, positions[..., None], axis=1)  # now x_BxKxD
+      mask_BxL = jnp.take_along_axis(mask_BxL, positions, axis=1)
     return self.head(x_BxLxD, mask_BxL)  # the heads run in float32
 
 

@@ -80,7 +80,7 @@ def make_train_step(model: model_lib.Transformer, objective: objectives.Objectiv
 
     def loss_fn(params):
       logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=False,
-                           rngs={"dropout": rng})
+                           positions=batch.get("positions"), rngs={"dropout": rng})
       sums = objective.loss_sums(logits, batch, jnp.ones(batch["tokens"].shape[:1], jnp.float32))
       return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 
@@ -102,7 +102,8 @@ def make_eval_step(model: model_lib.Transformer, objective: objectives.Objective
   """(params, batch) → the objective's loss sums; batch["weight"] is 0 on padding rows."""
 
   def eval_step(params, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=True)
+    logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=True,
+                         positions=batch.get("positions"))
     return objective.loss_sums(logits, batch, batch["weight"])
 
   return eval_step

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from efftx import config as config_lib
 from efftx import train
+from efftx import trainer
 from efftx.data import images
 from efftx.data import mqar
 from efftx.data import pipeline
@@ -46,16 +48,29 @@ def test_mqar_every_query_is_answered_by_its_keys_value(seq_len, num_kv):
   assert np.mean(first_offsets) < 0.5 * slots / (num_kv + 1)
 
 
-def test_mqar_non_query_positions_do_not_count():
-  example = mqar.encode({k: v[0] for k, v in zip(("tokens", "targets"), mqar.generate(1, seq_len=64, num_kv=4,
-                                                                                        seed=0))}, 64)
-  batch = {k: jnp.asarray(v[None]) for k, v in example.items()}
-  logits = jax.random.normal(jax.random.key(0), (1, 64, mqar.VOCAB_SIZE))
-  ignored = example["weights"] == 0
-  noisy = logits + 10.0 * jax.random.normal(jax.random.key(1), logits.shape) * jnp.asarray(ignored)[None, :, None]
-  a = OBJECTIVES["lm"].loss_sums(logits, batch, jnp.ones(1))
-  b = OBJECTIVES["lm"].loss_sums(noisy, batch, jnp.ones(1))
-  assert float(a["count"]) == 4 and float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-6)
+def test_mqar_logits_and_loss_at_the_query_positions_only():
+  tokens, targets = mqar.generate(3, seq_len=64, num_kv=4, seed=0)
+  examples = [mqar.encode({"tokens": t, "targets": y}, 80) for t, y in zip(tokens, targets)]  # padded to 80
+  batch = {k: jnp.asarray(np.stack([e[k] for e in examples])) for k in examples[0]}
+  assert batch["positions"].shape == batch["targets"].shape == (3, 4) and batch["tokens"].shape == (3, 80)
+  for e, t, y in zip(examples, tokens, targets):
+    assert (e["positions"] == np.flatnonzero(y)).all() and (e["targets"] == y[y > 0]).all()
+    assert (t[e["positions"]] < mqar.VOCAB_SIZE // 2).all()  # each a key, asked again
+  config = config_lib.default_config("attention")
+  config.model.update(causal=True, d_model=32, num_layers=1, d_ff=64, max_len=80)
+  config.data.update(task="mqar", variant="tiny")
+  model = trainer.parts(config).model
+  params = model.init(jax.random.key(0), batch["tokens"], batch["mask"])["params"]
+  full_BxLxV = model.apply({"params": params}, batch["tokens"], mask=batch["mask"])
+  at_BxKxV = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], positions=batch["positions"])
+  assert at_BxKxV.shape == (3, 4, mqar.VOCAB_SIZE)
+  np.testing.assert_allclose(at_BxKxV, np.stack([f[e["positions"]] for f, e in zip(np.asarray(full_BxLxV),
+                                                                                      examples)]), atol=1e-5)
+  # The loss: mean cross-entropy over the 12 queries, from the full logits by hand.
+  log_p = np.asarray(jax.nn.log_softmax(full_BxLxV))
+  expected = -np.mean([log_p[i, q, y[q]] for i, y in enumerate(targets) for q in np.flatnonzero(y)])
+  sums = OBJECTIVES["lm"].loss_sums(at_BxKxV, batch, jnp.ones(3))
+  assert float(sums["count"]) == 12 and float(sums["loss"]) / 12 == pytest.approx(expected, rel=1e-5)
 
 
 def test_mqar_generation_is_seeded_and_prepared_splits_are_disjoint(data_dir):

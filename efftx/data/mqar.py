@@ -55,10 +55,14 @@ def generate(num_examples: int, *, seq_len: int, num_kv: int, seed: int, vocab_s
 
 
 def encode(example: dict, max_len: int) -> dict[str, np.ndarray]:
-  """Never truncated: a cut example would lose queries."""
+  """Never truncated: a cut example would lose queries. The loss looks at the kv query positions alone, so the
+  example names them ("positions", K = kv) with their targets and weights (length K): the model computes logits
+  there only (B×K×8192 instead of B×L×8192)."""
   tokens_L, mask_L = pad_to(example["tokens"], max_len, truncate=None, what="an MQAR example")
-  targets_L, _ = pad_to(example["targets"], max_len, truncate=None, what="an MQAR example")
-  return {"tokens": tokens_L, "mask": mask_L, "targets": targets_L, "weights": (targets_L > 0).astype(np.float32)}
+  targets = np.asarray(example["targets"])
+  positions_K = np.flatnonzero(targets).astype(np.int32)
+  return {"tokens": tokens_L, "mask": mask_L, "positions": positions_K, "targets": targets[positions_K],
+          "weights": np.ones(len(positions_K), np.float32)}
 
 
 @dataclasses.dataclass

@@ -3,6 +3,8 @@
 An encoded example is a dict of numpy arrays of length max_len:
   "tokens" int32, "mask" bool (True at real tokens), and either "label" int32[] (classification) or
   "targets" int32 and "weights" float32 (per-position prediction: the loss counts positions with weight > 0).
+A task whose loss looks at a few known positions (MQAR's queries) adds "positions" int32 (K) and gives "targets"
+and "weights" at those K positions only: the model computes logits there alone.
 """
 from __future__ import annotations
 

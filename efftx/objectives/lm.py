@@ -21,7 +21,7 @@ def lm_head(x_BxLxD: jax.Array, mask_BxL: jax.Array, *, vocab_size: int) -> jax.
 class PerPosition(base.Objective):
   """What next-token and masked-LM share: an LM head at every position, cross-entropy where weights > 0."""
 
-  batch_keys = ("targets", "weights")
+  batch_keys = ("targets", "weights")  # and "positions" where a task scores a few positions (their targets)
   fresh_params = ("lm_head",)
 
   def check(self, config, task) -> None:
