@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import model as model_lib
 from efftx import objectives
@@ -47,7 +48,8 @@ _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengt
 _TOKENS = flags.DEFINE_integer("tokens", 8192, "Tokens per step (batch = tokens // length).")
 _CAUSAL = flags.DEFINE_bool("causal", False, "Causal mixers (FNet is skipped).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
-_SECONDS = flags.DEFINE_float("seconds", 3.0, "Minimum timed seconds per row (after one warm-up step).")
+_SECONDS = flags.DEFINE_float("seconds", 3.0, "Minimum timed seconds per row (after one warm-up step); 0: compile "
+                               "only (memory), mixers mode.")
 _OVERRIDES = flags.DEFINE_list(
     "set", [], "Overrides for every row: config.model fields, or mixer options (applied to the mixers that declare "
     "them, e.g. attention_impl=plain), e.g. dtype=bfloat16.")
@@ -126,7 +128,7 @@ def _mixers_table() -> list[dict]:
   rows = []
   lengths = [int(x) for x in _LENGTHS.value]
   print(f"backend {jax.default_backend()}, {_TOKENS.value} tokens/step, d=256, 4 layers, dtype {_DTYPE.value}, "
-        f"causal={_CAUSAL.value}")
+        f"causal={_CAUSAL.value}" + (f"; set {','.join(_OVERRIDES.value)}" if _OVERRIDES.value else ""))
   print(f"{'mixer':<12}{'length':>8}{'tokens/s':>11}{'step ms':>10}{'temp MiB':>10}{'temp+arg MiB':>14}")
   for mixer in _MIXERS.value:
     if mixer not in MIXERS:
@@ -138,8 +140,8 @@ def _mixers_table() -> list[dict]:
       row = {"mixer": mixer, "length": length, **measure_step(config, max(1, _TOKENS.value // length),
                                                              _SECONDS.value)}
       rows.append(row)
-      print(f"{mixer:<12}{length:>8}{row['tokens_per_sec']:>11.0f}{row['step_ms']:>10.1f}{row['temp_mib']:>10.1f}"
-            f"{row['memory_mib']:>14.1f}", flush=True)
+      timed = f"{row['tokens_per_sec']:>11.0f}{row['step_ms']:>10.1f}" if "step_ms" in row else f"{'-':>11}{'-':>10}"
+      print(f"{mixer:<12}{length:>8}{timed}{row['temp_mib']:>10.1f}{row['memory_mib']:>14.1f}", flush=True)
   return rows
 
 
@@ -318,9 +320,9 @@ def main(argv):
   del argv
   rows = {"mixers": _mixers_table, "fourier": _fourier_table, "reversible": _reversible_table,
           "pipeline": _pipeline_table, "sharding": _sharding_table}[_MODE.value]()
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump({"backend": jax.default_backend(), "mode": _MODE.value, "rows": rows}, f, indent=1)
+  if _JSON.value:  # whole or not at all: efftx.sweep takes the file's existence as "measured"
+    checkpoints.write_whole(checkpoints.run_folder(_JSON.value), json.dumps(
+        {"backend": jax.default_backend(), "mode": _MODE.value, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

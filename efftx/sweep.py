@@ -7,17 +7,26 @@
     python -m efftx.sweep ... --dry_run                                          # what would run, any launcher
 
 A sweep file is plain Python that defines:
-  CONFIG          the config file its points start from, e.g. "configs/lm_bytes.py"
+  CONFIG          the config file its training points start from, e.g. "configs/lm_bytes.py"
   points(scale)   -> list[Point]: the grid at scale "cpu" (what this repository's tables ran) or "paper"
-  METRIC, GOAL    the metric each point contributes (its last value in the point's metrics.jsonl), "min" or "max"
-  PAPER           optional {group: the paper's number}; SOURCE says where they come from
+  METRIC, GOAL    the metric each point contributes (its last value in the point's metrics.jsonl, or in a bench
+                  point's bench.json), "min" or "max"
+  METRICS         optional: more metrics shown beside METRIC (a bench point's memory beside its tokens/s)
+  BASELINE        optional {group: baseline group}: every metric is also shown divided by the baseline's (the
+                  plot then draws the ratios), e.g. tokens/s as a ratio to softmax attention at the same length
+  PAPER           optional {group: the paper's number} ({group: {metric: number}} for several metrics; a ratio
+                  where BASELINE is set); SOURCE says where they come from
   X               optional (axis label, {group: x}): the plot draws ours and the paper's against x; else bars
+  SERIES          optional {group: line}: with X, one line per series (e.g. per mixer, against length)
+  XSCALE          optional "linear" or "log" (default: log where X spans 16× or more)
   claim(rows)     optional: one line saying whether the paper's claim held, from the aggregated rows
 and holds in its docstring the claim being tested and the paper's numbers with their source.
 
 Every point is one `python -m efftx.train` command (Point.command; printed before it runs, runnable by hand) with
 its own workdir DIR/<point>: a re-run skips points that reached their total_steps, resumes the others from their
-checkpoints, and retries failed ones. A failing point is reported with its one-line error; the others go on.
+checkpoints, and retries failed ones. A bench point is one `python -m efftx.bench` command writing
+DIR/<point>/bench.json (done once that file exists; run them with --parallel=1, or their timings share the cores).
+A failing point is reported with its one-line error; the others go on.
 On one machine `--parallel` points run at a time; `--launcher=slurm` submits each point as a SLURM job through
 submitit; `--launcher=tpu` runs each point on every worker of a TPU VM slice with `gcloud compute tpus tpu-vm ssh
 --worker=all` (one point at a time, in order). Seeds of a group are aggregated as mean ± std (sample std), and
@@ -56,11 +65,13 @@ from efftx.errors import UserError
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHERS = ("local", "slurm", "tpu")
 POINT_FILE = "sweep_point.json"  # in a point's workdir: its last attempt's outcome, error line and time
+BENCH_FILE = "bench.json"  # in a bench point's folder: efftx.bench's rows, written when the measurement is done
 
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-  """One training run of a sweep: the config file's argument, config overrides, seed and learning rate.
+  """One run of a sweep: a training run (the config file's argument, config overrides, seed and learning rate),
+  or, with program "bench", one `python -m efftx.bench` measurement whose flags are the overrides.
 
   `group` is the table row the point contributes to: the seeds and learning rates of one group are aggregated."""
   group: str
@@ -68,15 +79,19 @@ class Point:
   overrides: tuple[tuple[str, Any], ...] = ()
   seed: int = 0
   learning_rate: float | None = None
+  program: str = "train"
 
   @property
   def name(self) -> str:
     """The point's folder under the sweep's workdir."""
-    name = self.group + (f"-lr{self.learning_rate:g}" if self.learning_rate is not None else "") + f"-seed{self.seed}"
+    name = self.group if self.program == "bench" else self.group + (
+        f"-lr{self.learning_rate:g}" if self.learning_rate is not None else "") + f"-seed{self.seed}"
     return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
 
   def flags(self, config_file: str) -> list[str]:
-    """The efftx.train flags of this point (without --workdir)."""
+    """The efftx.train flags of this point (without --workdir), or its efftx.bench flags (without --json)."""
+    if self.program == "bench":
+      return [f"--{key}={value}" for key, value in self.overrides]
     out = [f"--config={config_file}" + (f":{self.arg}" if self.arg else "")]
     out += [f"--config.{key}={value}" for key, value in self.overrides]
     out += [f"--config.seed={self.seed}"]
@@ -85,16 +100,24 @@ class Point:
     return out
 
   def command(self, config_file: str, workdir: str, python: str = sys.executable) -> list[str]:
+    if self.program == "bench":
+      return [python, "-m", "efftx.bench", *self.flags(config_file), f"--json={workdir}/{BENCH_FILE}"]
     return [python, "-m", "efftx.train", *self.flags(config_file), f"--workdir={workdir}"]
 
 
 def grid(groups: dict[str, dict[str, Any]], seeds=(0,), learning_rates=(None,)) -> list[Point]:
-  """Every group × learning rate × seed. A group is {"arg": the config argument, "overrides": {key: value}}."""
+  """Every group × learning rate × seed. A group is {"arg": the config argument, "overrides": {key: value}} (a
+  training run), or {"bench": {flag: value}} (an efftx.bench measurement, e.g. {"mixers": "fnet", "lengths":
+  1024}; its metrics are the bench's JSON row, and it has no seeds or learning rates)."""
   points = []
   for group, spec in groups.items():
-    unknown = set(spec) - {"arg", "overrides"}
-    if unknown:
-      raise UserError(f"group '{group}': unknown keys {sorted(unknown)} (a group has 'arg' and 'overrides')")
+    unknown = set(spec) - {"arg", "overrides", "bench"}
+    if unknown or ("bench" in spec and len(spec) > 1):
+      raise UserError(f"group '{group}': unknown keys {sorted(unknown or set(spec) - {'bench'})} (a group has 'arg' "
+                      "and 'overrides', or 'bench' alone)")
+    if "bench" in spec:
+      points.append(Point(group, overrides=tuple(spec["bench"].items()), program="bench"))
+      continue
     for lr in learning_rates:
       for seed in seeds:
         points.append(Point(group, spec.get("arg", ""), tuple(spec.get("overrides", {}).items()), seed, lr))
@@ -110,14 +133,23 @@ class Study:
   metric: str
   goal: str
   doc: str
-  paper: dict[str, float]
+  paper: dict[str, Any]
   source: str
   x: tuple[str, dict[str, float]] | None
   claim: Callable[[list[dict]], str] | None
+  metrics: tuple[str, ...] = ()  # more columns, aggregated like metric (at the group's best learning rate)
+  baseline: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> the group it is divided by
+  series: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> its line in the plot
+  xscale: str = ""  # "linear" or "log" (base 2); "": log where X spans 16× or more
 
   @property
   def name(self) -> str:
     return os.path.basename(os.path.dirname(os.path.abspath(self.path)))
+
+  def paper_value(self, group: str, metric: str) -> float | None:
+    """The paper's number for group: PAPER[group] is METRIC's, or {metric: value} for several metrics."""
+    value = self.paper.get(group)
+    return value.get(metric) if isinstance(value, dict) else value if metric == self.metric else None
 
 
 def load(path: str, scale: str = "cpu") -> Study:
@@ -128,7 +160,7 @@ def load(path: str, scale: str = "cpu") -> Study:
     module = runpy.run_path(path)
   except UserError as e:
     raise UserError(f"{path}: {e}") from None
-  missing = [n for n in ("CONFIG", "points", "METRIC", "GOAL") if n not in module]
+  missing = [n for n in ("points", "METRIC", "GOAL") if n not in module]
   if missing:
     raise UserError(f"{path} does not define {', '.join(missing)} (see `python -m efftx.sweep --help`)")
   if module["GOAL"] not in ("min", "max"):
@@ -139,11 +171,19 @@ def load(path: str, scale: str = "cpu") -> Study:
   names = [p.name for p in points]
   if len(set(names)) != len(names):
     raise UserError(f"{path}: two points share the name {next(n for n in names if names.count(n) > 1)}")
-  config = module["CONFIG"]
-  if not os.path.isabs(config) and not os.path.exists(config) and os.path.exists(os.path.join(REPO, config)):
+  if "CONFIG" not in module and any(p.program == "train" for p in points):
+    raise UserError(f"{path} does not define CONFIG, the config file its training points start from")
+  config = module.get("CONFIG", "")
+  if config and not os.path.isabs(config) and not os.path.exists(config) and os.path.exists(os.path.join(REPO, config)):
     config = os.path.join(REPO, config)
+  groups = {p.group for p in points}
+  baseline = module.get("BASELINE", {})
+  unknown = sorted({b for g, b in baseline.items() if g in groups} - groups)
+  if unknown:
+    raise UserError(f"{path}: BASELINE names groups that are not points: {', '.join(unknown)}")
   return Study(path, config, points, module["METRIC"], module["GOAL"], module.get("__doc__") or "",
-               module.get("PAPER", {}), module.get("SOURCE", ""), module.get("X"), module.get("claim"))
+               module.get("PAPER", {}), module.get("SOURCE", ""), module.get("X"), module.get("claim"),
+               tuple(module.get("METRICS", ())), baseline, module.get("SERIES", {}), module.get("XSCALE", ""))
 
 
 # ---------------------------------------------------------------------------------------------- Point state
@@ -156,6 +196,10 @@ def _read_json(path: epath.Path) -> dict | None:
 
 
 def _metric_rows(folder: epath.Path) -> list[dict]:
+  """A training point's metrics.jsonl rows, or a bench point's bench.json rows."""
+  bench = _read_json(folder / BENCH_FILE)
+  if bench is not None:
+    return bench["rows"]
   try:
     text = (folder / "metrics.jsonl").read_text()
   except OSError:
@@ -164,8 +208,10 @@ def _metric_rows(folder: epath.Path) -> list[dict]:
 
 
 def state(folder: epath.Path) -> str:
-  """"done" (trained to its config's total_steps), "failed" (its last attempt failed), "unfinished" (started,
-  stopped before the end) or "pending"."""
+  """"done" (trained to its config's total_steps, or its bench.json written), "failed" (its last attempt failed),
+  "unfinished" (started, stopped before the end) or "pending"."""
+  if (folder / BENCH_FILE).exists():
+    return "done"
   config = _read_json(folder / "config.json")
   rows = _metric_rows(folder)
   if config and rows and max(r["step"] for r in rows) >= config["total_steps"]:
@@ -186,7 +232,7 @@ def run_point(command: list[str], folder: str) -> dict:
   folder = epath.Path(folder)
   folder.mkdir(parents=True, exist_ok=True)
   start = time.time()
-  log_path = folder / "train.log"
+  log_path = folder / ("bench.log" if "efftx.bench" in command else "train.log")
   with tempfile.TemporaryFile("w+") as log:  # copied into the point's folder (which may be on a bucket) at the end
     log.write(f"$ {shlex.join(command)}\n")
     log.flush()
@@ -214,7 +260,7 @@ def run_point(command: list[str], folder: str) -> dict:
   else:
     outcome["status"] = "failed"
     lines = [l for l in text.splitlines()[1:] if l.strip()]  # after the "$ command" line
-    errors = [l for l in lines if l.startswith("efftx.train: error:")]
+    errors = [l for l in lines if l.startswith(("efftx.train: error:", "efftx.bench: error:"))]
     if errors or proc.returncode > 0:
       outcome["error"] = (errors or lines or [f"exit status {proc.returncode}"])[-1][:500]
     else:  # killed (out of memory, a job's time limit)
@@ -239,9 +285,13 @@ class Launch:
 
 
 def tpu_command(launch: Launch, train_command: list[str]) -> list[str]:
-  """The gcloud command that runs one point on every worker of the slice (each a JAX process)."""
-  remote = shlex.join(["python3", *train_command[1:], "--distributed"])
-  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", launch.tpu, f"--zone={launch.zone}", "--worker=all",
+  """The gcloud command that runs one training point on every worker of the slice (each a JAX process), or one
+  bench point on worker 0."""
+  if train_command[2] == "efftx.bench":  # a measurement of one worker's chips
+    remote, workers = shlex.join(["python3", *train_command[1:]]), "0"
+  else:
+    remote, workers = shlex.join(["python3", *train_command[1:], "--distributed"]), "all"
+  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", launch.tpu, f"--zone={launch.zone}", f"--worker={workers}",
           f"--command=cd {launch.remote_dir} && {remote}"]
 
 
@@ -253,7 +303,7 @@ def _commands(study: Study, workdir: str, launch: Launch) -> dict[str, list[str]
       command = tpu_command(launch, p.command(config_file, f"{workdir}/{p.name}", python="python3"))
     else:
       command = p.command(study.config, f"{workdir}/{p.name}")
-      if launch.launcher == "slurm" and launch.slurm.get("nodes", 1) > 1:
+      if launch.launcher == "slurm" and launch.slurm.get("nodes", 1) > 1 and p.program == "train":
         command += ["--distributed"]
     out[p.name] = command
   return out
@@ -369,61 +419,118 @@ def _run_slurm(study, workdir, launch, commands, todo, status) -> dict[str, str]
 # ---------------------------------------------------------------------------------------------- Report
 
 def collect(study: Study, workdir: str) -> list[dict]:
-  """One row per point: group, seed, learning rate, state, its metric's last logged value, and its seconds."""
+  """One row per point: group, seed, learning rate, state, the last logged value of its metric ("value") and of
+  each of study.metrics ("values"), and its seconds."""
   rows = []
   for p in study.points:
     folder = epath.Path(workdir) / p.name
-    values = [r[study.metric] for r in _metric_rows(folder) if study.metric in r]
+    logged = _metric_rows(folder)
+    last = {m: next((r[m] for r in reversed(logged) if m in r), None) for m in (study.metric, *study.metrics)}
     outcome = _read_json(folder / POINT_FILE) or {}
     rows.append({"point": p.name, "group": p.group, "seed": p.seed, "learning_rate": p.learning_rate,
-                 "state": state(folder), "value": values[-1] if values else None,
-                 "seconds": outcome.get("total_seconds"), "error": outcome.get("error")})
+                 "state": state(folder), "value": last[study.metric],
+                 "values": {m: last[m] for m in study.metrics}, "seconds": outcome.get("total_seconds"),
+                 "error": outcome.get("error")})
   return rows
 
 
-def aggregate(points: list[dict], goal: str, groups: list[str] | None = None) -> list[dict]:
+def _mean_std(values: list[float]) -> tuple[float, float]:
+  mean = sum(values) / len(values)
+  return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+
+
+def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, metrics: tuple[str, ...] = (),
+              ) -> list[dict]:
   """Per group: for each learning rate the mean and sample std of the finished seeds' values; the group's row is
-  the learning rate with the best mean ("min" or "max" by goal). Groups in the order given (default: first seen)."""
+  the learning rate with the best mean ("min" or "max" by goal). Groups in the order given (default: first seen).
+  Each of `metrics` (points' "values") is aggregated over the same runs, into the row's "metrics"."""
   order = groups or list(dict.fromkeys(p["group"] for p in points))
   out = []
   for group in order:
-    by_lr: dict[Any, list[float]] = {}
+    by_lr: dict[Any, list[dict]] = {}
     for p in points:
       if p["group"] == group and p["state"] == "done" and p["value"] is not None and math.isfinite(p["value"]):
-        by_lr.setdefault(p["learning_rate"], []).append(p["value"])
+        by_lr.setdefault(p["learning_rate"], []).append(p)
     total = sum(1 for p in points if p["group"] == group)
     if not by_lr:
       out.append({"group": group, "mean": None, "std": None, "n": 0, "of": total, "learning_rate": None,
-                  "by_learning_rate": {}})
+                  "by_learning_rate": {}, "metrics": {m: {"mean": None, "std": None} for m in metrics}})
       continue
-    means = {lr: sum(v) / len(v) for lr, v in by_lr.items()}
+    means = {lr: _mean_std([p["value"] for p in runs])[0] for lr, runs in by_lr.items()}
     best = (min if goal == "min" else max)(means, key=means.get)
-    values = by_lr[best]
-    std = math.sqrt(sum((v - means[best]) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    out.append({"group": group, "mean": means[best], "std": std, "n": len(values), "of": total,
-                "learning_rate": best, "by_learning_rate": {str(lr): m for lr, m in means.items()}})
+    runs = by_lr[best]
+    mean, std = _mean_std([p["value"] for p in runs])
+    extra = {}
+    for m in metrics:
+      values = [p["values"][m] for p in runs if p["values"].get(m) is not None]
+      extra[m] = dict(zip(("mean", "std"), _mean_std(values))) if values else {"mean": None, "std": None}
+    out.append({"group": group, "mean": mean, "std": std, "n": len(runs), "of": total, "learning_rate": best,
+                "by_learning_rate": {str(lr): m for lr, m in means.items()}, "metrics": extra})
   return out
+
+
+def _with_ratios(study: Study, rows: list[dict]) -> list[dict]:
+  """Adds each row's "ratio": {metric: its mean ÷ the mean of its BASELINE group} (None without a baseline)."""
+  by_group = {r["group"]: r for r in rows}
+  for r in rows:
+    base = by_group.get(study.baseline.get(r["group"], ""))
+    r["ratio"] = {}
+    for m in (study.metric, *study.metrics):
+      ours, theirs = (_metric_mean(r, m, study), _metric_mean(base, m, study)) if base else (None, None)
+      r["ratio"][m] = ours / theirs if ours is not None and theirs else None
+  return rows
+
+
+def _metric_mean(row: dict, metric: str, study: Study) -> float | None:
+  return row["mean"] if metric == study.metric else row["metrics"][metric]["mean"]
 
 
 def _fmt(value: float | None) -> str:
   return "—" if value is None else f"{value:.4g}"
 
 
+def _columns(study: Study) -> list[tuple[str, str, str]]:
+  """The table's columns after "setting": (header, kind, metric), kind one of paper / ours / ratio."""
+  several = bool(study.metrics) or bool(study.baseline)
+  out = []
+  for m in (study.metric, *study.metrics):
+    has_paper = any(study.paper_value(g, m) is not None for g in study.paper) or (m == study.metric and not several)
+    if has_paper:
+      out.append((f"paper: {m}" if several else "paper", "paper", m))
+    if study.baseline:
+      out.append((f"ours: {m} ÷ baseline", "ratio", m))
+    out.append((f"ours: {m}" if several else "ours (mean ± std)", "ours", m))
+  return out
+
+
 def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, str]:
   """Writes DIR/report.md, report.csv, report.png and results.json; returns their paths."""
   points = collect(study, workdir)
-  rows = aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)))
+  rows = _with_ratios(study, aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)),
+                                       study.metrics))
   several_lrs = len({p.learning_rate for p in study.points}) > 1
   seconds = sum(p["seconds"] or 0 for p in points)
   lines = [f"# {study.name}: {study.metric} ({'lower' if study.goal == 'min' else 'higher'} is better)", ""]
   first_paragraph = study.doc.strip().split("\n\n")[0]
   if first_paragraph:
     lines += [" ".join(first_paragraph.split()), ""]
-  header = ["setting", "paper", "ours (mean ± std)", "seeds"] + (["best learning rate"] if several_lrs else [])
+  example = next(((g, b) for g, b in study.baseline.items() if g != b and g in {r["group"] for r in rows}), None)
+  if example:
+    lines += [f"\"÷ baseline\": each setting divided by its baseline's value (e.g. {example[0]} ÷ {example[1]}).", ""]
+  columns = _columns(study)
+  header = ["setting", *(c[0] for c in columns), "seeds"] + (["best learning rate"] if several_lrs else [])
   lines += ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
   for r in rows:
-    ours = "—" if r["mean"] is None else f"{r['mean']:.4g} ± {r['std']:.2g}"
-    cells = [r["group"], _fmt(study.paper.get(r["group"])), ours, f"{r['n']}/{r['of']}"]
+    cells = [r["group"]]
+    for _, kind, m in columns:
+      if kind == "paper":
+        cells.append(_fmt(study.paper_value(r["group"], m)))
+      elif kind == "ratio":
+        cells.append("—" if r["ratio"][m] is None else f"{r['ratio'][m]:.3g}")
+      else:
+        mean, std = (r["mean"], r["std"]) if m == study.metric else (r["metrics"][m]["mean"], r["metrics"][m]["std"])
+        cells.append("—" if mean is None else f"{mean:.4g}" + (f" ± {std:.2g}" if r["n"] > 1 else ""))
+    cells.append(f"{r['n']}/{r['of']}")
     if several_lrs:
       cells.append("—" if r["learning_rate"] is None else f"{r['learning_rate']:g}")
     lines.append("| " + " | ".join(cells) + " |")
@@ -437,7 +544,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
     lines += ["Not finished: " + "; ".join(f"{p['point']} ({p['state']}"
                                             + (f": {p['error']}" if p["error"] else "") + ")" for p in failed), ""]
   lines += [f"Scale: `{scale}` ({len(study.points)} runs). Command: `{command}`",
-            f"Machine: {_machine()}. Training time, all runs together: {datetime.timedelta(seconds=round(seconds))}. "
+            f"Machine: {_machine()}. Time of all runs together: {datetime.timedelta(seconds=round(seconds))}. "
             f"Written {datetime.datetime.now():%Y-%m-%d %H:%M}.", ""]
   folder = epath.Path(workdir)
   folder.mkdir(parents=True, exist_ok=True)
@@ -446,49 +553,74 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   paths["md"].write_text("\n".join(lines))
   out = io.StringIO()
   writer = csv.writer(out)
-  writer.writerow(["setting", "paper", "mean", "std", "seeds", "runs", "best_learning_rate"])
+  extra_header = [f"{m}_{k}" for m in study.metrics for k in ("mean", "std")]
+  ratio_header = [f"{m}_ratio" for m in (study.metric, *study.metrics)] if study.baseline else []
+  writer.writerow(["setting", "paper", "mean", "std", "seeds", "runs", "best_learning_rate", *extra_header,
+                   *ratio_header])
   for r in rows:
-    writer.writerow([r["group"], study.paper.get(r["group"], ""), r["mean"], r["std"], r["n"], r["of"],
-                     r["learning_rate"]])
+    paper = study.paper_value(r["group"], study.metric)
+    writer.writerow([r["group"], "" if paper is None else paper, r["mean"], r["std"], r["n"], r["of"],
+                     r["learning_rate"], *(r["metrics"][m][k] for m in study.metrics for k in ("mean", "std")),
+                     *(r["ratio"][m] for m in (study.metric, *study.metrics) if study.baseline)])
   paths["csv"].write_text(out.getvalue())
-  paths["json"].write_text(json.dumps({"study": study.name, "metric": study.metric, "goal": study.goal,
-                                       "scale": scale, "command": command, "machine": _machine(),
-                                       "training_seconds": seconds, "rows": rows, "points": points}, indent=2))
+  paths["json"].write_text(json.dumps({"study": study.name, "metric": study.metric, "metrics": study.metrics,
+                                       "goal": study.goal, "scale": scale, "command": command,
+                                       "machine": _machine(), "seconds": seconds, "rows": rows, "points": points},
+                                      indent=2))
   _plot(study, rows, paths["png"])
   return {k: os.fspath(v) for k, v in paths.items()}
 
 
 def _plot(study: Study, rows: list[dict], path: epath.Path) -> None:
+  """One panel per metric: ours (ratios where BASELINE is set) and the paper's, against X (one line per SERIES)
+  or as bars."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(7, 4))
-  done = [r for r in rows if r["mean"] is not None]
-  if study.x:
-    label, xs = study.x
-    on_axis = [r for r in done if r["group"] in xs]
-    ax.errorbar([xs[r["group"]] for r in on_axis], [r["mean"] for r in on_axis],
-                yerr=[r["std"] for r in on_axis], marker="o", capsize=3, label="ours")
-    paper = [(xs[g], v) for g, v in study.paper.items() if g in xs]
-    if paper:
-      ax.plot(*zip(*sorted(paper)), "s--", label="paper")
-    if all(v > 0 for v in xs.values()) and max(xs.values()) / min(xs.values()) >= 16:
-      ax.set_xscale("log", base=2)
-    for r in done:  # groups off the axis (baselines): horizontal lines
-      if r["group"] not in xs:
-        ax.axhline(r["mean"], linestyle=":", color="gray")
-        ax.annotate(r["group"], (ax.get_xlim()[0], r["mean"]), fontsize=8, va="bottom")
-    ax.set_xlabel(label)
-  else:
-    positions = range(len(done))
-    ax.bar(positions, [r["mean"] for r in done], yerr=[r["std"] for r in done], capsize=3, label="ours")
-    paper = [(i, study.paper[r["group"]]) for i, r in enumerate(done) if r["group"] in study.paper]
-    if paper:
-      ax.plot(*zip(*paper), "k_", markersize=20, label="paper")
-    ax.set_xticks(list(positions), [r["group"] for r in done], rotation=30, ha="right")
-  ax.set_ylabel(study.metric)
-  ax.set_title(study.name)
-  ax.legend()
+  metrics = (study.metric, *study.metrics)
+  fig, axes = plt.subplots(1, len(metrics), figsize=(7 * len(metrics), 4.5), squeeze=False)
+  for ax, metric in zip(axes[0], metrics):
+    value = lambda r, m=metric: r["ratio"][m] if study.baseline else _metric_mean(r, m, study)
+    std = lambda r, m=metric: 0.0 if study.baseline else r["std"] if m == study.metric else r["metrics"][m]["std"]
+    done = [r for r in rows if value(r) is not None]
+    if study.x:
+      label, xs = study.x
+      on_axis = [r for r in done if r["group"] in xs]
+      for series in dict.fromkeys(study.series.get(r["group"], "ours") for r in on_axis):
+        line = [r for r in on_axis if study.series.get(r["group"], "ours") == series]
+        ax.errorbar([xs[r["group"]] for r in line], [value(r) for r in line], yerr=[std(r) for r in line],
+                    marker="o", capsize=3, label=series)
+        paper = sorted((xs[g], study.paper_value(g, metric)) for g in study.paper
+                       if g in xs and study.series.get(g, "ours") == series
+                       and study.paper_value(g, metric) is not None)
+        if paper:
+          ax.plot(*zip(*paper), "s--", color=ax.lines[-1].get_color(), label=f"{series} (paper)"
+                  if study.series else "paper")
+      if study.xscale == "log" or (not study.xscale and all(v > 0 for v in xs.values())
+                                   and max(xs.values()) / min(xs.values()) >= 16):
+        ax.set_xscale("log", base=2)
+      for r in done:  # groups off the axis (baselines): horizontal lines
+        if r["group"] not in xs:
+          ax.axhline(value(r), linestyle=":", color="gray")
+          ax.annotate(r["group"], (ax.get_xlim()[0], value(r)), fontsize=8, va="bottom")
+      ax.set_xlabel(label)
+    else:
+      positions = range(len(done))
+      ax.bar(positions, [value(r) for r in done], yerr=[std(r) for r in done], capsize=3, label="ours")
+      paper = [(i, study.paper_value(r["group"], metric)) for i, r in enumerate(done)
+               if study.paper_value(r["group"], metric) is not None]
+      if paper:
+        ax.plot(*zip(*paper), "k_", markersize=20, label="paper")
+      ax.set_xticks(list(positions), [r["group"] for r in done], rotation=30, ha="right")
+    ax.set_ylabel(f"{metric} ÷ baseline" if study.baseline else metric)
+    if study.baseline:
+      ax.axhline(1.0, color="black", linewidth=0.8)
+      shown = [value(r) for r in done]
+      if shown and min(shown) > 0 and max(shown) / min(shown) >= 10:
+        ax.set_yscale("log")
+    ax.set_title(study.name if len(metrics) == 1 else f"{study.name}: {metric}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
   fig.tight_layout()
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=120)

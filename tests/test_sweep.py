@@ -82,13 +82,82 @@ def test_report_from_existing_workdirs(tmp_path, data_dir):
   proc = _sweep(path, f"--workdir={workdir}", "--report", "--publish")
   assert proc.returncode == 0, proc.stderr
   table = (workdir / "report.md").read_text()
-  assert "| a | 0.5 | 0.75 ± 0 | 1/1 |" in table and "| b | — | 0.25 ± 0 | 1/1 |" in table, table
+  assert "| a | 0.5 | 0.75 | 1/1 |" in table and "| b | — | 0.25 | 1/1 |" in table, table  # one seed: no ± 
   assert "**Claim at our scale:** held" in table and "Somebody et al. (2020), Table 1" in table
   assert (workdir / "report.csv").read_text().splitlines()[1:] == ["a,0.5,0.75,0.0,1,1,", "b,,0.25,0.0,1,1,"]
   assert (workdir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   for name in ("table.md", "table.csv", "plot.png", "results.json"):
     assert (tmp_path / "study" / name).read_bytes() == (workdir / {"table.md": "report.md", "table.csv": "report.csv",
                                                          "plot.png": "report.png"}.get(name, name)).read_bytes()
+
+
+def _bench_sweep_file(tmp_path, groups: dict) -> str:
+  path = tmp_path / "costs" / "sweep.py"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(f'''"""A test cost study."""
+from efftx.sweep import grid
+METRIC = "temp_mib"
+METRICS = ("argument_mib",)
+GOAL = "min"
+GROUPS = {groups!r}
+X = ("length", {{g: f["lengths"] for g, f in GROUPS.items()}})
+SERIES = {{g: f["mixers"] for g, f in GROUPS.items()}}
+BASELINE = {{g: "attention L=32" for g in GROUPS}}
+PAPER = {{"fnet L=32": {{"argument_mib": 0.5}}}}
+
+def points(scale):
+  return grid({{g: {{"bench": f}} for g, f in GROUPS.items()}})
+''')
+  return str(path)
+
+
+def test_bench_points_metrics_and_ratios_to_a_baseline(tmp_path):
+  groups = {"attention L=32": {"mixers": "attention", "lengths": 32}, "fnet L=32": {"mixers": "fnet", "lengths": 32},
+            "fnet L=64": {"mixers": "fnet", "lengths": 64}}
+  path = _bench_sweep_file(tmp_path, groups)
+  study = sweep.load(path)
+  assert [p.name for p in study.points] == ["attention_L=32", "fnet_L=32", "fnet_L=64"]  # no seeds
+  assert study.points[1].command("", "/w/fnet_L=32", python="python") == [
+      "python", "-m", "efftx.bench", "--mixers=fnet", "--lengths=32", "--json=/w/fnet_L=32/bench.json"]
+  workdir = tmp_path / "runs"
+  measured = {"attention_L=32": (40.0, 8.0), "fnet_L=32": (10.0, 2.0), "fnet_L=64": (12.0, 3.0)}
+  for name, (temp, argument) in measured.items():  # what three bench runs leave behind
+    (workdir / name).mkdir(parents=True)
+    (workdir / name / "bench.json").write_text(json.dumps({"rows": [{"temp_mib": temp, "argument_mib": argument}]}))
+  assert all(sweep.state(workdir / name) == "done" for name in measured)
+  proc = _sweep(path, f"--workdir={workdir}", "--report")
+  assert proc.returncode == 0, proc.stderr
+  table = (workdir / "report.md").read_text()
+  # A paper column only for the metric the paper gives.
+  assert ("| setting | ours: temp_mib ÷ baseline | ours: temp_mib | paper: argument_mib | "
+          "ours: argument_mib ÷ baseline | ours: argument_mib | seeds |") in table, table
+  assert "| fnet L=32 | 0.25 | 10 | 0.5 | 0.25 | 2 | 1/1 |" in table, table
+  assert "| fnet L=64 | 0.3 | 12 | — | 0.375 | 3 | 1/1 |" in table, table
+  assert (workdir / "report.csv").read_text().splitlines()[0] == (
+      "setting,paper,mean,std,seeds,runs,best_learning_rate,argument_mib_mean,argument_mib_std,temp_mib_ratio,"
+      "argument_mib_ratio")
+  assert (workdir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_a_bench_point_runs_once_and_on_one_tpu_worker(tmp_path):
+  tiny = {"mode": "mixers", "lengths": 32, "seconds": 0, "set": "d_model=32,d_ff=64,num_layers=1"}
+  path = _bench_sweep_file(tmp_path, {"attention L=32": {"mixers": "attention", **tiny},
+                                      "fnet L=32": {"mixers": "fnet", **tiny}})
+  workdir = tmp_path / "runs"
+  proc = _sweep(path, f"--workdir={workdir}")
+  assert proc.returncode == 0, proc.stderr
+  rows = {name: json.loads((workdir / name / "bench.json").read_text())["rows"]
+          for name in ("attention_L=32", "fnet_L=32")}
+  assert rows["fnet_L=32"][0]["mixer"] == "fnet" and rows["fnet_L=32"][0]["length"] == 32
+  ratio = rows["fnet_L=32"][0]["temp_mib"] / rows["attention_L=32"][0]["temp_mib"]
+  assert f"| fnet L=32 | {ratio:.3g} |" in (workdir / "report.md").read_text()
+  assert "attention" in (workdir / "attention_L=32" / "bench.log").read_text()
+  again = _sweep(path, f"--workdir={workdir}", "--dry_run", "--launcher=tpu", "--tpu=s", "--zone=z")
+  assert again.returncode == 0, again.stderr
+  assert again.stdout.startswith("skip (done)  attention_L=32: gcloud compute tpus tpu-vm ssh s --zone=z --worker=0 "
+                                 "'--command=cd efftx && python3 -m efftx.bench --mixers=attention --mode=mixers")
+  assert "--distributed" not in again.stdout
 
 
 def test_dry_run_prints_each_launchers_commands(tmp_path, data_dir):
