@@ -7,7 +7,8 @@
     python -m efftx.sweep ... --dry_run                                          # what would run, any launcher
 
 A sweep file is plain Python that defines:
-  CONFIG          the config file its training points start from, e.g. "configs/lm_bytes.py"
+  CONFIG          the config file its training points start from, e.g. "configs/lm_bytes.py" (a group may name
+                  its own: {"config": ...})
   points(scale)   -> list[Point]: the grid at scale "cpu" (what this repository's tables ran) or "paper"
   METRIC, GOAL    the metric each point contributes (its last value in the point's metrics.jsonl, or in a bench
                   point's bench.json), "min" or "max"
@@ -80,6 +81,7 @@ class Point:
   seed: int = 0
   learning_rate: float | None = None
   program: str = "train"
+  config: str = ""  # its own config file ("": the sweep file's CONFIG)
 
   @property
   def name(self) -> str:
@@ -107,20 +109,22 @@ class Point:
 
 def grid(groups: dict[str, dict[str, Any]], seeds=(0,), learning_rates=(None,)) -> list[Point]:
   """Every group × learning rate × seed. A group is {"arg": the config argument, "overrides": {key: value}} (a
-  training run), or {"bench": {flag: value}} (an efftx.bench measurement, e.g. {"mixers": "fnet", "lengths":
-  1024}; its metrics are the bench's JSON row, and it has no seeds or learning rates)."""
+  training run; "config": a config file other than the sweep's CONFIG), or {"bench": {flag: value}} (an
+  efftx.bench measurement, e.g. {"mixers": "fnet", "lengths": 1024}; its metrics are the bench's JSON row, and it
+  has no seeds or learning rates)."""
   points = []
   for group, spec in groups.items():
-    unknown = set(spec) - {"arg", "overrides", "bench"}
+    unknown = set(spec) - {"arg", "overrides", "config", "bench"}
     if unknown or ("bench" in spec and len(spec) > 1):
-      raise UserError(f"group '{group}': unknown keys {sorted(unknown or set(spec) - {'bench'})} (a group has 'arg' "
-                      "and 'overrides', or 'bench' alone)")
+      raise UserError(f"group '{group}': unknown keys {sorted(unknown or set(spec) - {'bench'})} (a group has "
+                      "'arg', 'overrides' and 'config', or 'bench' alone)")
     if "bench" in spec:
       points.append(Point(group, overrides=tuple(spec["bench"].items()), program="bench"))
       continue
     for lr in learning_rates:
       for seed in seeds:
-        points.append(Point(group, spec.get("arg", ""), tuple(spec.get("overrides", {}).items()), seed, lr))
+        points.append(Point(group, spec.get("arg", ""), tuple(spec.get("overrides", {}).items()), seed, lr,
+                            config=spec.get("config", "")))
   return points
 
 
@@ -152,6 +156,17 @@ class Study:
     return value.get(metric) if isinstance(value, dict) else value if metric == self.metric else None
 
 
+def _config_path(config: str) -> str:
+  """A config file's path as the points see it (they run in the checkout, wherever the sweep was started):
+  relative to the checkout when inside it (e.g. "configs/mqar.py"), else absolute."""
+  if not config:
+    return config
+  found = config if os.path.exists(config) or not os.path.exists(os.path.join(REPO, config)) else os.path.join(
+      REPO, config)
+  found = os.path.abspath(found)
+  return os.path.relpath(found, REPO) if found.startswith(REPO + os.sep) else found
+
+
 def load(path: str, scale: str = "cpu") -> Study:
   """Reads a sweep file and builds its grid at `scale`, with one clear error for what is missing or wrong."""
   if not os.path.exists(path):
@@ -171,11 +186,10 @@ def load(path: str, scale: str = "cpu") -> Study:
   names = [p.name for p in points]
   if len(set(names)) != len(names):
     raise UserError(f"{path}: two points share the name {next(n for n in names if names.count(n) > 1)}")
-  if "CONFIG" not in module and any(p.program == "train" for p in points):
+  if "CONFIG" not in module and any(p.program == "train" and not p.config for p in points):
     raise UserError(f"{path} does not define CONFIG, the config file its training points start from")
-  config = module.get("CONFIG", "")
-  if config and not os.path.isabs(config) and not os.path.exists(config) and os.path.exists(os.path.join(REPO, config)):
-    config = os.path.join(REPO, config)
+  points = [dataclasses.replace(p, config=_config_path(p.config)) if p.config else p for p in points]
+  config = _config_path(module.get("CONFIG", ""))
   groups = {p.group for p in points}
   baseline = module.get("BASELINE", {})
   unknown = sorted({b for g, b in baseline.items() if g in groups} - groups)
@@ -298,11 +312,11 @@ def tpu_command(launch: Launch, train_command: list[str]) -> list[str]:
 def _commands(study: Study, workdir: str, launch: Launch) -> dict[str, list[str]]:
   out = {}
   for p in study.points:
-    if launch.launcher == "tpu":  # the config file as the workers' checkout names it
-      config_file = os.path.relpath(study.config, REPO) if study.config.startswith(REPO + os.sep) else study.config
+    config_file = p.config or study.config  # relative to the checkout, which is also the workers' (tpu)
+    if launch.launcher == "tpu":
       command = tpu_command(launch, p.command(config_file, f"{workdir}/{p.name}", python="python3"))
     else:
-      command = p.command(study.config, f"{workdir}/{p.name}")
+      command = p.command(config_file, f"{workdir}/{p.name}")
       if launch.launcher == "slurm" and launch.slurm.get("nodes", 1) > 1 and p.program == "train":
         command += ["--distributed"]
     out[p.name] = command

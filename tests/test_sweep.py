@@ -47,6 +47,15 @@ def test_grid_names_and_commands():
       "--config.seed=1", "--config.optim.learning_rate=0.0003", "--workdir=/w/x"]
 
 
+def test_a_group_may_start_from_its_own_config_file(tmp_path, data_dir):
+  path = _sweep_file(tmp_path, data_dir, {"listops": {"arg": "smoke"},
+                                          "bytes": {"arg": "smoke", "config": "configs/lm_bytes.py"}})
+  study = sweep.load(path)
+  commands = sweep._commands(study, "/w", sweep.Launch())  # pylint: disable=protected-access
+  assert commands["listops-seed0"][3] == "--config=configs/quickstart.py:smoke"  # relative to the checkout
+  assert commands["bytes-seed0"][3] == "--config=configs/lm_bytes.py:smoke"
+
+
 def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
   rng = np.random.default_rng(0)
   values = rng.normal(size=(2, 3, 3))  # group × learning rate × seed
