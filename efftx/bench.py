@@ -318,6 +318,8 @@ def _sharding_table() -> list[dict]:
 
 def main(argv):
   del argv
+  if _JSON.value:  # its folder before the measurement, not after
+    checkpoints.run_folder(_JSON.value).parent.mkdir(parents=True, exist_ok=True)
   rows = {"mixers": _mixers_table, "fourier": _fourier_table, "reversible": _reversible_table,
           "pipeline": _pipeline_table, "sharding": _sharding_table}[_MODE.value]()
   if _JSON.value:  # whole or not at all: efftx.sweep takes the file's existence as "measured"

@@ -93,7 +93,8 @@ class Point:
   def flags(self, config_file: str) -> list[str]:
     """The efftx.train flags of this point (without --workdir), or its efftx.bench flags (without --json)."""
     if self.program == "bench":
-      return [f"--{key}={value}" for key, value in self.overrides]
+      return [f"--{key}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+              for key, value in self.overrides]
     out = [f"--config={config_file}" + (f":{self.arg}" if self.arg else "")]
     out += [f"--config.{key}={value}" for key, value in self.overrides]
     out += [f"--config.seed={self.seed}"]
@@ -195,6 +196,8 @@ def load(path: str, scale: str = "cpu") -> Study:
   unknown = sorted({b for g, b in baseline.items() if g in groups} - groups)
   if unknown:
     raise UserError(f"{path}: BASELINE names groups that are not points: {', '.join(unknown)}")
+  if module.get("XSCALE", "") not in ("", "linear", "log"):
+    raise UserError(f"{path}: XSCALE is '{module['XSCALE']}', not 'linear' or 'log'")
   return Study(path, config, points, module["METRIC"], module["GOAL"], module.get("__doc__") or "",
                module.get("PAPER", {}), module.get("SOURCE", ""), module.get("X"), module.get("claim"),
                tuple(module.get("METRICS", ())), baseline, module.get("SERIES", {}), module.get("XSCALE", ""))
@@ -246,7 +249,7 @@ def run_point(command: list[str], folder: str) -> dict:
   folder = epath.Path(folder)
   folder.mkdir(parents=True, exist_ok=True)
   start = time.time()
-  log_path = folder / ("bench.log" if "efftx.bench" in command else "train.log")
+  log_path = folder / ("bench.log" if any("efftx.bench" in part for part in command) else "train.log")
   with tempfile.TemporaryFile("w+") as log:  # copied into the point's folder (which may be on a bucket) at the end
     log.write(f"$ {shlex.join(command)}\n")
     log.flush()
@@ -300,7 +303,8 @@ class Launch:
 
 def tpu_command(launch: Launch, train_command: list[str]) -> list[str]:
   """The gcloud command that runs one training point on every worker of the slice (each a JAX process), or one
-  bench point on worker 0."""
+  bench point on worker 0 (a single-host slice; on a multi-host slice the TPU runtime may wait for the other
+  hosts — not tried: no TPU here)."""
   if train_command[2] == "efftx.bench":  # a measurement of one worker's chips
     remote, workers = shlex.join(["python3", *train_command[1:]]), "0"
   else:
@@ -413,7 +417,13 @@ def _run_slurm(study, workdir, launch, commands, todo, status) -> dict[str, str]
   from efftx import sweep as importable  # pylint: disable=g-import-not-at-top,import-self
   # run_point by reference to its module (under `python -m efftx.sweep` this module is __main__, which the job's
   # process cannot import).
-  jobs = {name: executor.submit(importable.run_point, commands[name], f"{workdir}/{name}") for name in todo}
+  bench = {p.name for p in study.points if p.program == "bench"}
+  one_node = executor
+  if bench and launch.slurm.get("nodes", 1) > 1:  # a measurement is one process: one node, not every node
+    one_node = submitit.AutoExecutor(folder=os.path.join(workdir, "submitit", "%j"), cluster=launch.submitit_cluster)
+    one_node.update_parameters(name=f"efftx-{study.name}", **{**launch.slurm, "nodes": 1})
+  jobs = {name: (one_node if name in bench else executor).submit(importable.run_point, commands[name],
+                                                                 f"{workdir}/{name}") for name in todo}
   for name, job in jobs.items():
     print(f"submitted    {name}: job {job.job_id}", flush=True)
     status.set(name, "running")
@@ -476,7 +486,7 @@ def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, me
     mean, std = _mean_std([p["value"] for p in runs])
     extra = {}
     for m in metrics:
-      values = [p["values"][m] for p in runs if p["values"].get(m) is not None]
+      values = [p["values"][m] for p in runs if p["values"].get(m) is not None and math.isfinite(p["values"][m])]
       extra[m] = dict(zip(("mean", "std"), _mean_std(values))) if values else {"mean": None, "std": None}
     out.append({"group": group, "mean": mean, "std": std, "n": len(runs), "of": total, "learning_rate": best,
                 "by_learning_rate": {str(lr): m for lr, m in means.items()}, "metrics": extra})
@@ -553,6 +563,9 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
     lines += [f"Paper: {study.source}", ""]
   if study.claim and all(r["mean"] is not None for r in rows):
     lines += [f"**Claim at our scale:** {study.claim(rows)}", ""]
+  missing = [p["point"] for p in points if p["state"] == "done" and p["value"] is None]
+  if missing:
+    lines += [f"Done but without {study.metric} in their output (left out): " + ", ".join(missing), ""]
   failed = [p for p in points if p["state"] != "done"]
   if failed:
     lines += ["Not finished: " + "; ".join(f"{p['point']} ({p['state']}"

@@ -47,6 +47,11 @@ def test_grid_names_and_commands():
       "--config.seed=1", "--config.optim.learning_rate=0.0003", "--workdir=/w/x"]
 
 
+def test_a_bench_points_list_flag_is_comma_joined():
+  point = sweep.grid({"fnet": {"bench": {"mixers": "fnet", "lengths": [256, 1024]}}})[0]
+  assert point.flags("") == ["--mixers=fnet", "--lengths=256,1024"]
+
+
 def test_a_group_may_start_from_its_own_config_file(tmp_path, data_dir):
   path = _sweep_file(tmp_path, data_dir, {"listops": {"arg": "smoke"},
                                           "bytes": {"arg": "smoke", "config": "configs/lm_bytes.py"}})
@@ -122,17 +127,19 @@ def points(scale):
 
 def test_bench_points_metrics_and_ratios_to_a_baseline(tmp_path):
   groups = {"attention L=32": {"mixers": "attention", "lengths": 32}, "fnet L=32": {"mixers": "fnet", "lengths": 32},
-            "fnet L=64": {"mixers": "fnet", "lengths": 64}}
+            "fnet L=64": {"mixers": "fnet", "lengths": 64}, "lsh L=32": {"mixers": "lsh", "lengths": 32}}
   path = _bench_sweep_file(tmp_path, groups)
   study = sweep.load(path)
-  assert [p.name for p in study.points] == ["attention_L=32", "fnet_L=32", "fnet_L=64"]  # no seeds
+  assert [p.name for p in study.points] == ["attention_L=32", "fnet_L=32", "fnet_L=64", "lsh_L=32"]  # no seeds
   assert study.points[1].command("", "/w/fnet_L=32", python="python") == [
       "python", "-m", "efftx.bench", "--mixers=fnet", "--lengths=32", "--json=/w/fnet_L=32/bench.json"]
   workdir = tmp_path / "runs"
-  measured = {"attention_L=32": (40.0, 8.0), "fnet_L=32": (10.0, 2.0), "fnet_L=64": (12.0, 3.0)}
-  for name, (temp, argument) in measured.items():  # what three bench runs leave behind
+  measured = {"attention_L=32": (40.0, 8.0), "fnet_L=32": (10.0, 2.0), "fnet_L=64": (12.0, 3.0),
+              "lsh_L=32": (None, 1.0)}
+  for name, (temp, argument) in measured.items():  # what four bench runs leave behind
     (workdir / name).mkdir(parents=True)
-    (workdir / name / "bench.json").write_text(json.dumps({"rows": [{"temp_mib": temp, "argument_mib": argument}]}))
+    row = {"argument_mib": argument, **({"temp_mib": temp} if temp is not None else {})}
+    (workdir / name / "bench.json").write_text(json.dumps({"rows": [row]}))
   assert all(sweep.state(workdir / name) == "done" for name in measured)
   proc = _sweep(path, f"--workdir={workdir}", "--report")
   assert proc.returncode == 0, proc.stderr
@@ -142,6 +149,7 @@ def test_bench_points_metrics_and_ratios_to_a_baseline(tmp_path):
           "ours: argument_mib ÷ baseline | ours: argument_mib | seeds |") in table, table
   assert "| fnet L=32 | 0.25 | 10 | 0.5 | 0.25 | 2 | 1/1 |" in table, table
   assert "| fnet L=64 | 0.3 | 12 | — | 0.375 | 3 | 1/1 |" in table, table
+  assert "Done but without temp_mib in their output (left out): lsh_L=32" in table, table
   assert (workdir / "report.csv").read_text().splitlines()[0] == (
       "setting,paper,mean,std,seeds,runs,best_learning_rate,argument_mib_mean,argument_mib_std,temp_mib_ratio,"
       "argument_mib_ratio")

@@ -59,7 +59,7 @@ def encode(example: dict, max_len: int) -> dict[str, np.ndarray]:
   example names them ("positions", K = kv) with their targets and weights (length K): the model computes logits
   there only (B×K×8192 instead of B×L×8192)."""
   tokens_L, mask_L = pad_to(example["tokens"], max_len, truncate=None, what="an MQAR example")
-  targets = np.asarray(example["targets"])
+  targets = np.asarray(example["targets"], np.int32)
   positions_K = np.flatnonzero(targets).astype(np.int32)
   return {"tokens": tokens_L, "mask": mask_L, "positions": positions_K, "targets": targets[positions_K],
           "weights": np.ones(len(positions_K), np.float32)}
