@@ -494,19 +494,18 @@ def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, me
 
 
 def _with_ratios(study: Study, rows: list[dict]) -> list[dict]:
-  """Adds each row's "ratio": {metric: its mean ÷ the mean of its BASELINE group} (None without a baseline)."""
+  """Puts METRIC beside the others in each row's "metrics", and adds "ratio": {metric: its mean ÷ the mean of its
+  BASELINE group} (None without a baseline)."""
+  for r in rows:
+    r["metrics"][study.metric] = {"mean": r["mean"], "std": r["std"]}
   by_group = {r["group"]: r for r in rows}
   for r in rows:
     base = by_group.get(study.baseline.get(r["group"], ""))
     r["ratio"] = {}
     for m in (study.metric, *study.metrics):
-      ours, theirs = (_metric_mean(r, m, study), _metric_mean(base, m, study)) if base else (None, None)
+      ours, theirs = (r["metrics"][m]["mean"], base["metrics"][m]["mean"]) if base else (None, None)
       r["ratio"][m] = ours / theirs if ours is not None and theirs else None
   return rows
-
-
-def _metric_mean(row: dict, metric: str, study: Study) -> float | None:
-  return row["mean"] if metric == study.metric else row["metrics"][metric]["mean"]
 
 
 def _fmt(value: float | None) -> str:
@@ -552,7 +551,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
       elif kind == "ratio":
         cells.append("—" if r["ratio"][m] is None else f"{r['ratio'][m]:.3g}")
       else:
-        mean, std = (r["mean"], r["std"]) if m == study.metric else (r["metrics"][m]["mean"], r["metrics"][m]["std"])
+        mean, std = r["metrics"][m]["mean"], r["metrics"][m]["std"]
         cells.append("—" if mean is None else f"{mean:.4g}" + (f" ± {std:.2g}" if r["n"] > 1 else ""))
     cells.append(f"{r['n']}/{r['of']}")
     if several_lrs:
@@ -607,8 +606,8 @@ def _plot(study: Study, rows: list[dict], path: epath.Path) -> None:
   metrics = (study.metric, *study.metrics)
   fig, axes = plt.subplots(1, len(metrics), figsize=(7 * len(metrics), 4.5), squeeze=False)
   for ax, metric in zip(axes[0], metrics):
-    value = lambda r, m=metric: r["ratio"][m] if study.baseline else _metric_mean(r, m, study)
-    std = lambda r, m=metric: 0.0 if study.baseline else r["std"] if m == study.metric else r["metrics"][m]["std"]
+    value = lambda r, m=metric: r["ratio"][m] if study.baseline else r["metrics"][m]["mean"]
+    std = lambda r, m=metric: 0.0 if study.baseline else r["metrics"][m]["std"]
     done = [r for r in rows if value(r) is not None]
     if study.x:
       label, xs = study.x
