@@ -3,14 +3,19 @@
     python -m efftx.bench                                   # every mixer, lengths 256…4096: tokens/s and memory
     python -m efftx.bench --mixers=attention,aft_simple --lengths=1024,4096 --json=/tmp/bench.json
     python -m efftx.bench --mode=fourier                    # FNet's fft / rfft / matmul paths, ms per call
+    python -m efftx.bench --mode=attention                  # attention's plain / chunked / flash paths, ms per call
     python -m efftx.bench --mode=reversible --plot=mem.png  # memory vs depth, plain / reversible / chunked FF
     python -m efftx.bench --mode=pipeline --data_dir=DIR    # input pipeline examples/s vs the train step's
     python -m efftx.bench --mode=sharding                   # per-device bytes, data parallel vs fsdp (~99M params)
 
-The fourier table is where the "auto" choice in efftx/mixers/fourier.py comes from. "mixers" mode times the full
+The fourier and attention tables are where the "auto" choices in efftx/mixers/fourier.py and attention.py come
+from. "mixers" mode times the full
 training step (forward, backward, AdamW) of the model at the peer benchmark's shape (../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
 per-token head) and reports the compiled step's memory from XLA's memory_analysis(): temp (activations and
 scratch) + argument bytes. Compiled sizes are deterministic; timings are ratios within one run, on one machine.
+Each row also gives the step's FLOPs per token (`flops_per_token`: the dense matmuls and the mixer's own count,
+MixerSpec.flops) and its MFU: achieved FLOP/s over the float32 matmul peak measured at the start of the run
+(a jitted 2048³ matmul, as the peer benchmark measures it).
 "pipeline" mode reads each task through the real grain pipeline (config.data.read_threads) and times, at the
 quickstart model size (attention, width 64, 2 layers, batch 32): the pipeline alone, the train step alone on one
 cached batch, and the two together as train.py runs them; "loop/step" near 1 means the pipeline is not the
@@ -41,7 +46,7 @@ from efftx.data import TASKS
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
-_MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "reversible", "pipeline", "sharding"],
+_MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "attention", "reversible", "pipeline", "sharding"],
                           "What to measure.")
 _MIXERS = flags.DEFINE_list("mixers", list(MIXERS), "Mixers to measure (keys of efftx.mixers.MIXERS).")
 _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths.")
@@ -87,6 +92,24 @@ def lm_model(config: ml_collections.ConfigDict, vocab_size: int = 256) -> model_
   return model_lib.build_model(config, objectives.OBJECTIVES["lm"].head(vocab_size, 0), vocab_size)
 
 
+def flops_per_token(config: ml_collections.ConfigDict, params) -> float:
+  """Training FLOPs per token, forward and backward (3 × forward): 6 × every matmul weight (the Dense kernels,
+  head included; embeddings are lookups), plus 3 × layers × the mixer's mixing (MixerSpec.flops). Recomputation
+  (remat, reversible layers, chunked attention's backward pass) is not counted, as usual for MFU."""
+  matmul_weights = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                       if getattr(path[-1], "key", None) == "kernel")
+  m = config.model
+  mixing = MIXERS[m.mixer].forward_flops(dict(config.mixer), m.max_len, m.d_model, m.causal)
+  return 6 * matmul_weights + 3 * m.num_layers * mixing
+
+
+def matmul_peak_gflops(n: int = 2048, min_seconds: float = 1.0) -> float:
+  """GFLOP/s of a jitted n×n by n×n float32 matmul on the default device: the MFU denominator."""
+  a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.float32) for i in (0, 1))
+  matmul = jax.jit(jnp.matmul)
+  return 2 * n ** 3 / _seconds_per_call(lambda: matmul(a, b), min_seconds) / 1e9
+
+
 def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: float) -> dict[str, float]:
   """Compiled memory and tokens/s (unless min_seconds is 0) of one jitted training step with per-token logits:
   efftx's own train step (trainer.make_train_step) on a per-position objective with every position weighted."""
@@ -101,7 +124,8 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
   compiled = jax.jit(step, donate_argnums=0).lower(state, batch_arrays).compile()
   memory = compiled.memory_analysis()
   out = {"temp_mib": memory.temp_size_in_bytes / 2**20, "argument_mib": memory.argument_size_in_bytes / 2**20,
-         "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20}
+         "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20,
+         "gflop_per_token": flops_per_token(config, state.params) / 1e9}
   if not min_seconds:
     return out
   holder = {"state": state}
@@ -127,9 +151,12 @@ def _seconds_per_call(fn, min_seconds: float) -> float:
 def _mixers_table() -> list[dict]:
   rows = []
   lengths = [int(x) for x in _LENGTHS.value]
+  peak = matmul_peak_gflops() if _SECONDS.value else None
   print(f"backend {jax.default_backend()}, {_TOKENS.value} tokens/step, d=256, 4 layers, dtype {_DTYPE.value}, "
-        f"causal={_CAUSAL.value}" + (f"; set {','.join(_OVERRIDES.value)}" if _OVERRIDES.value else ""))
-  print(f"{'mixer':<12}{'length':>8}{'tokens/s':>11}{'step ms':>10}{'temp MiB':>10}{'temp+arg MiB':>14}")
+        f"causal={_CAUSAL.value}" + (f"; set {','.join(_OVERRIDES.value)}" if _OVERRIDES.value else "")
+        + (f"; float32 matmul peak {peak:.0f} GFLOP/s (2048³)" if peak else ""))
+  print(f"{'mixer':<12}{'length':>8}{'tokens/s':>11}{'step ms':>10}{'GFLOP/tok':>10}{'MFU %':>7}{'temp MiB':>10}"
+        f"{'temp+arg MiB':>14}")
   for mixer in _MIXERS.value:
     if mixer not in MIXERS:
       raise app.UsageError(f"--mixers: '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
@@ -139,26 +166,42 @@ def _mixers_table() -> list[dict]:
       config = _model_config(mixer, length)
       row = {"mixer": mixer, "length": length, **measure_step(config, max(1, _TOKENS.value // length),
                                                              _SECONDS.value)}
+      if peak:
+        row.update(peak_gflops=peak, mfu=row["tokens_per_sec"] * row["gflop_per_token"] / peak)
       rows.append(row)
-      timed = f"{row['tokens_per_sec']:>11.0f}{row['step_ms']:>10.1f}" if "step_ms" in row else f"{'-':>11}{'-':>10}"
-      print(f"{mixer:<12}{length:>8}{timed}{row['temp_mib']:>10.1f}{row['memory_mib']:>14.1f}", flush=True)
+      timed = (f"{row['tokens_per_sec']:>11.0f}{row['step_ms']:>10.1f}" if "step_ms" in row
+               else f"{'-':>11}{'-':>10}")
+      mfu = f"{100 * row['mfu']:>7.1f}" if "mfu" in row else f"{'-':>7}"
+      print(f"{mixer:<12}{length:>8}{timed}{row['gflop_per_token']:>10.4f}{mfu}{row['temp_mib']:>10.1f}"
+            f"{row['memory_mib']:>14.1f}", flush=True)
+  return rows
+
+
+def _paths_table(mixer: str, option: str, impls: tuple[str, ...], **options) -> list[dict]:
+  """ms per call of jit(forward + backward) of one mixer (width 256, --tokens a call) by path and length."""
+  rows = []
+  print(f"backend {jax.default_backend()}: {mixer} {options or ''}, D=256, {_TOKENS.value} tokens, "
+        "jit(forward+backward), ms")
+  print(f"{'length':>8}" + "".join(f"{impl:>10}" for impl in impls))
+  for length in [int(x) for x in _LENGTHS.value]:
+    x_BxLxD = jax.random.normal(jax.random.key(0), (max(1, _TOKENS.value // length), length, 256))
+    row = {"length": length}
+    for impl in impls:
+      module = MIXERS[mixer](**options, **{option: impl})
+      variables = module.init(jax.random.key(1), x_BxLxD[:1])
+      grad = jax.jit(jax.grad(lambda v, x: (module.apply(v, x) ** 2).sum(), argnums=(0, 1)))
+      row[impl] = 1e3 * _seconds_per_call(lambda: grad(variables, x_BxLxD), _SECONDS.value / 3)
+    rows.append(row)
+    print(f"{length:>8}" + "".join(f"{row[impl]:>10.1f}" for impl in impls), flush=True)
   return rows
 
 
 def _fourier_table() -> list[dict]:
-  rows = []
-  print(f"backend {jax.default_backend()}: FNet mixing, D=256, {_TOKENS.value} tokens, jit(forward+backward), ms")
-  print(f"{'length':>8}" + "".join(f"{impl:>10}" for impl in ("fft", "rfft", "matmul")))
-  for length in [int(x) for x in _LENGTHS.value]:
-    x_BxLxD = jax.random.normal(jax.random.key(0), (max(1, _TOKENS.value // length), length, 256))
-    row = {"length": length}
-    for impl in ("fft", "rfft", "matmul"):
-      module = MIXERS["fnet"](fourier_impl=impl)
-      grad = jax.jit(jax.grad(lambda x: (module.apply({}, x) ** 2).sum()))
-      row[impl] = 1e3 * _seconds_per_call(lambda: grad(x_BxLxD), _SECONDS.value / 3)
-    rows.append(row)
-    print(f"{length:>8}" + "".join(f"{row[impl]:>10.1f}" for impl in ("fft", "rfft", "matmul")), flush=True)
-  return rows
+  return _paths_table("fnet", "fourier_impl", ("fft", "rfft", "matmul"))
+
+
+def _attention_table() -> list[dict]:
+  return _paths_table("attention", "attention_impl", ("plain", "chunked", "flash"), num_heads=4)
 
 
 def _reversible_table() -> list[dict]:
@@ -320,7 +363,8 @@ def main(argv):
   del argv
   if _JSON.value:  # its folder before the measurement, not after
     checkpoints.run_folder(_JSON.value).parent.mkdir(parents=True, exist_ok=True)
-  rows = {"mixers": _mixers_table, "fourier": _fourier_table, "reversible": _reversible_table,
+  rows = {"mixers": _mixers_table, "fourier": _fourier_table, "attention": _attention_table,
+          "reversible": _reversible_table,
           "pipeline": _pipeline_table, "sharding": _sharding_table}[_MODE.value]()
   if _JSON.value:  # whole or not at all: efftx.sweep takes the file's existence as "measured"
     checkpoints.write_whole(checkpoints.run_folder(_JSON.value), json.dumps(

@@ -14,14 +14,38 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from efftx.mixers import MIXERS
 from efftx.reversible import ReversibleStack
 
 
+@jax.custom_vjp
+def gelu_erf(x: jax.Array) -> jax.Array:
+  """Exact GELU, x·Φ(x) = x·(1 + erf(x/√2))/2, computed in float32, with the derivative Φ(x) + x·φ(x) written out:
+  the same function as nn.gelu(approximate=False), whose autodiff backward pass made a training step's
+  feed-forward 1.15× slower on a 2-core CPU (220 → 190 ms for 8192 tokens, 256 → 1024 → 256, forward and
+  backward; python -m efftx.bench --mode=mixers moves with it)."""
+  x32 = x.astype(jnp.float32)
+  return (x32 * (0.5 + 0.5 * jax.lax.erf(x32 * np.float32(np.sqrt(0.5))))).astype(x.dtype)
+
+
+def _gelu_erf_fwd(x):
+  return gelu_erf(x), x
+
+
+def _gelu_erf_bwd(x, g):
+  x32 = x.astype(jnp.float32)
+  cdf = 0.5 + 0.5 * jax.lax.erf(x32 * np.float32(np.sqrt(0.5)))
+  pdf = np.float32(1 / np.sqrt(2 * np.pi)) * jnp.exp(-0.5 * x32 * x32)
+  return ((g.astype(jnp.float32) * (cdf + x32 * pdf)).astype(x.dtype),)
+
+
+gelu_erf.defvjp(_gelu_erf_fwd, _gelu_erf_bwd)
+
 # The feed-forward nonlinearity: GELU's tanh approximation (Flax's default; HF FNet's "gelu_new") or exact (erf,
 # BERT's "gelu").
-ACTIVATIONS = {"gelu_tanh": lambda x: nn.gelu(x, approximate=True), "gelu": lambda x: nn.gelu(x, approximate=False)}
+ACTIVATIONS = {"gelu_tanh": lambda x: nn.gelu(x, approximate=True), "gelu": gelu_erf}
 BLOCK_LAYOUTS = ("pre_ln", "post_ln")
 
 

@@ -77,7 +77,7 @@ PATHS = {  # every path with attention probabilities, small enough that each spl
 }
 
 
-@pytest.mark.parametrize("path", sorted(PATHS) + ["fused", "auto"])
+@pytest.mark.parametrize("path", sorted(PATHS) + ["fused", "flash", "auto"])
 def test_no_dropout_when_deterministic_or_rate_zero(path):
   x, mask = _inputs()
   make = PATHS.get(path, lambda rate: Attention(num_heads=H, attention_impl=path, attention_dropout=rate))
@@ -123,11 +123,12 @@ def test_auto_attention_trains_with_dropout_in_memory_linear_in_length():
   assert auto < plain / 8, (auto, plain)
 
 
-def test_fused_attention_refuses_dropout_in_training():
+@pytest.mark.parametrize("impl", ["fused", "flash"])
+def test_fused_and_flash_attention_refuse_dropout_in_training(impl):
   x, mask = _inputs()
-  module = Attention(num_heads=H, attention_impl="fused", attention_dropout=RATE)
+  module = Attention(num_heads=H, attention_impl=impl, attention_dropout=RATE)
   variables = module.init(jax.random.key(0), x)
-  with pytest.raises(ValueError, match="attention_impl='fused' has no dropout.*'chunked' or 'auto'"):
+  with pytest.raises(ValueError, match=f"attention_impl='{impl}' has no dropout.*'chunked' or 'auto'"):
     module.apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": jax.random.key(1)})
 
 
@@ -141,3 +142,14 @@ def test_auto_on_gpu_is_fused_without_dropout_and_chunked_with_it(monkeypatch):
   monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")  # float32: "fused" still runs XLA's kernel
   np.testing.assert_array_equal(apply("auto", True), want_fused)
   np.testing.assert_array_equal(apply("auto", False), want_chunked)
+
+
+def test_auto_off_gpu_is_flash_without_dropout_and_chunked_or_plain_with_it():
+  x, mask = _inputs()  # L = 7
+  make = lambda impl, chunk: Attention(num_heads=H, attention_impl=impl, attention_chunk=chunk, attention_dropout=RATE)
+  variables = make("auto", 3).init(jax.random.key(0), x)
+  apply = lambda impl, chunk, deterministic: np.asarray(make(impl, chunk).apply(
+      variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}))
+  np.testing.assert_array_equal(apply("auto", 3, True), apply("flash", 3, True))
+  np.testing.assert_array_equal(apply("auto", 3, False), apply("chunked", 3, False))  # 7 positions span 3 chunks
+  np.testing.assert_array_equal(apply("auto", 8, False), apply("plain", 8, False))    # one chunk

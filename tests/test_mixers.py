@@ -177,7 +177,8 @@ def test_every_mixer_is_a_linen_module_with_declared_defaults():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("impl,chunk", [("chunked", 3), ("chunked", 4), ("chunked", 64), ("fused", 256)])
+@pytest.mark.parametrize("impl,chunk", [("chunked", 3), ("chunked", 4), ("chunked", 64), ("flash", 3), ("flash", 4),
+                                        ("flash", 64), ("fused", 256)])
 def test_attention_impls_equal_plain_in_values_and_gradients(causal, impl, chunk):
   x, mask = _inputs()
   plain = MIXERS["attention"](num_heads=2, causal=causal, attention_impl="plain")
@@ -192,7 +193,8 @@ def test_attention_impls_equal_plain_in_values_and_gradients(causal, impl, chunk
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), got, want)
 
 
-def test_chunked_attention_memory_does_not_grow_with_the_square_of_length():
+@pytest.mark.parametrize("impl", ["chunked", "flash"])
+def test_blocked_attention_memory_does_not_grow_with_the_square_of_length(impl):
   """Compiled temp memory of forward+backward (deterministic, not a timing)."""
   L, chunk = 2048, 128
 
@@ -203,9 +205,48 @@ def test_chunked_attention_memory_does_not_grow_with_the_square_of_length():
     grad = jax.jit(jax.grad(lambda v, x: module.apply(v, x).sum(), argnums=(0, 1)))
     return grad.lower(variables, x).compile().memory_analysis().temp_size_in_bytes
 
-  plain, chunked = temp_bytes("plain"), temp_bytes("chunked")
+  plain, blocked = temp_bytes("plain"), temp_bytes(impl)
   assert plain > L * L * 4  # the L×L float32 scores are there
-  assert chunked < plain / 8, (chunked, plain)
+  assert blocked < plain / 8, (blocked, plain)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_at_extreme_logits_and_in_bfloat16(causal):
+  """Scores in the thousands (near one-hot rows), a sequence padded down to 2 real keys, 33 positions in blocks of
+  8 (a partial last block): "flash" against the float64 textbook formula, and its gradients against "plain"'s. In
+  bfloat16, within bfloat16's resolution of the float32 result."""
+  Lx, Dx, H = 33, 8, 2
+  rng = np.random.default_rng(3)
+  x = (rng.normal(size=(2, Lx, Dx)) * 30).astype(np.float32)
+  mask = np.ones((2, Lx), bool)
+  mask[1, 2:] = False
+  flash = MIXERS["attention"](num_heads=H, causal=causal, attention_impl="flash", attention_chunk=8)
+  plain = MIXERS["attention"](num_heads=H, causal=causal, attention_impl="plain")
+  variables = flash.init(jax.random.key(0), x)
+  params = jax.tree.map(np.asarray, variables["params"])
+  qkv = np.einsum("bld,dchk->blchk", x.astype(np.float64), params["qkv"]["kernel"]) + params["qkv"]["bias"]
+  logits = np.einsum("bqhk,bthk->bhqt", qkv[:, :, 0], qkv[:, :, 1]) / np.sqrt(Dx // H)
+  allowed = mask[:, None, None, :] & (np.tril(np.ones((Lx, Lx), bool)) if causal else True)
+  assert np.abs(logits).max() > 1000
+  logits = np.where(allowed, logits, -np.inf)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  heads = np.einsum("bhqt,bthk->bqhk", probs, qkv[:, :, 2])
+  want = np.einsum("bqhk,hkd->bqd", heads, params["out"]["kernel"]) + params["out"]["bias"]
+  got = flash.apply(variables, x, mask=mask)
+  rows = mask[:, :, None]  # a padded query's output is not compared (the model ignores it)
+  np.testing.assert_allclose(np.where(rows, got, 0), np.where(rows, want, 0), rtol=1e-4, atol=1e-3)
+  weights = rng.normal(size=x.shape).astype(np.float32) * rows
+  loss = lambda module: lambda v, x: (module.apply(v, x, mask=mask) * weights).sum()
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(b).max()),
+               jax.grad(loss(flash), argnums=(0, 1))(variables, x), jax.grad(loss(plain), argnums=(0, 1))(variables, x))
+  x16 = jnp.asarray(x / 30, jnp.bfloat16)
+  flash16 = MIXERS["attention"](num_heads=H, causal=causal, attention_impl="flash", attention_chunk=8)
+  got16 = flash16.apply(jax.tree.map(lambda p: p.astype(jnp.bfloat16), variables), x16, mask=mask)
+  assert got16.dtype == jnp.bfloat16
+  want32 = plain.apply(variables, np.asarray(x16, np.float32), mask=mask)
+  np.testing.assert_allclose(np.where(rows, np.asarray(got16, np.float32), 0), np.where(rows, want32, 0),
+                             atol=0.05 * np.abs(want32).max())
 
 
 @pytest.mark.parametrize("name", DECODING_MIXERS)

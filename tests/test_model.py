@@ -2,12 +2,14 @@
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from conftest import lm_model, mixer_config
+from efftx import model as model_lib
 from efftx import trainer
 from efftx.mixers import MIXERS
 
@@ -156,3 +158,21 @@ def test_post_ln_layout_is_bert_s(activation):
     ff = p["feed_forward"]["ff"]
     x = ln(x + dense(gelu(dense(x, ff["up"])), ff["down"]), p["feed_forward_norm"])
   np.testing.assert_allclose(got[mask], x[mask], rtol=2e-4, atol=2e-4)
+
+
+def test_exact_gelu_and_its_gradient_against_the_erf_formula():
+  """model.gelu_erf (a hand-written backward pass) against x·Φ(x) and Φ(x) + x·φ(x) from math.erf in float64, over
+  the whole range: the tails (|x| up to 30, where Φ saturates and φ underflows) and zero; bfloat16 in, bfloat16
+  out."""
+  import math  # pylint: disable=g-import-not-at-top
+  x = np.concatenate([np.linspace(-30, 30, 601), [0.0, 1e-3, -1e-3, 5.5, -5.5]])
+  cdf = np.array([0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
+  pdf = np.exp(-0.5 * x ** 2) / math.sqrt(2 * math.pi)
+  x32 = jnp.asarray(x, jnp.float32)
+  np.testing.assert_allclose(model_lib.gelu_erf(x32), x * cdf, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(jax.vmap(jax.grad(model_lib.gelu_erf))(x32), cdf + x * pdf, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(jax.vmap(jax.grad(lambda v: nn.gelu(v, approximate=False)))(x32),
+                             jax.vmap(jax.grad(model_lib.gelu_erf))(x32), rtol=1e-5, atol=1e-6)
+  y16 = model_lib.gelu_erf(x32.astype(jnp.bfloat16))
+  assert y16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(y16, np.float32), x * cdf, rtol=1e-2, atol=1e-2)

@@ -48,7 +48,7 @@ import numpy as np
 from efftx.errors import UserError
 from efftx.mixers import banded
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.mixers.spec import MixerSpec, Option, padded
 
 # Keeps 0/0 (a row with no real position, e.g. all padding) finite; real rows have denominators ≥ ~e^-88.
 _TINY = 1e-30
@@ -494,19 +494,64 @@ class AFTConv(nn.Module):
     return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
 
 
+def _hierarchy_flops(channels: int, block: int, previous: bool) -> float:
+  """Per row, of the causal sums over `channels` columns (_block_triangle_sums over a block, the diagonal, and
+  _previous_block_sums if the window reaches the block before): (block − 1)/2 + 1 (+ block) multiply-adds each."""
+  return channels * (block + 1 + 2 * block * previous)
+
+
+def _flops_full(options, L: int, d: int, causal: bool) -> float:
+  """Bidirectional: e^w (L×L) times e^K ⊙ V and times e^K, 2·L·d each per token. Causal: the lower triangle of
+  the power-of-two padded length T, for V and the normaliser."""
+  del options
+  if not causal:
+    return 4 * L * d
+  T = _next_power_of_two(L)
+  return _hierarchy_flops(2 * d, T, previous=False) * T / L
+
+
+def _flops_simple(options, L: int, d: int, causal: bool) -> float:
+  """Sums and a prefix scan: elementwise, no matmul."""
+  del options, L, d, causal
+  return 0.0
+
+
+def _flops_local(options, L: int, d: int, causal: bool) -> float:
+  """Bidirectional: each block of b = min(s, L) rows against its 3b context positions, for V and the
+  normaliser. Causal: blocks of b = s rounded up to a power of two, the triangle within and the block before."""
+  window = options["window"]
+  if not causal:
+    b = min(window, L)
+    return 12 * b * d * padded(L, b) / L
+  b = _next_power_of_two(min(window, L))
+  T = padded(L, b)
+  return _hierarchy_flops(2 * d, b, previous=T > b and min(window, T) > 1) * T / L
+
+
+def _flops_conv(options, L: int, d: int, causal: bool) -> float:
+  """Bidirectional: a depthwise convolution of length s over the d value channels and the h key channels.
+  Causal: as AFT-local's, with blocks of s rounded up to a power of two, over d + h columns."""
+  h, s = options["num_heads"], options["kernel_size"]
+  if not causal:
+    return 2 * s * (d + h)
+  b = _next_power_of_two(s)
+  T = padded(L, b)
+  return _hierarchy_flops(d + h, b, previous=T > b and s > 1) * T / L
+
+
 _BIAS = {"aft_bias_dim": Option("d' of the factorised position bias w = u vᵀ", at_least=1),
          "aft_factorized": Option("False learns a full max_len × max_len bias instead of u vᵀ")}
 
 SPEC_FULL = MixerSpec(AFTFull, "AFT with a learned bias per position pair; O(L²d) time, O(Ld) memory",
-                      can_decode=True, options=_BIAS)
+                      can_decode=True, options=_BIAS, flops=_flops_full)
 SPEC_SIMPLE = MixerSpec(AFTSimple, "AFT without bias (softmax of K over positions); O(Ld)", can_decode=True,
-                        options={})
+                        options={}, flops=_flops_simple)
 SPEC_LOCAL = MixerSpec(
-    AFTLocal, "AFT, bias inside a window, 0 outside; O(L·window·d)", can_decode=True,
+    AFTLocal, "AFT, bias inside a window, 0 outside; O(L·window·d)", can_decode=True, flops=_flops_local,
     options={"window": Option("s: the bias applies for |t − t'| < s, 0 outside (tokens; window 0 is aft_simple)",
                               at_least=1), **_BIAS})
 SPEC_CONV = MixerSpec(
-    AFTConv, "AFT, a learned kernel over t − t' per head; O(L·kernel·d)", can_decode=True,
+    AFTConv, "AFT, a learned kernel over t − t' per head; O(L·kernel·d)", can_decode=True, flops=_flops_conv,
     options={"num_heads": Option("heads, each with one key channel and its own kernel; must divide d_model",
                                  at_least=1),
              "kernel_size": Option("s: kernel length over t − t' per head (tokens)", at_least=1)})

@@ -1,14 +1,26 @@
 """Multi-head softmax attention: the baseline every other mixer is measured against.
 
-Four implementations of the same function (config `attention_impl`):
+Five implementations of the same function (config `attention_impl`):
   - "plain":   the B×H×L×L score tensor, softmax, weighted sum — O(L²) memory;
   - "chunked": queries and keys in blocks of `attention_chunk` with a running max and normaliser (online softmax),
                each query block rematerialised in the backward pass — O(L·chunk) memory ("Self-attention does not
                need O(n²) memory", Rabe & Staats 2021);
+  - "flash":   blocks of `attention_chunk` queries, each against every key with an exact softmax, and a
+               hand-written backward pass that recomputes a block's probabilities from its saved log-sum-exp
+               (FlashAttention's recipe, Dao et al. 2022) — O(L·chunk) memory, no stored probabilities. No dropout:
+               training with `attention_dropout` > 0 raises;
   - "fused":   jax.nn.dot_product_attention: cuDNN's fused kernel on GPU for bfloat16/float16 (not tested here:
-               no GPU), XLA otherwise. It has no dropout: training with `attention_dropout` > 0 raises;
-  - "auto":    on GPU fused, or chunked while attention dropout is active; elsewhere chunked when the sequence
-               spans more than one chunk, else plain.
+               no GPU), XLA otherwise. It has no dropout either;
+  - "auto":    on GPU fused, or chunked while attention dropout is active; elsewhere flash, or while attention
+               dropout is active chunked when the sequence spans more than one chunk, else plain.
+
+"flash" is the CPU default because it was the fastest there at every length (`python -m efftx.bench --mode=attention`:
+2 cores, B×L = 8192 tokens, width 256 in 4 heads, jit of the mixer's forward and backward, ms per call, 2026-11-30):
+      L          128   256  1024  4096
+      plain      171   236   587  1827
+      chunked    215   329   776  2244
+      flash      167   203   428  1280   (attention_chunk 256; 128 and 512 were within 10 % in a first try)
+with the projections included (the same in every column). On TPU it is not measured.
 
 Attention dropout acts on the normalised probabilities in "plain" and "chunked" alike. "chunked" draws each
 (query block, key block) mask from the dropout key folded with the two block indices (`dropout_keep_block`), so the
@@ -24,9 +36,9 @@ import jax.numpy as jnp
 
 from efftx.errors import UserError
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.mixers.spec import MixerSpec, Option, padded
 
-ATTENTION_IMPLS = ("plain", "chunked", "fused", "auto")
+ATTENTION_IMPLS = ("plain", "chunked", "flash", "fused", "auto")
 _NEG = jnp.finfo(jnp.float32).min  # not -inf: a row with no allowed key stays finite
 
 
@@ -114,6 +126,96 @@ def _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk, dropo
   return out_NxBxCxHxK.swapaxes(0, 1).reshape(B, N * C, H, K)[:, :L].astype(v_BxLxHxK.dtype)
 
 
+def _query_blocks(x_BxHxPxK: jax.Array, C: int) -> jax.Array:
+  """B×H×P×K → N×B×H×C×K: the blocks of C query positions, first, for lax.map / scan."""
+  B, H, P = x_BxHxPxK.shape[:3]
+  return jnp.moveaxis(x_BxHxPxK.reshape((B, H, P // C, C) + x_BxHxPxK.shape[3:]), 2, 0)
+
+
+def _block_scores(q_BxHxCxK, k_BxHxLxK, key_mask_BxL, q_pos_C, causal):
+  """A query block's float32 scores against every key, and which keys it may see (B×1×C×L, or B×1×1×L)."""
+  s_BxHxCxL = jnp.einsum("bhqk,bhtk->bhqt", q_BxHxCxK, k_BxHxLxK, preferred_element_type=jnp.float32)
+  allowed = key_mask_BxL[:, None, None, :]
+  if causal:
+    allowed = allowed & (jnp.arange(k_BxHxLxK.shape[2])[None, :] <= q_pos_C[:, None])
+  return s_BxHxCxL, allowed
+
+
+def _flash_forward(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C):
+  """Per block of C queries (lax.map): scores against all L keys, exact softmax, weighted sum. Returns the output
+  B×H×P×K and each row's log-sum-exp B×H×P (what the backward pass recomputes the probabilities from)."""
+  B, H, P, K = q_BxHxPxK.shape
+
+  def block(args):
+    q_BxHxCxK, q_pos_C = args
+    s_BxHxCxL, allowed = _block_scores(q_BxHxCxK, k_BxHxLxK, key_mask_BxL, q_pos_C, causal)
+    m_BxHxC = jnp.max(jnp.where(allowed, s_BxHxCxL, _NEG), axis=-1)
+    p_BxHxCxL = jnp.where(allowed, jnp.exp(s_BxHxCxL - m_BxHxC[..., None]), 0.0)
+    l_BxHxC = jnp.maximum(p_BxHxCxL.sum(-1), 1e-30)  # 0 only in a row without any allowed key
+    o_BxHxCxK = jnp.einsum("bhqt,bhtk->bhqk", p_BxHxCxL.astype(v_BxHxLxK.dtype), v_BxHxLxK,
+                           preferred_element_type=jnp.float32) / l_BxHxC[..., None]
+    return o_BxHxCxK.astype(v_BxHxLxK.dtype), m_BxHxC + jnp.log(l_BxHxC)
+
+  pos_NxC = jnp.arange(P).reshape(-1, C)
+  o_NxBxHxCxK, lse_NxBxHxC = jax.lax.map(block, (_query_blocks(q_BxHxPxK, C), pos_NxC))
+  return (jnp.moveaxis(o_NxBxHxCxK, 0, 2).reshape(B, H, P, K), jnp.moveaxis(lse_NxBxHxC, 0, 2).reshape(B, H, P))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _flash_core(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C):
+  return _flash_forward(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C)[0]
+
+
+def _flash_core_fwd(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C):
+  o_BxHxPxK, lse_BxHxP = _flash_forward(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C)
+  return o_BxHxPxK, (q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, o_BxHxPxK, lse_BxHxP)
+
+
+def _flash_core_bwd(causal, C, residuals, do_BxHxPxK):
+  """Per block of C queries (a scan carrying dK, dV): P = exp(S − lse) recomputed, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙
+  O)), dQ = dS K, dK += dSᵀ Q, dV += Pᵀ dO. Only one block's C×L scores exist at a time."""
+  q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, o_BxHxPxK, lse_BxHxP = residuals
+  f32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
+  delta_BxHxP = jnp.sum(do_BxHxPxK.astype(jnp.float32) * o_BxHxPxK.astype(jnp.float32), axis=-1)
+
+  def block(carry, xs):
+    dk_BxHxLxK, dv_BxHxLxK = carry
+    q_BxHxCxK, do_BxHxCxK, lse_BxHxC, delta_BxHxC, q_pos_C = xs
+    s_BxHxCxL, allowed = _block_scores(q_BxHxCxK, k_BxHxLxK, key_mask_BxL, q_pos_C, causal)
+    p_BxHxCxL = jnp.where(allowed, jnp.exp(s_BxHxCxL - lse_BxHxC[..., None]), 0.0)
+    dp_BxHxCxL = f32("bhqk,bhtk->bhqt", do_BxHxCxK, v_BxHxLxK)
+    ds_BxHxCxL = (p_BxHxCxL * (dp_BxHxCxL - delta_BxHxC[..., None])).astype(q_BxHxCxK.dtype)
+    dq_BxHxCxK = f32("bhqt,bhtk->bhqk", ds_BxHxCxL, k_BxHxLxK)
+    dk_BxHxLxK += f32("bhqt,bhqk->bhtk", ds_BxHxCxL, q_BxHxCxK)
+    dv_BxHxLxK += f32("bhqt,bhqk->bhtk", p_BxHxCxL.astype(do_BxHxCxK.dtype), do_BxHxCxK)
+    return (dk_BxHxLxK, dv_BxHxLxK), dq_BxHxCxK
+
+  B, H, P, K = q_BxHxPxK.shape
+  zeros = jnp.zeros(k_BxHxLxK.shape, jnp.float32)
+  xs = (_query_blocks(q_BxHxPxK, C), _query_blocks(do_BxHxPxK, C), _query_blocks(lse_BxHxP, C),
+        _query_blocks(delta_BxHxP, C), jnp.arange(P).reshape(-1, C))
+  (dk_BxHxLxK, dv_BxHxLxK), dq_NxBxHxCxK = jax.lax.scan(block, (zeros, zeros), xs)
+  dq_BxHxPxK = jnp.moveaxis(dq_NxBxHxCxK, 0, 2).reshape(B, H, P, K)
+  return (dq_BxHxPxK.astype(q_BxHxPxK.dtype), dk_BxHxLxK.astype(k_BxHxLxK.dtype),
+          dv_BxHxLxK.astype(v_BxHxLxK.dtype), None)
+
+
+_flash_core.defvjp(_flash_core_fwd, _flash_core_bwd)
+
+
+def _flash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk):
+  """Exact attention in blocks of `chunk` queries, each against all keys, with a hand-written backward pass that
+  recomputes a block's probabilities from its saved log-sum-exp (FlashAttention's recipe, Dao et al. 2022, with
+  whole key rows per block): O(L·chunk) scores alive at a time, no L×L tensor, no stored probabilities."""
+  B, L, H, K = q_BxLxHxK.shape
+  C = min(chunk, L)
+  P = -(-L // C) * C
+  heads_first = lambda x: x.transpose(0, 2, 1, 3)  # B×H×L×K: each head's rows contiguous for the matmuls
+  q_BxHxPxK = jnp.pad(heads_first(q_BxLxHxK * K ** -0.5), [(0, 0), (0, 0), (0, P - L), (0, 0)])
+  out_BxHxPxK = _flash_core(q_BxHxPxK, heads_first(k_BxLxHxK), heads_first(v_BxLxHxK), key_mask_BxL, causal, C)
+  return out_BxHxPxK[:, :, :L].transpose(0, 2, 1, 3)
+
+
 def _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal):
   attend = functools.partial(jax.nn.dot_product_attention, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
                              mask=key_mask_BxL[:, None, None, :], is_causal=causal)
@@ -127,18 +229,29 @@ def _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal):
   return attend(implementation="xla")
 
 
+def _resolve(impl: str, L: int, chunk: int, dropout_active: bool) -> str:
+  """The path "auto" takes (see the module docstring); other names unchanged."""
+  if impl != "auto":
+    return impl
+  if jax.default_backend() == "gpu":
+    return "chunked" if dropout_active else "fused"
+  if dropout_active:
+    return "chunked" if L > chunk else "plain"
+  return "flash"
+
+
 class Attention(nn.Module):
   """Softmax attention over the sequence, bidirectional or causal, with a padding mask.
 
   Queries attend to keys where `mask` is True (and, if causal, to keys at or before their own position).
   A query at a padded position still gets an output (it attends to the real keys); the model ignores it.
   With `attention_dropout` > 0 and deterministic=False the normalised probabilities are dropped and rescaled by
-  1 / (1 − rate), drawing from the "dropout" rng stream; "fused" cannot, and raises.
+  1 / (1 − rate), drawing from the "dropout" rng stream; "flash" and "fused" cannot, and raise.
   """
 
   num_heads: int = 4
   causal: bool = False
-  attention_dropout: float = 0.0   # dropout rate on the attention probabilities (not "fused")
+  attention_dropout: float = 0.0   # dropout rate on the attention probabilities (not "flash", "fused")
   attention_impl: str = "auto"     # see ATTENTION_IMPLS
   attention_chunk: int = 256       # block size of "chunked" (positions)
 
@@ -151,18 +264,15 @@ class Attention(nn.Module):
       return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
     dropout_active = self.attention_dropout > 0 and not deterministic
-    impl = self.attention_impl
-    if impl == "auto":
-      if jax.default_backend() == "gpu":
-        impl = "chunked" if dropout_active else "fused"
-      else:
-        impl = "chunked" if L > self.attention_chunk else "plain"
-    if impl == "fused" and dropout_active:
-      raise UserError(f"attention: attention_impl='fused' has no dropout (jax.nn.dot_product_attention takes none) "
-                      f"but attention_dropout={self.attention_dropout}; use attention_impl='chunked' or 'auto'")
+    impl = _resolve(self.attention_impl, L, self.attention_chunk, dropout_active)
+    if impl in ("fused", "flash") and dropout_active:
+      raise UserError(f"attention: attention_impl='{impl}' has no dropout but attention_dropout="
+                      f"{self.attention_dropout}; use attention_impl='chunked' or 'auto'")
     if impl == "plain":
       dropout = functools.partial(nn.Dropout(self.attention_dropout), deterministic=deterministic)
       out_BxLxHxK = _plain(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, dropout)
+    elif impl == "flash":
+      out_BxLxHxK = _flash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk)
     elif impl == "chunked":
       dropout_key = self.make_rng("dropout") if dropout_active else None
       out_BxLxHxK = _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk,
@@ -190,19 +300,31 @@ def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, window: int 
 
 def _attention_relations(options, d_model, causal) -> None:
   del d_model, causal
-  if options["attention_impl"] == "fused" and options["attention_dropout"]:
-    raise UserError(f"mixer 'attention': attention_impl='fused' has no dropout (jax.nn.dot_product_attention takes "
-                    f"none), but attention_dropout={options['attention_dropout']}; use attention_impl='chunked' "
-                    "or 'auto'")
+  if options["attention_impl"] in ("fused", "flash") and options["attention_dropout"]:
+    raise UserError(f"mixer 'attention': attention_impl='{options['attention_impl']}' has no dropout, but "
+                    f"attention_dropout={options['attention_dropout']}; use attention_impl='chunked' or 'auto'")
+
+
+def _flops(options, L: int, d: int, causal: bool) -> float:
+  """QKᵀ and the weighted sum of V: 2·L·d each per token, causal or not (every path computes the whole square
+  and masks it). "chunked" computes L padded to whole chunks, queries and keys; "flash" pads the queries only.
+  "auto" counts the path it takes without dropout (training with dropout may take another)."""
+  del causal
+  impl, chunk = _resolve(options["attention_impl"], L, options["attention_chunk"], False), options["attention_chunk"]
+  queries = padded(L, min(chunk, L)) if impl in ("chunked", "flash") else L
+  keys = queries if impl == "chunked" else L
+  return 4 * d * queries * keys / L
 
 
 HEADS = Option("attention heads; must divide d_model", at_least=1)
 ATTENTION_DROPOUT = Option("dropout rate on the attention probabilities (training only)", at_least=0, below=1)
 
 SPEC = MixerSpec(
-    Attention, "multi-head softmax attention; O(L²d) time, O(L²) memory plain, O(L·chunk) chunked",
-    can_decode=True, relations=_attention_relations,
+    Attention, "multi-head softmax attention; O(L²d) time, O(L²) memory plain, O(L·chunk) chunked and flash",
+    can_decode=True, relations=_attention_relations, flops=_flops,
     options={"num_heads": HEADS, "attention_dropout": ATTENTION_DROPOUT,
-             "attention_impl": Option("plain (L×L scores), chunked (online softmax, O(L·chunk) memory), fused "
-                                      "(jax.nn.dot_product_attention: cuDNN on GPU), auto", choices=ATTENTION_IMPLS),
-             "attention_chunk": Option("block size of the chunked path (positions)", at_least=1)})
+             "attention_impl": Option("plain (L×L scores), chunked (online softmax, O(L·chunk) memory), flash "
+                                      "(query blocks, recomputing backward pass, O(L·chunk) memory, no dropout), "
+                                      "fused (jax.nn.dot_product_attention: cuDNN on GPU), auto",
+                                      choices=ATTENTION_IMPLS),
+             "attention_chunk": Option("block size of the chunked and flash paths (positions)", at_least=1)})

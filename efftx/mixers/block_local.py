@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from efftx.errors import UserError
 from efftx.mixers.attention import ATTENTION_DROPOUT, HEADS, merge_heads, qkv_heads
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.mixers.spec import MixerSpec, Option, padded
 
 _NEG = jnp.finfo(jnp.float32).min
 GROUPINGS = ("contiguous", "strided")
@@ -68,9 +68,16 @@ class BlockLocalAttention(nn.Module):
     return merge_heads(flat_BxPxHxK[:, jnp.argsort(pos_NxC.reshape(-1))][:, :L])
 
 
+def _flops(options, L: int, d: int, causal: bool) -> float:
+  """QKᵀ and the weighted sum of V within blocks of b = min(block_size, L), over L padded to whole blocks."""
+  del causal
+  b = min(options["block_size"], L)
+  return 4 * b * d * padded(L, b) / L
+
+
 SPEC = MixerSpec(
     BlockLocalAttention, "softmax attention within fixed blocks (LRA's local baseline); O(L·block·d)",
-    can_decode=False,
+    can_decode=False, flops=_flops,
     options={"num_heads": HEADS,
              "block_size": Option("positions per block; a query sees its own block only", at_least=1),
              "grouping": Option("contiguous (the paper's blocks) or strided (what LRA's published code "

@@ -98,8 +98,19 @@ class FNet(nn.Module):
     return y_BxLxD.astype(x_BxLxD.dtype)
 
 
+def _flops(options, L: int, d: int, causal: bool) -> float:
+  """FFT paths: one complex 2-D FFT of L·d points, 5·L·d·log2(L·d) per sequence (FNet's and the peer benchmark's
+  convention; "rfft" does about half of it). "matmul" (and "auto" on TPU up to 4096): four real matmuls, two
+  L×L by L×d and two L×d by d×d."""
+  del causal
+  impl = options["fourier_impl"]
+  if impl == "matmul" or (impl == "auto" and jax.default_backend() == "tpu" and L <= 4096):
+    return 4 * L * d + 4 * d * d
+  return 5 * d * np.log2(L * d)
+
+
 SPEC = MixerSpec(
-    FNet, "Re(FFT2(x)), no parameters; O(Ld log Ld)", can_be_causal=False,
+    FNet, "Re(FFT2(x)), no parameters; O(Ld log Ld)", can_be_causal=False, flops=_flops,
     options={"fourier_impl": Option("how Re(FFT2) is computed: fft, rfft (Hermitian symmetry), matmul (DFT "
                                     "matrices), auto (per backend and length)", choices=FOURIER_IMPLS),
              "padding": Option("zero: padded positions are zeroed before the DFT; mix: mixed in as they are "

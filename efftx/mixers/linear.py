@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from efftx.errors import UserError
 from efftx.mixers.attention import merge_heads, qkv_heads
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.mixers.spec import MixerSpec, Option, padded
 
 
 def _phi(x: jax.Array) -> jax.Array:
@@ -82,8 +82,19 @@ def _causal_sums(fq_BxLxHxK, fk_BxLxHxK, v_BxLxHxK, C):
   return unchunk(num_NxBxCxHxK), unchunk(den_NxBxCxH)
 
 
+def _flops(options, L: int, d: int, causal: bool) -> float:
+  """Per token and head (width K = d / heads): φ(k)vᵀ and φ(q)ᵀ(KV), 2·K² each, and the normaliser, 2·K.
+  Causal adds the quadratic part inside chunks of C (scores and their sum over V, 2·C·K each), over L padded to
+  whole chunks."""
+  K = d // options["num_heads"]
+  if not causal:
+    return 4 * d * K + 2 * d
+  C = min(options["chunk"], L)
+  return (4 * C * d + 4 * d * K + 2 * d) * padded(L, C) / L
+
+
 SPEC = MixerSpec(
-    LinearAttention, "linear attention, φ = elu + 1; O(L·d²/heads)", can_decode=True,
+    LinearAttention, "linear attention, φ = elu + 1; O(L·d²/heads)", can_decode=True, flops=_flops,
     options={"num_heads": Option("heads; must divide d_model", at_least=1),
              "chunk": Option("causal: positions per chunk (quadratic inside, a carried K×K state across)",
                              at_least=1)})

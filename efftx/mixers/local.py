@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from efftx.mixers import banded
 from efftx.mixers.attention import ATTENTION_DROPOUT, decode_step, HEADS, merge_heads, qkv_heads
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.mixers.spec import MixerSpec, Option, padded
 
 _NEG = jnp.finfo(jnp.float32).min
 
@@ -40,7 +40,15 @@ class LocalAttention(nn.Module):
     return merge_heads(banded.unblocks(out_BxNxBxHxK, L))
 
 
+def _flops(options, L: int, d: int, causal: bool) -> float:
+  """Each block of b = min(window, L) queries against its 3b context keys, QKᵀ and the weighted sum of V (causal
+  or not: the band is masked, not cut)."""
+  del causal
+  b = min(options["window"], L)
+  return 12 * b * d * padded(L, b) / L
+
+
 SPEC = MixerSpec(
-    LocalAttention, "sliding-window softmax attention; O(L·window·d)", can_decode=True,
+    LocalAttention, "sliding-window softmax attention; O(L·window·d)", can_decode=True, flops=_flops,
     options={"num_heads": HEADS, "window": Option("keys with |t − t'| < window are seen (tokens)", at_least=1),
              "attention_dropout": ATTENTION_DROPOUT})

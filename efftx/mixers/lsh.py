@@ -54,7 +54,7 @@ import jax.numpy as jnp
 
 from efftx.errors import UserError
 from efftx.mixers.attention import ATTENTION_DROPOUT, HEADS, merge_heads
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.mixers.spec import MixerSpec, Option, padded
 
 _NEG = jnp.finfo(jnp.float32).min
 _SELF = -1e5  # the score of a position for itself (HF's value; trax subtracts 1e5)
@@ -171,9 +171,23 @@ def _lsh_relations(options, d_model, causal) -> None:
                     "(a hash is the argmax over [xR; −xR])")
 
 
+def _flops(options, L: int, d: int, causal: bool) -> float:
+  """Per round, over L padded to whole chunks of C: the hash (K × buckets/2 rotations per head), then each chunk's
+  queries against its own and the previous chunk's keys (2C; C alone when the sorted sequence is one chunk), QKᵀ
+  and the weighted sum of V; then the rounds' outputs combined."""
+  del causal
+  R, buckets = options["lsh_hashes"], options["lsh_buckets"]
+  C = min(options["lsh_chunk"], L)
+  P = padded(L, C)
+  chunks_in_sequence = P // C * (R if options["lsh_lookback"] == "across_rounds" else 1)
+  keys = C if chunks_in_sequence == 1 else 2 * C
+  hash_flops = d * buckets if buckets > 1 else 0  # 2 · K · buckets/2 per head
+  return R * (4 * keys * d + hash_flops + 2 * d) * P / L
+
+
 SPEC = MixerSpec(
     LSHAttention, "Reformer LSH attention (shared QK, hashed chunks); O(L·chunk·rounds·d)", can_decode=False,
-    relations=_lsh_relations,
+    relations=_lsh_relations, flops=_flops,
     options={"num_heads": HEADS,
              "lsh_buckets": Option("hash buckets per round (1 or even)", at_least=1),
              "lsh_hashes": Option("hash rounds; more approach full attention", at_least=1),

@@ -5,7 +5,8 @@ Each mixer file ends with a `SPEC = MixerSpec(...)`; `efftx.mixers.MIXERS` maps 
     (the module fields' defaults: one source), so an option the mixer lacks cannot be set or overridden;
   - `config_lib.validate` runs `spec.check(options, d_model=..., causal=...)` before anything is written;
   - the model builds the module with `spec(causal=..., max_len=..., **options)`;
-  - tests, bench and README read `can_be_causal`, `can_decode` and `has_heads` instead of keeping lists.
+  - tests, bench and README read `can_be_causal`, `can_decode` and `has_heads` instead of keeping lists;
+  - `efftx.bench` counts the model's FLOPs (and so its MFU) with `spec.forward_flops(...)`.
 
 Besides its options, a mixer module may have the fields `causal` (every mixer has it) and `max_len` (mixers with
 per-position parameters); the model fills those from `config.model`.
@@ -53,6 +54,13 @@ class MixerSpec:
   # Relations between options and the model that a single option cannot state: (every option, d_model or None,
   # causal) → raises UserError. Runs after the per-option checks.
   relations: Callable[[dict[str, Any], int | None, bool], None] | None = None
+  # The mixing's forward FLOPs per token of one layer, beyond its projections (Dense layers, counted with the
+  # model's other matmuls): (every option, length L, d_model, causal) → 2 × the multiply-adds of its matmuls and
+  # convolutions as implemented (padding to blocks included), FFTs as 5 N log2 N (complex, Cooley-Tukey: the
+  # convention of FNet's and the peer benchmark's counts). Elementwise work (softmax, exp, masks) is not counted,
+  # nor per-sequence work shared by the batch (position-bias tables). tests/test_flops.py checks each against the
+  # matmuls in the mixer's traced program.
+  flops: Callable[[dict[str, Any], int, int, bool], float] | None = None
 
   def __post_init__(self):
     fields = {f.name: f for f in dataclasses.fields(self.module)}
@@ -61,6 +69,8 @@ class MixerSpec:
         raise TypeError(f"{self.module.__name__}: option '{name}' is not a module field (or is a model field)")
     if "causal" not in fields:
       raise TypeError(f"{self.module.__name__}: a mixer module needs a `causal` field")
+    if self.flops is None:
+      raise TypeError(f"{self.module.__name__}: a mixer spec needs its `flops` count")
 
   @property
   def name(self) -> str:
@@ -79,6 +89,10 @@ class MixerSpec:
     """Every option at its default (the module field's default)."""
     fields = {f.name: f.default for f in dataclasses.fields(self.module)}
     return {name: fields[name] for name in self.options}
+
+  def forward_flops(self, options: dict[str, Any], length: int, d_model: int, causal: bool) -> float:
+    """`flops` with the options not given at their defaults."""
+    return float(self.flops({**self.defaults(), **options}, length, d_model, causal))
 
   def describe(self) -> str:
     """'name (meaning, default D)' for every option: the line an error about options ends with."""
@@ -114,6 +128,11 @@ class MixerSpec:
     self.check(options, d_model, causal)
     extra = {"max_len": max_len} if max_len is not None and self.takes_max_len else {}
     return self.module(causal=causal, **extra, **options)
+
+
+def padded(length: int, block: int) -> int:
+  """length rounded up to whole blocks: the positions a blocked mixer computes."""
+  return -(-length // block) * block
 
 
 def _registry():

@@ -5,9 +5,9 @@ independent of the number of layers, and what does recomputing the activations c
     python -m efftx.sweep experiments/reversible/sweep.py --workdir=DIR --scale=paper        # accelerators
 
 Each point is one `python -m efftx.bench` row: the whole training step (forward, backward, AdamW) of an attention
-model (attention_impl=auto: chunked at these lengths), width 128, 4 heads, FF 512, 8192 tokens a step (batch 32
-at length 256, 8 at 1024), float32, in four variants: plain residual blocks, reversible couplings
-(model.reversible), each with and without the chunked feed-forward (model.ff_chunk_size=128). Memory: XLA
+model (attention_impl=chunked: what "auto" chose on CPU when the table was made), width 128, 4 heads, FF 512,
+8192 tokens a step (batch 32 at length 256, 8 at 1024), float32, in four variants: plain residual blocks,
+reversible couplings (model.reversible), each with and without the chunked feed-forward (model.ff_chunk_size=128). Memory: XLA
 memory_analysis() of the compiled step, temp (activations and scratch; deterministic). tokens/s: timed after one
 warm-up step at depths 2, 8 and 24 (48 is compiled, not timed).
 
@@ -54,7 +54,8 @@ def points(scale):
   for length in s["lengths"]:
     for variant, (reversible, chunk) in VARIANTS.items():
       for depth in s["depths"]:
-        overrides = f"{s['shape']},num_layers={depth},reversible={str(reversible).lower()},ff_chunk_size={chunk}"
+        overrides = (f"{s['shape']},attention_impl=chunked,num_layers={depth},"
+                     f"reversible={str(reversible).lower()},ff_chunk_size={chunk}")
         groups[_group(variant, length, depth)] = {"bench": {
             "mode": "mixers", "mixers": "attention", "lengths": length, "set": overrides,
             "seconds": s["seconds"] if depth in s["timed"] else 0}}

@@ -1,0 +1,135 @@
+"""The mixers' FLOP counts (MixerSpec.flops, used for MFU by efftx.bench) against the matmuls of their programs.
+
+The reference walks the jaxpr of a mixer's forward pass and adds 2·M·N·K for every dot_general, the same for
+every convolution, 5·N·log2 N for every FFT (the stated convention), multiplying a scan's body by its length; a
+while loop (unknown trip count) fails the test. Two batch sizes are traced and differenced, so per-sequence work
+shared by the batch (position-bias tables) cancels; the projections (the mixer's Dense kernels) are subtracted.
+What is left must equal the spec's formula, which is written from the mixer's algorithm, at lengths that are and
+are not multiples of the block sizes.
+"""
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core as jax_core
+import numpy as np
+import pytest
+
+from efftx.mixers import MIXERS
+
+D = 256
+
+
+def _matmul_flops(jaxpr) -> float:
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    out_size = np.prod(eqn.outvars[0].aval.shape)
+    if name == "dot_general":
+      (lhs_contracting, _), _ = eqn.params["dimension_numbers"]
+      lhs_shape = eqn.invars[0].aval.shape
+      total += 2 * out_size * np.prod([lhs_shape[i] for i in lhs_contracting])
+    elif name == "conv_general_dilated":
+      rhs_shape, rhs_spec = eqn.invars[1].aval.shape, eqn.params["dimension_numbers"].rhs_spec
+      total += 2 * out_size * np.prod([rhs_shape[i] for i in rhs_spec[1:]])  # input features × window
+    elif name == "fft":
+      n = np.prod(eqn.params["fft_lengths"])
+      shape = eqn.invars[0].aval.shape
+      total += 5 * np.prod(shape[:len(shape) - len(eqn.params["fft_lengths"])]) * n * math.log2(n)
+    elif name == "while":
+      raise AssertionError("a while loop: its trip count is unknown to this count")
+    repeat = eqn.params["length"] if name == "scan" else 1
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(sub, jax_core.ClosedJaxpr):
+          total += repeat * _matmul_flops(sub.jaxpr)
+        elif isinstance(sub, jax_core.Jaxpr):
+          total += repeat * _matmul_flops(sub)
+  return total
+
+
+def _traced_flops_per_token(name: str, L: int, causal: bool, options: dict) -> float:
+  module = MIXERS[name](causal=causal, max_len=L, **options)
+  flops = []
+  for batch in (2, 4):
+    x_BxLxD = jnp.ones((batch, L, D))
+    variables = jax.eval_shape(module.init, jax.random.key(0), x_BxLxD)
+    flops.append(_matmul_flops(jax.make_jaxpr(lambda v, x: module.apply(v, x))(variables, x_BxLxD).jaxpr))
+  projections = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(variables)
+                    if len(path) == 3 and path[-1].key == "kernel")  # params/<Dense>/kernel
+  return (flops[1] - flops[0]) / (2 * L) - 2 * projections
+
+
+CASES = [
+    ("attention", {"attention_impl": "plain"}),
+    ("attention", {"attention_impl": "chunked", "attention_chunk": 128}),
+    ("attention", {"attention_impl": "flash", "attention_chunk": 128}),
+    ("attention", {"attention_impl": "auto", "attention_chunk": 128}),
+    ("fnet", {"fourier_impl": "fft"}),
+    ("fnet", {"fourier_impl": "rfft"}),
+    ("fnet", {"fourier_impl": "matmul"}),
+    ("aft_full", {}),
+    ("aft_simple", {}),
+    ("aft_local", {"window": 32}),
+    ("aft_local", {"window": 20}),
+    ("aft_conv", {"kernel_size": 7}),
+    ("local", {"window": 24}),
+    ("block_local", {"block_size": 50}),
+    ("linear", {"chunk": 128}),
+    ("lsh", {}),
+    ("lsh", {"lsh_buckets": 1, "lsh_lookback": "across_rounds"}),
+]
+
+
+@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in CASES])
+def test_flops_equal_the_traced_matmuls(name, options):
+  spec = MIXERS[name]
+  options = {"num_heads": 4, **options} if "num_heads" in spec.options else options
+  for causal in (False, True) if spec.can_be_causal else (False,):
+    for L in (256, 300):
+      traced = _traced_flops_per_token(name, L, causal, options)
+      counted = spec.forward_flops(options, L, D, causal)
+      assert counted == pytest.approx(traced, rel=1e-9, abs=1e-6), (causal, L, counted, traced)
+
+
+def test_every_mixer_declares_its_count():
+  assert all(spec.flops is not None for spec in MIXERS.values())
+  # The quadratic mixers grow with the length, the linear ones stay put (per token).
+  grows = {n: MIXERS[n].forward_flops({}, 4096, D, False) / MIXERS[n].forward_flops({}, 512, D, False)
+           for n in ("attention", "aft_full", "linear", "local")}
+  assert grows["attention"] == pytest.approx(8) and grows["aft_full"] == pytest.approx(8)
+  assert grows["linear"] == pytest.approx(1) and grows["local"] == pytest.approx(1)
+
+
+def test_bench_flops_per_token_is_the_dense_matmuls_plus_the_mixing():
+  """efftx.bench.flops_per_token of the peer shape (d 256, 4 layers, FF 1024, vocab 256), written out by hand:
+  per layer Q, K, V and output projections (4·d²) and the feed-forward (2·d·FF), the head d·vocab; 6 FLOPs per
+  weight per token (forward and backward), plus 3 × layers × the mixing (attention: 4·L·d forward)."""
+  from efftx import bench  # pylint: disable=g-import-not-at-top
+  from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
+  d, ff, layers, vocab, L = 256, 1024, 4, 256, 512
+  config = config_lib.default_config("attention")
+  config.model.update(d_model=d, d_ff=ff, num_layers=layers, max_len=L)
+  config.mixer.attention_impl = "plain"
+  params = jax.eval_shape(lambda: bench.lm_model(config, vocab).init(jax.random.key(0), jnp.zeros((1, L), int)))
+  weights = layers * (4 * d * d + 2 * d * ff) + d * vocab
+  assert bench.flops_per_token(config, params["params"]) == 6 * weights + 3 * layers * 4 * L * d
+
+
+def test_peer_factories_build_the_peers_shape_through_the_model_builder():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(__file__).parents[1] / "experiments" / "peers" / "factories.py"
+  spec = importlib.util.spec_from_file_location("peer_factories", path)
+  factories = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(factories)
+  cfg = dict(d=32, layers=2, heads=4, ff=64, vocab=50, tokens=64, lr=1e-4)
+  ids = jnp.zeros((2, 16), jnp.int32)
+  for name in ("fnet", "attention", "aft_simple", "aft_local", "linear", "identity"):
+    factory = getattr(factories, name)
+    model = factory(cfg, 16)
+    variables = jax.eval_shape(model.init, jax.random.key(0), ids)
+    assert jax.eval_shape(model.apply, variables, ids).shape == (2, 16, 50), name
+    assert model.block_layout == "post_ln" and model.activation == "gelu" and model.norm_eps == 1e-12, name
+    assert factory.mixer_flops_per_token(cfg, 16) >= 0, name
+  assert factories.attention.mixer_flops_per_token(cfg, 16) == 3 * 2 * 4 * 16 * 32
