@@ -3,7 +3,7 @@
     python -m efftx.bench                                   # every mixer, lengths 256…4096: tokens/s and memory
     python -m efftx.bench --mixers=attention,aft_simple --lengths=1024,4096 --json=/tmp/bench.json
     python -m efftx.bench --mode=fourier                    # FNet's fft / rfft / matmul paths, ms per call
-    python -m efftx.bench --mode=attention                  # attention's plain / chunked / flash paths, ms per call
+    python -m efftx.bench --mode=attention                  # attention's plain / chunked / flash / fused paths, ms
     python -m efftx.bench --mode=reversible --plot=mem.png  # memory vs depth, plain / reversible / chunked FF
     python -m efftx.bench --mode=pipeline --data_dir=DIR    # input pipeline examples/s vs the train step's
     python -m efftx.bench --mode=sharding                   # per-device bytes, data parallel vs fsdp (~99M params)
@@ -14,8 +14,8 @@ training step (forward, backward, AdamW) of the model at the peer benchmark's sh
 per-token head) and reports the compiled step's memory from XLA's memory_analysis(): temp (activations and
 scratch) + argument bytes. Compiled sizes are deterministic; timings are ratios within one run, on one machine.
 Each row also gives the step's FLOPs per token (`flops_per_token`: the dense matmuls and the mixer's own count,
-MixerSpec.flops) and its MFU: achieved FLOP/s over the float32 matmul peak measured at the start of the run
-(a jitted 2048³ matmul, as the peer benchmark measures it).
+MixerSpec.flops) and its MFU: achieved FLOP/s over the matmul peak measured at the start of the run (a jitted
+2048³ matmul in the run's dtype, as the peer benchmark measures it in float32).
 "pipeline" mode reads each task through the real grain pipeline (config.data.read_threads) and times, at the
 quickstart model size (attention, width 64, 2 layers, batch 32): the pipeline alone, the train step alone on one
 cached batch, and the two together as train.py runs them; "loop/step" near 1 means the pipeline is not the
@@ -93,19 +93,20 @@ def lm_model(config: ml_collections.ConfigDict, vocab_size: int = 256) -> model_
 
 
 def flops_per_token(config: ml_collections.ConfigDict, params) -> float:
-  """Training FLOPs per token, forward and backward (3 × forward): 6 × every matmul weight (the Dense kernels,
-  head included; embeddings are lookups), plus 3 × layers × the mixer's mixing (MixerSpec.flops). Recomputation
-  (remat, reversible layers, chunked attention's backward pass) is not counted, as usual for MFU."""
+  """Training FLOPs per token, forward and backward: 6 × every matmul weight (the Dense kernels, head included;
+  embeddings are lookups; AFT-conv's H×S kernel, also named "kernel", adds a negligible 6·H·S), plus layers × the
+  mixer's mixing (MixerSpec.train_flops: 3 × forward, FNet's 2 ×). Recomputation (remat, reversible layers,
+  chunked and flash attention's backward passes) is not counted, as usual for MFU."""
   matmul_weights = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
                        if getattr(path[-1], "key", None) == "kernel")
   m = config.model
-  mixing = MIXERS[m.mixer].forward_flops(dict(config.mixer), m.max_len, m.d_model, m.causal)
-  return 6 * matmul_weights + 3 * m.num_layers * mixing
+  mixing = MIXERS[m.mixer].train_flops(dict(config.mixer), m.max_len, m.d_model, m.causal)
+  return 6 * matmul_weights + m.num_layers * mixing
 
 
-def matmul_peak_gflops(n: int = 2048, min_seconds: float = 1.0) -> float:
-  """GFLOP/s of a jitted n×n by n×n float32 matmul on the default device: the MFU denominator."""
-  a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.float32) for i in (0, 1))
+def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, min_seconds: float = 1.0) -> float:
+  """GFLOP/s of a jitted n×n by n×n matmul in `dtype` on the default device: the MFU denominator."""
+  a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
   matmul = jax.jit(jnp.matmul)
   return 2 * n ** 3 / _seconds_per_call(lambda: matmul(a, b), min_seconds) / 1e9
 
@@ -151,10 +152,10 @@ def _seconds_per_call(fn, min_seconds: float) -> float:
 def _mixers_table() -> list[dict]:
   rows = []
   lengths = [int(x) for x in _LENGTHS.value]
-  peak = matmul_peak_gflops() if _SECONDS.value else None
+  peak = matmul_peak_gflops(_DTYPE.value) if _SECONDS.value else None
   print(f"backend {jax.default_backend()}, {_TOKENS.value} tokens/step, d=256, 4 layers, dtype {_DTYPE.value}, "
         f"causal={_CAUSAL.value}" + (f"; set {','.join(_OVERRIDES.value)}" if _OVERRIDES.value else "")
-        + (f"; float32 matmul peak {peak:.0f} GFLOP/s (2048³)" if peak else ""))
+        + (f"; {_DTYPE.value} matmul peak {peak:.0f} GFLOP/s (2048³)" if peak else ""))
   print(f"{'mixer':<12}{'length':>8}{'tokens/s':>11}{'step ms':>10}{'GFLOP/tok':>10}{'MFU %':>7}{'temp MiB':>10}"
         f"{'temp+arg MiB':>14}")
   for mixer in _MIXERS.value:
@@ -201,7 +202,7 @@ def _fourier_table() -> list[dict]:
 
 
 def _attention_table() -> list[dict]:
-  return _paths_table("attention", "attention_impl", ("plain", "chunked", "flash"), num_heads=4)
+  return _paths_table("attention", "attention_impl", ("plain", "chunked", "flash", "fused"), num_heads=4)
 
 
 def _reversible_table() -> list[dict]:

@@ -23,9 +23,10 @@ from efftx.reversible import ReversibleStack
 @jax.custom_vjp
 def gelu_erf(x: jax.Array) -> jax.Array:
   """Exact GELU, x·Φ(x) = x·(1 + erf(x/√2))/2, computed in float32, with the derivative Φ(x) + x·φ(x) written out:
-  the same function as nn.gelu(approximate=False), whose autodiff backward pass made a training step's
-  feed-forward 1.15× slower on a 2-core CPU (220 → 190 ms for 8192 tokens, 256 → 1024 → 256, forward and
-  backward; python -m efftx.bench --mode=mixers moves with it)."""
+  the same function as nn.gelu(approximate=False), whose autodiff backward pass is slower on a 2-core CPU: one
+  feed-forward layer (8192 tokens, 256 → 1024 → 256, forward and backward) 220 → 190 ms, a whole training step
+  of the peer benchmark's shape 1.01–1.05× faster (experiments/peers/gelu_ab.py, the two steps alternated in one
+  process)."""
   x32 = x.astype(jnp.float32)
   return (x32 * (0.5 + 0.5 * jax.lax.erf(x32 * np.float32(np.sqrt(0.5))))).astype(x.dtype)
 

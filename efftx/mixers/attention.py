@@ -15,11 +15,13 @@ Five implementations of the same function (config `attention_impl`):
                dropout is active chunked when the sequence spans more than one chunk, else plain.
 
 "flash" is the CPU default because it was the fastest there at every length (`python -m efftx.bench --mode=attention`:
-2 cores, B×L = 8192 tokens, width 256 in 4 heads, jit of the mixer's forward and backward, ms per call, 2026-11-30):
+2 cores, B×L = 8192 tokens, width 256 in 4 heads, jit of the mixer's forward and backward, ms per call, 2026-11-30;
+experiments/peers/attention_paths.json):
       L          128   256  1024  4096
-      plain      171   236   587  1827
-      chunked    215   329   776  2244
-      flash      167   203   428  1280   (attention_chunk 256; 128 and 512 were within 10 % in a first try)
+      plain      176   236   540  1798
+      chunked    211   324   792  2397
+      flash      163   200   437  1261   (attention_chunk 256; 128 and 512 were within 10 % in a first try)
+      fused      167   263   792  3575   (jax.nn.dot_product_attention, XLA's implementation on CPU)
 with the projections included (the same in every column). On TPU it is not measured.
 
 Attention dropout acts on the normalised probabilities in "plain" and "chunked" alike. "chunked" draws each
@@ -244,7 +246,9 @@ class Attention(nn.Module):
   """Softmax attention over the sequence, bidirectional or causal, with a padding mask.
 
   Queries attend to keys where `mask` is True (and, if causal, to keys at or before their own position).
-  A query at a padded position still gets an output (it attends to the real keys); the model ignores it.
+  A query at a padded position still gets an output (it attends to the real keys); the model ignores it. A query
+  with no key it may see at all (a sequence of padding only) gets 0 from "chunked" and "flash" and the mean of V
+  from "plain"; nothing reads it.
   With `attention_dropout` > 0 and deterministic=False the normalised probabilities are dropped and rescaled by
   1 / (1 − rate), drawing from the "dropout" rng stream; "flash" and "fused" cannot, and raise.
   """
@@ -253,7 +257,7 @@ class Attention(nn.Module):
   causal: bool = False
   attention_dropout: float = 0.0   # dropout rate on the attention probabilities (not "flash", "fused")
   attention_impl: str = "auto"     # see ATTENTION_IMPLS
-  attention_chunk: int = 256       # block size of "chunked" (positions)
+  attention_chunk: int = 256       # block size of "chunked" and "flash" (positions)
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
@@ -306,8 +310,8 @@ def _attention_relations(options, d_model, causal) -> None:
 
 
 def _flops(options, L: int, d: int, causal: bool) -> float:
-  """QKᵀ and the weighted sum of V: 2·L·d each per token, causal or not (every path computes the whole square
-  and masks it). "chunked" computes L padded to whole chunks, queries and keys; "flash" pads the queries only.
+  """QKᵀ and the weighted sum of V: 2·L·d each per token, causal or not (plain, chunked and flash compute the whole
+  square and mask it; cuDNN's causal kernel may skip the upper half, still counted). "chunked" computes L padded to whole chunks, queries and keys; "flash" pads the queries only.
   "auto" counts the path it takes without dropout (training with dropout may take another)."""
   del causal
   impl, chunk = _resolve(options["attention_impl"], L, options["attention_chunk"], False), options["attention_chunk"]

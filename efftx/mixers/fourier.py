@@ -110,7 +110,7 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
 
 
 SPEC = MixerSpec(
-    FNet, "Re(FFT2(x)), no parameters; O(Ld log Ld)", can_be_causal=False, flops=_flops,
+    FNet, "Re(FFT2(x)), no parameters; O(Ld log Ld)", can_be_causal=False, flops=_flops, train_factor=2.0,
     options={"fourier_impl": Option("how Re(FFT2) is computed: fft, rfft (Hermitian symmetry), matmul (DFT "
                                     "matrices), auto (per backend and length)", choices=FOURIER_IMPLS),
              "padding": Option("zero: padded positions are zeroed before the DFT; mix: mixed in as they are "

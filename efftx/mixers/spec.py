@@ -61,6 +61,10 @@ class MixerSpec:
   # nor per-sequence work shared by the batch (position-bias tables). tests/test_flops.py checks each against the
   # matmuls in the mixer's traced program.
   flops: Callable[[dict[str, Any], int, int, bool], float] | None = None
+  # Training FLOPs of the mixing ÷ its forward FLOPs: 3 where both operands of its matmuls need gradients
+  # (activations × activations, or learned weights); 2 where one operand is a constant (FNet's DFT: the backward
+  # pass is one more transform of the same size, the peer benchmark's convention).
+  train_factor: float = 3.0
 
   def __post_init__(self):
     fields = {f.name: f for f in dataclasses.fields(self.module)}
@@ -93,6 +97,10 @@ class MixerSpec:
   def forward_flops(self, options: dict[str, Any], length: int, d_model: int, causal: bool) -> float:
     """`flops` with the options not given at their defaults."""
     return float(self.flops({**self.defaults(), **options}, length, d_model, causal))
+
+  def train_flops(self, options: dict[str, Any], length: int, d_model: int, causal: bool) -> float:
+    """Forward and backward FLOPs of the mixing per token of one layer: forward_flops × train_factor."""
+    return self.train_factor * self.forward_flops(options, length, d_model, causal)
 
   def describe(self) -> str:
     """'name (meaning, default D)' for every option: the line an error about options ends with."""

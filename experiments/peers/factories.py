@@ -8,8 +8,9 @@ exact-erf GELU, LayerNorm epsilon 1e-12, FNet with its embedding projection. Log
 
 Differences from the peers, precisely: HF BERT adds a token-type embedding (one type: a constant vector) that
 efftx does not; HF's position embeddings cover max(512, seq) positions, efftx's exactly seq; everything else
-(parameters, FLOPs, the loss and AdamW the harness builds) is the same. `identity` replaces the mixer by y = x
-(the rest of the model unchanged): the step without any mixing, for profiling the shared machinery.
+(parameters, FLOPs, the loss and AdamW the harness builds) is the same. `identity` is fnet's model with the mixer
+replaced by y = x and without FNet's embedding projection (so it has exactly the layers every model shares): the
+step without any mixing, for profiling the shared machinery.
 """
 import flax.linen as nn
 
@@ -32,7 +33,7 @@ def _factory(mixer: str, **mixer_options):
 
   def mixer_flops_per_token(cfg: dict, seq: int) -> float:
     config = _config(mixer, cfg, seq, **mixer_options)
-    return 3 * cfg["layers"] * MIXERS[mixer].forward_flops(dict(config.mixer), seq, cfg["d"], False)
+    return cfg["layers"] * MIXERS[mixer].train_flops(dict(config.mixer), seq, cfg["d"], False)
 
   factory.mixer_flops_per_token = mixer_flops_per_token
   factory.__name__ = mixer

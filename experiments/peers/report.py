@@ -12,6 +12,7 @@ import sys
 
 HERE = pathlib.Path(__file__).parent
 PEER_OF = {"fnet": "hf-fnet", "identity": "hf-fnet", "attention": "hf-bert-sdpa"}
+HARNESS_MODELS = ("hf-fnet", "hf-bert-sdpa", "hf-bert-eager", "flax-attn", "flax-fnet")  # peers.py's own
 
 
 def table(run: dict) -> str:
@@ -33,7 +34,7 @@ def table(run: dict) -> str:
             "linear ÷ efftx-fnet, the issue's target for them):", "",
             "| model | peer | " + " | ".join(str(s) for s in seqs) + " |", "|---|---|" + "---:|" * len(seqs)]
   for m in models:
-    if m.startswith("hf-"):
+    if m in HARNESS_MODELS:
       continue
     peer = PEER_OF.get(m.split("-", 1)[-1], "efftx-fnet")
     ratio = lambda s: (f"{by[(m, s)]['tokens_per_s'] / by[(peer, s)]['tokens_per_s']:.2f}"
