@@ -73,7 +73,15 @@ def test_sharded_and_single_device_steps_agree(smoke_config):
     results.append((jax.device_get(state.params), float(metrics["loss"])))
   (params_8, loss_8), (params_1, loss_1) = results
   np.testing.assert_allclose(loss_8, loss_1, rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), params_8, params_1)
+
+  def close(path, a, b):
+    if jax.tree_util.keystr(path).endswith("['qkv']['bias']"):
+      # The key bias moves every logit of a query's row by the same amount, which softmax ignores: its gradient is
+      # 0 up to rounding, and AdamW turns that rounding noise into ±learning-rate steps. Query and value only.
+      a, b = a[[0, 2]], b[[0, 2]]
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+  jax.tree_util.tree_map_with_path(close, params_8, params_1)
 
 
 
