@@ -277,3 +277,25 @@ def test_readme_shows_the_registry_table():
   from efftx.mixers.__main__ import table  # pylint: disable=g-import-not-at-top
   with open(os.path.join(REPO, "README.md")) as f:
     assert table() in f.read(), "README.md: paste the output of `python -m efftx.mixers`"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_on_a_long_padded_sequence_equals_plain(causal):
+  """1,000 positions in blocks of 128 (a partial last block), the second sequence padded after 613 real ones, keys
+  up to 999 positions apart: values and gradients of "flash" (its hand-written backward) against "plain"
+  (autodiff of the textbook formula)."""
+  Lx, Dx = 1000, 16
+  rng = np.random.default_rng(11)
+  x = rng.normal(size=(2, Lx, Dx)).astype(np.float32) * 3
+  mask = np.ones((2, Lx), bool)
+  mask[1, 613:] = False
+  flash = MIXERS["attention"](num_heads=2, causal=causal, attention_impl="flash", attention_chunk=128)
+  plain = MIXERS["attention"](num_heads=2, causal=causal, attention_impl="plain")
+  variables = plain.init(jax.random.key(0), x)
+  rows = mask[:, :, None]
+  weights = rng.normal(size=x.shape).astype(np.float32) * rows
+  np.testing.assert_allclose(np.where(rows, flash.apply(variables, x, mask=mask), 0),
+                             np.where(rows, plain.apply(variables, x, mask=mask), 0), rtol=1e-4, atol=1e-5)
+  loss = lambda module: lambda v, x: (module.apply(v, x, mask=mask) * weights).sum()
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * np.abs(b).max()),
+               jax.grad(loss(flash), argnums=(0, 1))(variables, x), jax.grad(loss(plain), argnums=(0, 1))(variables, x))

@@ -269,9 +269,8 @@ class Attention(nn.Module):
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
     dropout_active = self.attention_dropout > 0 and not deterministic
     impl = _resolve(self.attention_impl, L, self.attention_chunk, dropout_active)
-    if impl in ("fused", "flash") and dropout_active:
-      raise UserError(f"attention: attention_impl='{impl}' has no dropout but attention_dropout="
-                      f"{self.attention_dropout}; use attention_impl='chunked' or 'auto'")
+    if dropout_active:
+      _check_dropout(impl, self.attention_dropout)
     if impl == "plain":
       dropout = functools.partial(nn.Dropout(self.attention_dropout), deterministic=deterministic)
       out_BxLxHxK = _plain(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, dropout)
@@ -302,19 +301,26 @@ def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, window: int 
   return jnp.einsum("bhqt,bthk->bqhk", probs_BxHx1xT.astype(values_BxTxHxK.dtype), values_BxTxHxK)
 
 
+def _check_dropout(impl: str, rate: float) -> None:
+  """Raises UserError for a path without dropout (flash, fused) asked for attention dropout."""
+  if impl in ("fused", "flash") and rate:
+    raise UserError(f"mixer 'attention': attention_impl='{impl}' has no dropout, but attention_dropout={rate}; "
+                    "use attention_impl='chunked' or 'auto'")
+
+
 def _attention_relations(options, d_model, causal) -> None:
   del d_model, causal
-  if options["attention_impl"] in ("fused", "flash") and options["attention_dropout"]:
-    raise UserError(f"mixer 'attention': attention_impl='{options['attention_impl']}' has no dropout, but "
-                    f"attention_dropout={options['attention_dropout']}; use attention_impl='chunked' or 'auto'")
+  _check_dropout(options["attention_impl"], options["attention_dropout"])
 
 
 def _flops(options, L: int, d: int, causal: bool) -> float:
   """QKᵀ and the weighted sum of V: 2·L·d each per token, causal or not (plain, chunked and flash compute the whole
-  square and mask it; cuDNN's causal kernel may skip the upper half, still counted). "chunked" computes L padded to whole chunks, queries and keys; "flash" pads the queries only.
-  "auto" counts the path it takes without dropout (training with dropout may take another)."""
+  square and mask it; cuDNN's causal kernel may skip the upper half, still counted). "chunked" computes L padded
+  to whole chunks, queries and keys; "flash" pads the queries only. "auto" counts the path it takes without
+  dropout (training with dropout may take another)."""
   del causal
-  impl, chunk = _resolve(options["attention_impl"], L, options["attention_chunk"], False), options["attention_chunk"]
+  chunk = options["attention_chunk"]
+  impl = _resolve(options["attention_impl"], L, chunk, dropout_active=False)
   queries = padded(L, min(chunk, L)) if impl in ("chunked", "flash") else L
   keys = queries if impl == "chunked" else L
   return 4 * d * queries * keys / L
