@@ -14,7 +14,8 @@ From the AFT paper (Zhai et al. 2021, CIFAR-10): 24 layers, width 256; AFT-local
 bias d' = 64. Its batch size, learning rate and schedule are not in the text available here (shared/PAPERS.md):
 batch 32, AdamW 1e-3 with warmup and cosine decay are efftx's choice. Reference (test bits/dim): Transformer
 2.86, AFT-local-256 2.74, AFT-simple 2.89. Fashion-MNIST: 4 layers, width 128 (a CPU-sized model; no paper
-reference). Measured here: see experiments/tasks/README.md.
+reference). Measured here: experiments/tasks/README.md (one run), experiments/image_ar/ (five mixers, 2 seeds, a
+smaller model: `python -m efftx.sweep experiments/image_ar/sweep.py`).
 """
 from efftx import config as config_lib
 

@@ -39,6 +39,8 @@ def default_config(mixer: str = "attention") -> ml_collections.ConfigDict:
                                      # embeddings, no final LN (BERT's and the published FNet's layout)
   c.model.embed_projection = False   # a dense D→D layer on the (normalised) embeddings (published FNet)
   c.model.norm_eps = 1e-6            # LayerNorm epsilon (HF BERT and FNet checkpoints: 1e-12)
+  c.model.init_std = 0.0             # 0: flax's LeCun-normal dense kernels; > 0: N(0, init_std²) for every dense
+                                     # kernel (GPT-2, BERT, Zoology: 0.02; MQAR needs it, configs/mqar.py)
   c.model.activation = "gelu_tanh"   # feed-forward GELU: "gelu_tanh" (approximation; HF FNet) or "gelu" (erf; BERT)
   c.model.pooling = "mean"           # classification: "mean" of real tokens, or "cls": a learned [CLS] vector is
                                      # put before the tokens (position 0, LRA's way) and its final state is pooled
@@ -57,6 +59,8 @@ def default_config(mixer: str = "attention") -> ml_collections.ConfigDict:
   c.data.corpus_dir = ""             # tasks read from local files: their folder (bytes "files", fashion_mnist)
   c.data.worker_count = 0            # grain worker processes (0: read in the training process)
   c.data.read_threads = 2            # grain reader threads per process
+  c.data.eval_examples = 0           # validation passes during training read the split's first N examples (0: all
+                                     # of it; a cheaper, fixed subset for short runs); efftx.evaluate reads all
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.fsdp = 1                    # devices along the mesh's fsdp axis, over which parameters and AdamW state are
@@ -200,6 +204,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if d.batch_size < 1 or d.batch_size % num_devices:
     raise UserError(f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
                     f"{num_devices} devices it is sharded over")
+  if m.init_std < 0:
+    raise UserError(f"config.model.init_std={m.init_std} must be >= 0 (0: flax's default initialisation)")
+  if d.eval_examples < 0:
+    raise UserError(f"config.data.eval_examples={d.eval_examples} must be >= 0 (0: the whole split)")
   if o.learning_rate <= 0 or o.warmup_steps < 0 or o.weight_decay < 0 or o.grad_clip < 0:
     raise UserError("config.optim: learning_rate must be > 0; warmup_steps, weight_decay, grad_clip >= 0")
   for name in ("total_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):

@@ -8,7 +8,8 @@ The model knows nothing of data or objectives beyond that function. Applied as
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Any, Callable
+import zlib
 
 import flax.linen as nn
 import jax
@@ -167,6 +168,9 @@ class Transformer(nn.Module):
   norm_eps: float = 1e-6          # LayerNorm epsilon (HF BERT / FNet: 1e-12)
   activation: str = "gelu_tanh"   # feed-forward nonlinearity, a key of ACTIVATIONS
   cls_token: bool = False         # a learned [CLS] vector before the tokens (position 0; LRA: initialised to 0)
+  # 0: flax's default initialisation of dense kernels (LeCun normal, std 1/√fan-in); > 0: every dense kernel
+  # drawn from N(0, init_std²) instead (GPT-2, BERT, Zoology: 0.02), by `initialize`
+  init_std: float = 0.0
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
@@ -244,4 +248,24 @@ def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, ja
       vocab_size=vocab_size, d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len,
       dropout=m.dropout, dtype=m.dtype, reversible=m.reversible, ff_chunk_size=m.ff_chunk_size,
       block_layout=m.block_layout, embed_projection=m.embed_projection, norm_eps=m.norm_eps, activation=m.activation,
-      cls_token=m.pooling == "cls")
+      cls_token=m.pooling == "cls", init_std=m.init_std)
+
+
+def initialize(model: Transformer, key: jax.Array) -> Any:
+  """Fresh parameters of `model` (shapes from one sequence of model.max_len tokens). With model.init_std > 0,
+  every dense layer's kernel (a "kernel" beside a "bias": nn.Dense, nn.DenseGeneral, also when stacked by the
+  reversible layers) is redrawn from N(0, init_std²); biases stay 0, embeddings N(0, 0.02²), and other parameters
+  as their module makes them (AFT-conv's "kernel", which is renormalised in use, among them)."""
+  params = model.init(key, jnp.zeros((1, model.max_len), jnp.int32))["params"]
+  if not model.init_std:
+    return params
+
+  def redraw(path, leaf):
+    keys = [getattr(p, "key", None) for p in path]
+    parent = functools.reduce(lambda node, k: node[k], keys[:-1], params)
+    if keys[-1] != "kernel" or not isinstance(parent.get("bias"), jax.Array):
+      return leaf
+    leaf_key = jax.random.fold_in(key, zlib.crc32("/".join(map(str, keys)).encode()))
+    return model.init_std * jax.random.normal(leaf_key, leaf.shape, leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(redraw, params)

@@ -488,7 +488,8 @@ def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, me
     for m in metrics:
       values = [p["values"][m] for p in runs if p["values"].get(m) is not None and math.isfinite(p["values"][m])]
       extra[m] = dict(zip(("mean", "std"), _mean_std(values))) if values else {"mean": None, "std": None}
-    out.append({"group": group, "mean": mean, "std": std, "n": len(runs), "of": total, "learning_rate": best,
+    of = sum(1 for p in points if p["group"] == group and p["learning_rate"] == best)  # seeds at that rate
+    out.append({"group": group, "mean": mean, "std": std, "n": len(runs), "of": of, "learning_rate": best,
                 "by_learning_rate": {str(lr): m for lr, m in means.items()}, "metrics": extra})
   return out
 

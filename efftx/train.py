@@ -91,7 +91,7 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path) -> dict[str, 
   train_step = jax.jit(
       trainer.make_train_step(parts.model, parts.objective, tx, schedule, dropout_key, parts.task.token_unit),
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, replicated), donate_argnums=0)
-  evaluate = make_evaluator(config, parts, mesh, state_sharding.params, "eval")
+  evaluate = make_evaluator(config, parts, mesh, state_sharding.params, "eval", config.data.eval_examples)
 
   # ----------------------------------------------------------------------------------------------- Loop
   try:
@@ -111,10 +111,10 @@ def _to_global(batch_sharding: NamedSharding, local_batch: dict[str, np.ndarray]
 
 
 def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh: jax.sharding.Mesh,
-                   params_sharding, split: str):
-  """params (laid out as params_sharding on mesh) → the objective's metrics over the whole of `split` ("eval": the
-  task's evaluation split, or a TFDS split name), each process reading its shard. Used by training and
-  efftx.evaluate."""
+                   params_sharding, split: str, examples: int = 0):
+  """params (laid out as params_sharding on mesh) → the objective's metrics over `split` ("eval": the task's
+  evaluation split, or a TFDS split name; its first `examples` examples if > 0, else all of it), each process
+  reading its shard. Used by training (examples = config.data.eval_examples) and efftx.evaluate (all)."""
   source = pipeline.source(config, split)
   batch_sharding = sharding.batch(mesh)
   eval_step = jax.jit(trainer.make_eval_step(parts.model, parts.objective),
@@ -122,7 +122,7 @@ def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh
 
   def evaluate(params, prefix: str) -> dict[str, float]:
     totals = None
-    for batch in pipeline.eval_batches(config, source):
+    for batch in pipeline.eval_batches(config, source, examples=examples):
       sums = eval_step(params, _to_global(batch_sharding, batch))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     metrics = parts.objective.summarize(totals, parts.task.token_unit, prefix=prefix)

@@ -31,8 +31,9 @@ def parts(config: ml_collections.ConfigDict) -> Parts:
   config.mixer). Raises UserError where the objective does not fit the task or the mixer options are invalid."""
   task = TASKS[config.data.task]
   objective = objectives.for_run(config, task)
-  head = objective.head(task.vocab_size, task.classes(config.data.variant), config.model.pooling)
-  return Parts(task, objective, model_lib.build_model(config, head, task.vocab_size))
+  vocab_size = task.vocab(config.data.variant)
+  head = objective.head(vocab_size, task.classes(config.data.variant), config.model.pooling)
+  return Parts(task, objective, model_lib.build_model(config, head, vocab_size))
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -57,8 +58,8 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
 
 
 def init_params(model: model_lib.Transformer, key: jax.Array) -> Any:
-  """Fresh parameters (shapes from one sequence of model.max_len tokens)."""
-  return model.init(key, jnp.zeros((1, model.max_len), jnp.int32))["params"]
+  """Fresh parameters (shapes from one sequence of model.max_len tokens; model_lib.initialize)."""
+  return model_lib.initialize(model, key)
 
 
 def create_state(model: model_lib.Transformer, tx: optax.GradientTransformation, key: jax.Array | None = None,

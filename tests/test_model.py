@@ -176,3 +176,32 @@ def test_exact_gelu_and_its_gradient_against_the_erf_formula():
   y16 = model_lib.gelu_erf(x32.astype(jnp.bfloat16))
   assert y16.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(y16, np.float32), x * cdf, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("mixer,reversible", [("attention", False), ("aft_conv", False), ("attention", True)])
+def test_init_std_redraws_every_dense_kernel_and_nothing_else(mixer, reversible):
+  """config.model.init_std = 0.02 (GPT-2 / BERT / Zoology): every nn.Dense / DenseGeneral kernel (the mixer's, the
+  feed-forward's, the head's; stacked under the reversible layers too) is N(0, 0.02²) and independent of the
+  others; biases, norms, embeddings and AFT-conv's renormalised kernel are as flax makes them; 0 is flax's init."""
+  def params(init_std):
+    config = mixer_config(mixer, d_model=64, d_ff=256, num_layers=2, max_len=32, causal=True,
+                          reversible=reversible, init_std=init_std, num_heads=4)
+    return trainer.init_params(lm_model(config, vocab_size=128), jax.random.key(0))
+
+  flax_default, redrawn = params(0.0), params(0.02)
+  model = lm_model(mixer_config(mixer, d_model=64, d_ff=256, num_layers=2, max_len=32, causal=True,
+                                reversible=reversible, num_heads=4), vocab_size=128)
+  assert jax.tree.all(jax.tree.map(np.array_equal, flax_default,
+                                   model.init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))["params"]))
+  kernels = []
+  for (path, old), new in zip(jax.tree_util.tree_leaves_with_path(flax_default), jax.tree.leaves(redrawn)):
+    name = jax.tree_util.keystr(path)
+    if name.endswith("['kernel']") and "['mixer']['kernel']" not in name:  # a dense kernel (AFT-conv's is not)
+      kernels.append(np.asarray(new).ravel())
+      assert abs(np.std(new) - 0.02) < 0.1 * 0.02 and abs(np.mean(new)) < 5 * 0.02 / np.sqrt(new.size), name
+      assert np.std(old) > 2 * 0.02, name  # LeCun normal at fan-in ≤ 256: std ≥ 1/16
+    else:
+      np.testing.assert_array_equal(new, old, err_msg=name)
+  assert len(kernels) >= (3 if reversible else 7)
+  firsts = np.stack([k[:64] for k in kernels])
+  assert np.abs(np.corrcoef(firsts)[np.triu_indices(len(kernels), 1)]).max() < 0.6  # independent draws

@@ -22,16 +22,15 @@ from efftx.objectives import OBJECTIVES
 
 
 # ------------------------------------------------------------------------------------------------------ MQAR
-@pytest.mark.parametrize("seq_len,num_kv", [(64, 4), (128, 8), (256, 16)])
-def test_mqar_every_query_is_answered_by_its_keys_value(seq_len, num_kv):
-  tokens, targets = mqar.generate(300, seq_len=seq_len, num_kv=num_kv, seed=1)
+@pytest.mark.parametrize("seq_len,num_kv,vocab", [(64, 4, 8192), (128, 8, 8192), (256, 16, 8192), (64, 4, 256)])
+def test_mqar_every_query_is_answered_by_its_keys_value(seq_len, num_kv, vocab):
+  tokens, targets = mqar.generate(300, seq_len=seq_len, num_kv=num_kv, seed=1, vocab_size=vocab)
   assert tokens.shape == targets.shape == (300, seq_len)
   first_offsets = []
   for row_tokens, row_targets in zip(tokens, targets):
     keys, values = row_tokens[0:2 * num_kv:2], row_tokens[1:2 * num_kv:2]
     assert len(set(keys)) == num_kv and len(set(values)) == num_kv
-    assert all(1 <= k < mqar.VOCAB_SIZE // 2 for k in keys) and all(mqar.VOCAB_SIZE // 2 <= v < mqar.VOCAB_SIZE
-                                                                     for v in values)
+    assert all(1 <= k < vocab // 2 for k in keys) and all(vocab // 2 <= v < vocab for v in values)
     value_of = dict(zip(keys.tolist(), values.tolist()))
     queries = np.flatnonzero(row_targets)
     assert len(queries) == num_kv and all(q >= 2 * num_kv and (q - 2 * num_kv) % 2 == 0 for q in queries)
@@ -46,6 +45,22 @@ def test_mqar_every_query_is_answered_by_its_keys_value(seq_len, num_kv):
   # Power-law placement favours near slots: the nearest query sits well before a uniform draw's expectation.
   slots = (seq_len - 2 * num_kv) // 2
   assert np.mean(first_offsets) < 0.5 * slots / (num_kv + 1)
+
+
+def test_mqar_vocabulary_follows_the_variant():
+  """64x4_v256 (Zoology's first example) has 256 token ids: the model's embedding and head have 256 rows, and an
+  id of the 8192 vocabulary is refused by its pipeline; the Figure-2 settings keep 8192."""
+  assert TASKS["mqar"].vocab("64x4") == TASKS["mqar"].vocab("256x16") == mqar.VOCAB_SIZE == 8192
+  assert TASKS["mqar"].vocab("64x4_v256") == 256
+  config = config_lib.default_config("attention")
+  config.model.update(causal=True, d_model=16, num_layers=1, d_ff=32, max_len=64)
+  config.data.update(task="mqar", variant="64x4_v256")
+  params = trainer.init_params(trainer.parts(config).model, jax.random.key(0))
+  assert params["embed"]["embedding"].shape == (256, 16) and params["lm_head"]["kernel"].shape == (16, 256)
+  tokens, targets = mqar.generate(1, seq_len=64, num_kv=4, seed=0, vocab_size=8192)
+  with pytest.raises(config_lib.UserError, match=r"outside the vocabulary \[0, 256\)"):
+    pipeline.Encode("mqar", 64, False, "64x4_v256")({"tokens": tokens[0], "targets": targets[0]})
+  pipeline.Encode("mqar", 64, False, "64x4")({"tokens": tokens[0], "targets": targets[0]})
 
 
 def test_mqar_logits_and_loss_at_the_query_positions_only():
@@ -121,6 +136,12 @@ def test_global_batches_are_the_same_on_any_number_of_processes_and_epochs_do_no
     counts.append(len(batches))
     eval_rows += [row_key(t) for b in batches for t, w in zip(b["tokens"], b["weight"]) if w]
   assert counts[0] == counts[1] and len(eval_rows) == len(set(eval_rows)) == len(eval_source)
+  # config.data.eval_examples: the split's first 37 examples, each once, over two processes as over one.
+  first = {row_key(pipeline.Encode("listops", 48, False)(eval_source[i])["tokens"]) for i in range(37)}
+  subset = [row_key(t) for p in range(2)
+            for b in pipeline.eval_batches(config, eval_source, process_index=p, process_count=2, examples=37)
+            for t, w in zip(b["tokens"], b["weight"]) if w]
+  assert len(subset) == 37 and set(subset) == first
 
 
 def test_the_data_position_is_the_step(smoke_config):

@@ -26,7 +26,7 @@ from efftx.errors import UserError
 class Task:
   # A builder class of this package, or the name of a registered TFDS dataset ("{variant}" is replaced).
   dataset: type | str
-  vocab_size: int                    # token ids are in [0, vocab_size)
+  vocab_size: int | dict[str, int]   # token ids are in [0, vocab_size) (per variant, if a dict)
   num_classes: int | dict[str, int]  # classes of "classify" tasks (per variant, if a dict); 0 otherwise
   # its own objective, a key of efftx.objectives.OBJECTIVES: "classify" (one label per sequence) or "lm" (a
   # target per position: the next token, or the task's own targets); config.data.objective may replace it
@@ -66,6 +66,9 @@ class Task:
 
   def classes(self, variant: str) -> int:
     return self.num_classes[variant] if isinstance(self.num_classes, dict) else self.num_classes
+
+  def vocab(self, variant: str) -> int:
+    return self.vocab_size[variant] if isinstance(self.vocab_size, dict) else self.vocab_size
 
 
 # ------------------------------------------------------------------------------------------------ encoders
@@ -131,7 +134,8 @@ TASKS = {
     # The same data as LRA's published numbers saw it: brackets dropped by its tokenizer (LRA issue #14).
     "listops_alphanumeric": Task(listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
                                  objective="classify", encode=_listops_alphanumeric),
-    "mqar": Task(mqar.Mqar, vocab_size=mqar.VOCAB_SIZE, num_classes=0, objective="lm", encode=_mqar),
+    "mqar": Task(mqar.Mqar, vocab_size={c.name: c.vocab_size for c in mqar.Mqar.BUILDER_CONFIGS}, num_classes=0,
+                 objective="lm", encode=_mqar),
     "bytes": Task(byte_text.ByteText, vocab_size=byte_text.VOCAB_SIZE, num_classes=0, objective="lm",
                   encode=_byte_lm, tokenize=byte_text.tokenize, detokenize=byte_text.decode_tokens,
                   token_unit="byte", max_len=byte_text.RECORD_LEN, **_BYTE_MLM),

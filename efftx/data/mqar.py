@@ -7,8 +7,11 @@ other slot is 0, a blank token (Zoology's Figure-2 setting, random_non_queries=F
 generator, the answers are labels only, never inputs: the target at a query position is its key's value, every
 other position is ignored (weight 0). Accuracy is the fraction of queries answered.
 
-Builder configs "LxKV": Zoology's Figure-2 settings 64x4, 128x8, 256x16 (100k train, 3k validation, 3k test)
-and longer ones 512x32, 1024x64 (same kv/L ratio); "tiny" (64x4, 2k/256/256) for tests.
+Builder configs "LxKV": Zoology's Figure-2 settings 64x4, 128x8, 256x16 (vocabulary 8192; 100k train, 3k
+validation, 3k test) and longer ones 512x32, 1024x64 (same kv/L ratio); "64x4_v256", the task of Zoology's own
+first example (zoology/experiments/examples/basic.py: vocabulary 256, length 64, 4 pairs, 10k train and 1k
+test examples; here also 1k validation), the setting a CPU can train attention to solve; "tiny" (64x4, 2k/256/256)
+for tests.
 """
 from __future__ import annotations
 
@@ -73,11 +76,13 @@ class MqarConfig(tfds.core.BuilderConfig):
   num_validation: int = 3_000
   num_test: int = 3_000
   seed: int = 0
+  vocab_size: int = VOCAB_SIZE
 
 
-def _setting(seq_len: int, num_kv: int, **sizes) -> MqarConfig:
-  return MqarConfig(name=f"{seq_len}x{num_kv}", description=f"length {seq_len}, {num_kv} key-value pairs",
-                    seq_len=seq_len, num_kv=num_kv, **sizes)
+def _setting(seq_len: int, num_kv: int, vocab_size: int = VOCAB_SIZE, **sizes) -> MqarConfig:
+  return MqarConfig(name=f"{seq_len}x{num_kv}" + (f"_v{vocab_size}" if vocab_size != VOCAB_SIZE else ""),
+                    description=f"length {seq_len}, {num_kv} key-value pairs, vocabulary {vocab_size}",
+                    seq_len=seq_len, num_kv=num_kv, vocab_size=vocab_size, **sizes)
 
 
 class Mqar(tfds.core.GeneratorBasedBuilder):
@@ -87,6 +92,7 @@ class Mqar(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version("1.0.0")
   BUILDER_CONFIGS = [
       _setting(64, 4), _setting(128, 8), _setting(256, 16), _setting(512, 32), _setting(1024, 64),
+      _setting(64, 4, vocab_size=256, num_train=10_000, num_validation=1_000, num_test=1_000),
       MqarConfig(name="tiny", description="64x4, 2k/256/256, for tests", num_train=2_000, num_validation=256,
                  num_test=256),
   ]
@@ -106,7 +112,8 @@ class Mqar(tfds.core.GeneratorBasedBuilder):
     c = self.builder_config
     sizes = {"train": c.num_train, "validation": c.num_validation, "test": c.num_test}
     # One seed per split: examples are random, so the splits share no structure (collisions are negligible).
-    return {split: self._generate_examples(*generate(size, seq_len=c.seq_len, num_kv=c.num_kv, seed=c.seed + i))
+    return {split: self._generate_examples(*generate(size, seq_len=c.seq_len, num_kv=c.num_kv, seed=c.seed + i,
+                                                     vocab_size=c.vocab_size))
             for i, (split, size) in enumerate(sizes.items())}
 
   def _generate_examples(self, tokens_NxL, targets_NxL):

@@ -115,15 +115,17 @@ class Encode:
   task_name: str
   max_len: int
   truncate: bool
+  variant: str = ""  # needed where the task's vocabulary depends on its variant (MQAR)
 
   def __call__(self, example: dict) -> dict[str, np.ndarray]:
     task = TASKS[self.task_name]
     out = task.encode(example, self.max_len, self.truncate)
+    vocab_size = task.vocab(self.variant)
     for key in ("tokens", "targets"):
-      if key in out and len(out[key]) and (out[key].max() >= task.vocab_size or out[key].min() < 0):
-        bad = out[key][(out[key] >= task.vocab_size) | (out[key] < 0)][0]
+      if key in out and len(out[key]) and (out[key].max() >= vocab_size or out[key].min() < 0):
+        bad = out[key][(out[key] >= vocab_size) | (out[key] < 0)][0]
         raise UserError(f"task '{self.task_name}': an example has token id {bad} in its {key}, outside the "
-                        f"vocabulary [0, {task.vocab_size})")
+                        f"vocabulary [0, {vocab_size})")
     return out
 
 
@@ -131,7 +133,7 @@ def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset) -> grain.M
   """Encodes the elements of ds, then lets the objective corrupt them (masked-LM does), seeded from config.seed
   and the element's index in ds."""
   task = TASKS[config.data.task]
-  ds = ds.map(Encode(config.data.task, config.model.max_len, config.data.truncate))
+  ds = ds.map(Encode(config.data.task, config.model.max_len, config.data.truncate, config.data.variant))
   seed = int(np.random.SeedSequence([config.seed, 0]).generate_state(1)[0])
   return objectives.for_run(config, task).corrupt(ds, task, seed)
 
@@ -175,8 +177,9 @@ def train_iterator(config: ml_collections.ConfigDict, train_source, start_step: 
 
 
 def eval_batches(config: ml_collections.ConfigDict, eval_source, process_index: int | None = None,
-                 process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-  """One pass over a split in process-local batches of fixed size; rows with `weight` 0 are padding.
+                 process_count: int | None = None, examples: int = 0) -> Iterator[dict[str, np.ndarray]]:
+  """One pass over a split (its first `examples` examples if > 0) in process-local batches of fixed size; rows
+  with `weight` 0 are padding.
 
   Every process yields the same number of batches (padding whole batches if its shard is shorter), so the
   sharded eval step runs in lockstep on all processes. Masked-LM corruption is the same on every pass.
@@ -185,8 +188,10 @@ def eval_batches(config: ml_collections.ConfigDict, eval_source, process_index: 
   local_batch = config.data.batch_size // count
   # Sharded after encoding: masked-LM corruption is seeded by the global index, the same for any process count.
   encoded = _encoded(config, grain.MapDataset.source(eval_source))
+  if examples:
+    encoded = encoded[:examples]
   shard = encoded[index::count]
-  largest_shard = -(-len(eval_source) // count)
+  largest_shard = -(-len(encoded) // count)
   num_batches = -(-largest_shard // local_batch)
   # Shapes from the split's first example: a process's shard may be empty when the split has fewer examples.
   template = {k: np.asarray(v) for k, v in encoded[0].items()}
