@@ -183,16 +183,11 @@ def test_init_std_redraws_every_dense_kernel_and_nothing_else(mixer, reversible)
   """config.model.init_std = 0.02 (GPT-2 / BERT / Zoology): every nn.Dense / DenseGeneral kernel (the mixer's, the
   feed-forward's, the head's; stacked under the reversible layers too) is N(0, 0.02²) and independent of the
   others; biases, norms, embeddings and AFT-conv's renormalised kernel are as flax makes them; 0 is flax's init."""
-  def params(init_std):
-    config = mixer_config(mixer, d_model=64, d_ff=256, num_layers=2, max_len=32, causal=True,
-                          reversible=reversible, init_std=init_std, num_heads=4)
-    return trainer.init_params(lm_model(config, vocab_size=128), jax.random.key(0))
-
-  flax_default, redrawn = params(0.0), params(0.02)
-  model = lm_model(mixer_config(mixer, d_model=64, d_ff=256, num_layers=2, max_len=32, causal=True,
-                                reversible=reversible, num_heads=4), vocab_size=128)
+  model = lambda init_std: lm_model(mixer_config(mixer, d_model=64, d_ff=256, num_layers=2, max_len=32, causal=True,
+                                                  reversible=reversible, init_std=init_std, num_heads=4), 128)
+  flax_default, redrawn = (trainer.init_params(model(std), jax.random.key(0)) for std in (0.0, 0.02))
   assert jax.tree.all(jax.tree.map(np.array_equal, flax_default,
-                                   model.init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))["params"]))
+                                   model(0.0).init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))["params"]))
   kernels = []
   for (path, old), new in zip(jax.tree_util.tree_leaves_with_path(flax_default), jax.tree.leaves(redrawn)):
     name = jax.tree_util.keystr(path)
