@@ -5,10 +5,10 @@
 
 Arguments: mixer=<name> (a key of efftx.mixers.MIXERS; default attention), smoke (a few steps, for tests).
 Expected (2-core CPU, one run each, seed 0; majority class 15 %, chance 10 %; a fresh data dir adds ~35 s):
-  attention: validation accuracy 42.2 % after 1,500 steps, 3 min 00 s (accuracy re-measured 2026-11-30: the same
-             logged losses, bit for bit, before and after the architecture change of issue 9)
-  fnet:      validation accuracy 42.8 % after 1,500 steps, 1 min 45 s
-  every other mixer: 40.3–44.8 %, 3–5 min (experiments/quickstart/README.md)
+  attention: validation accuracy 42.3 % after 1,500 steps, 2 min 28 s (2026-12-01, one XLA device per core, the
+             CPU default; on one device: 42.7 %, 3 min 02 s; the two layouts are not bit-identical)
+  fnet:      validation accuracy 42.8 % after 1,500 steps, 1 min 40 s
+  every other mixer: 40.3–44.8 %, 3–5 min on one device (experiments/quickstart/README.md)
 """
 from efftx import config as config_lib
 

@@ -73,6 +73,7 @@ def main(argv: list[str]) -> None:
   config_lib.start_program("efftx.evaluate", argv, _WORKDIR.value, "a training run's")
   with config_lib.one_line_errors("efftx.evaluate"):
     distributed.initialize_from_flags()
+    sharding.use_cpu_cores()  # on a CPU: one device per core (the batch is rounded up to split over them)
     metrics, step = evaluate(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value)
   if jax.process_index() == 0:
     print(f"{_SPLIT.value} at step {step}: {metrics_lib.fmt(metrics)} "

@@ -307,6 +307,7 @@ def main(argv: list[str]) -> None:
   # A bad config, a workdir holding another run, a bad corpus, divergence: one clear line; bugs keep their traceback.
   with config_lib.one_line_errors("efftx.train"):
     distributed.initialize_from_flags()
+    sharding.use_cpu_cores(_CONFIG.value.data.batch_size)  # on a CPU: one device per core
     config_lib.validate(_CONFIG.value, jax.device_count())
     result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   if jax.process_index() == 0:

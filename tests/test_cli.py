@@ -146,6 +146,7 @@ def bad_input_runs(data_dir, finished_run, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("bad_input")  # one worker runs the fixture (every case), not each worker
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[" ".join([p] + a) for p, a, _ in CASES])
 def test_bad_input_exits_with_one_clear_line(case, bad_input_runs):
   prog, raw_args, words = CASES[case]

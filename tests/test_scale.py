@@ -1,6 +1,7 @@
 """Scale-out on 8 fake devices: the fsdp axis (parameters and optimizer state split), and resuming a checkpoint
 on another number of devices or another data/fsdp split."""
 import json
+import math
 import os
 import shutil
 import signal
@@ -172,6 +173,29 @@ def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(smo
     diff = _max_parameter_difference(workdir, straight, 12)
     print(f"{workdir.name}: final parameters differ from the uninterrupted 8-device run's by at most {diff:.2e}")
     assert diff < 1e-5
+
+
+@pytest.mark.slow
+def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, tmp_path):
+  """efftx.train without a device count in XLA_FLAGS: one CPU device per core, as many as the batch splits into
+  (batch 6: gcd(cores, 6)); with the count given, or after the backends are up, use_cpu_cores changes nothing."""
+  config = smoke_config()
+  config.total_steps = 2
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run(_train_command(tmp_path / "run", config, **{"data.batch_size": 6}), cwd=REPO,
+                        capture_output=True, text=True, timeout=300, env=env)
+  assert proc.returncode == 0, proc.stderr
+  n = math.gcd(len(os.sched_getaffinity(0)), 6)
+  assert f"{n} devices (data {n} × fsdp 1)" in proc.stderr
+  check = ("import jax; from efftx import sharding; sharding.use_cpu_cores(8); a = jax.device_count(); "
+           "sharding.use_cpu_cores(2); print(a, jax.device_count())")
+  chosen = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"})
+  assert chosen.stdout.split() == ["3", "3"], chosen.stderr
+  default = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
+                           env=env)
+  cores = math.gcd(len(os.sched_getaffinity(0)), 8)
+  assert default.stdout.split() == [str(cores), str(cores)], default.stderr
 
 
 def test_fsdp_must_divide_the_devices(smoke_config):

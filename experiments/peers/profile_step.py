@@ -1,7 +1,11 @@
 """Where a training step's time goes: a jax.profiler trace of one peer-shape model's step (the harness's loss and
 AdamW), summed per XLA kernel kind (ynn_fusion: the matmuls; the *_fusion kinds: elementwise passes).
 
-    python experiments/peers/profile_step.py identity 1024      # factory name, length (8192 tokens a step)
+    python experiments/peers/profile_step.py identity_one_device 1024   # factory name, length (8192 tokens a step)
+
+Profile the one-device factories: with a step split over 2 CPU devices (the data-parallel factories under
+XLA_FLAGS=--xla_force_host_platform_device_count=2) the traced run aborted here, one device waiting 40 s at an
+all-gather for the other.
 """
 import collections
 import glob
@@ -13,39 +17,21 @@ import sys
 import tempfile
 
 import jax
-import optax
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import factories  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-CFG = dict(d=256, layers=4, heads=4, ff=1024, vocab=256, tokens=8192, lr=1e-4)
-
-
 def main(name: str, length: int, steps: int = 3) -> None:
-  batch = CFG["tokens"] // length
-  ids = jax.random.randint(jax.random.key(0), (batch, length), 0, CFG["vocab"])
-  labels = jax.random.randint(jax.random.key(1), (batch, length), 0, CFG["vocab"])
-  model = getattr(factories, name)(CFG, length)
-  params = model.init(jax.random.key(2), ids)["params"]
-  tx = optax.adamw(CFG["lr"])
-  opt = tx.init(params)
-
-  def loss_fn(p):
-    return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, ids), labels).mean()
-
-  @jax.jit
-  def step(p, o):
-    loss, grads = jax.value_and_grad(loss_fn)(p)
-    updates, o = tx.update(grads, o, p)
-    return optax.apply_updates(p, updates), o, loss
+  step, params, opt, ids, labels = factories.harness_step(name, length)
+  step = jax.jit(step)
 
   for _ in range(2):
-    params, opt, loss = step(params, opt)
+    params, opt, loss = step(params, opt, ids, labels)
     loss.block_until_ready()
   folder = tempfile.mkdtemp(prefix="efftx-profile-")
   with jax.profiler.trace(folder, create_perfetto_trace=True):
     for _ in range(steps):
-      params, opt, loss = step(params, opt)
+      params, opt, loss = step(params, opt, ids, labels)
       loss.block_until_ready()
   trace = json.load(gzip.open(sorted(glob.glob(folder + "/**/*.json.gz", recursive=True))[-1]))
   events = trace["traceEvents"] if isinstance(trace, dict) else trace

@@ -1,0 +1,48 @@
+"""One XLA device per core against JAX's one device for the whole CPU, in one process: the same peer-shape training
+step (the harness's loss and AdamW) compiled twice — on one device, and laid out as efftx.train lays it out over
+every device (efftx.sharding: the batch split over make_mesh, parameters replicated) — then timed in alternation,
+so the machine's drift over minutes cancels.
+
+    python experiments/peers/devices_ab.py 1024 fnet_one_device     # length, a one-device factory's name
+"""
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + f" --xla_force_host_platform_device_count={len(os.sched_getaffinity(0))}")
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from efftx import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import factories  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def main(length: int, name: str, rounds: int = 8) -> None:
+  step, params, opt_state, ids, labels = factories.harness_step(name, length)
+
+  def compiled_on(devices):
+    mesh = sharding.make_mesh(devices=devices)
+    args = (jax.device_put(params, sharding.replicated(mesh)), jax.device_put(opt_state, sharding.replicated(mesh)),
+            jax.device_put(ids, sharding.batch(mesh)), jax.device_put(labels, sharding.batch(mesh)))
+    return jax.jit(step).lower(*args).compile(), args
+
+  runs = {"1 device": compiled_on(jax.devices()[:1]), f"{jax.device_count()} devices": compiled_on(jax.devices())}
+  times = {label: [] for label in runs}
+  for _ in range(rounds):
+    for label, (compiled, args) in runs.items():
+      start = time.perf_counter()
+      float(compiled(*args)[2])
+      times[label].append(time.perf_counter() - start)
+  ms = {label: 1e3 * statistics.median(t[1:]) for label, t in times.items()}
+  one, many = ms.values()
+  print(f"{name} {length}: " + ", ".join(f"{label} {v:.0f} ms" for label, v in ms.items())
+        + f"; speed-up {one / many:.3f}")
+
+
+if __name__ == "__main__":
+  main(int(sys.argv[1]), sys.argv[2])
