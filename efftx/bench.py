@@ -13,7 +13,8 @@ from. "mixers" mode times the full
 training step (forward, backward, AdamW) of the model at the peer benchmark's shape (../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
 per-token head) on one device (JAX's default: one XLA device for a whole CPU; efftx.train splits the batch over
 one device per core, see efftx.sharding.use_cpu_cores) and reports the compiled step's memory from XLA's
-memory_analysis(): temp (activations and scratch) + argument bytes. Compiled sizes are deterministic; timings are ratios within one run, on one machine.
+memory_analysis(): temp (activations and scratch) + argument bytes. Compiled sizes are deterministic; timings are
+ratios within one run, on one machine.
 Each row also gives the step's FLOPs per token (`flops_per_token`: the dense matmuls and the mixer's own count,
 MixerSpec.flops) and its MFU: achieved FLOP/s over the matmul peak measured at the start of the run (a jitted
 2048³ matmul in the run's dtype, as the peer benchmark measures it in float32).

@@ -35,9 +35,9 @@ def use_cpu_cores(batch_size: int | None = None) -> None:
   """Makes a single-process run's CPU one XLA device per core (cpu_device_count), where JAX's default is one
   device for the whole CPU; call before anything touches a device. The batch is then split over the cores as
   it is over the chips of a pod, each core running its share of the step: on 2 cores the peer model's whole
-  training step ran 1.09-1.19x faster with 2 devices than with 1 (experiments/peers/README.md). Nothing changes where the user chose a device count (XLA_FLAGS'
-  --xla_force_host_platform_device_count, jax_num_cpu_devices), in a multi-process run, or once the backends are up.
-  On a GPU or TPU host the CPU devices go unused."""
+  training step ran 1.09-1.19x faster with 2 devices than with 1 (experiments/peers/README.md). Nothing changes
+  where the user chose a device count (XLA_FLAGS' --xla_force_host_platform_device_count, jax_num_cpu_devices), in
+  a multi-process run, or once the backends are up. On a GPU or TPU host the CPU devices go unused."""
   if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
       or jax.config.jax_num_cpu_devices != -1 or jax.distributed.is_initialized()):
     return
