@@ -178,7 +178,8 @@ def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(smo
 @pytest.mark.slow
 def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, tmp_path):
   """efftx.train without a device count in XLA_FLAGS: one CPU device per core, as many as the batch splits into
-  (batch 6: gcd(cores, 6)); with the count given, or after the backends are up, use_cpu_cores changes nothing."""
+  (batch 6: gcd(cores, 6)); with the count given, or after the backends are up (a later call asking for 1 device),
+  use_cpu_cores changes nothing and raises nothing."""
   config = smoke_config()
   config.total_steps = 2
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -188,7 +189,7 @@ def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, 
   n = math.gcd(len(os.sched_getaffinity(0)), 6)
   assert f"{n} devices (data {n} × fsdp 1)" in proc.stderr
   check = ("import jax; from efftx import sharding; sharding.use_cpu_cores(8); a = jax.device_count(); "
-           "sharding.use_cpu_cores(2); print(a, jax.device_count())")
+           "sharding.use_cpu_cores(1); print(a, jax.device_count())")
   chosen = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"})
   assert chosen.stdout.split() == ["3", "3"], chosen.stderr

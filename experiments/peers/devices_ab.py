@@ -5,19 +5,16 @@ so the machine's drift over minutes cancels.
 
     python experiments/peers/devices_ab.py 1024 fnet_one_device     # length, a one-device factory's name
 """
-import os
 import pathlib
 import statistics
 import sys
 import time
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + f" --xla_force_host_platform_device_count={len(os.sched_getaffinity(0))}")
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax
 
-from efftx import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from efftx import sharding
 
+sharding.use_cpu_cores()  # one device per core, as efftx.train sets up (before anything touches a device)
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import factories  # pylint: disable=g-import-not-at-top,wrong-import-position
 
