@@ -37,14 +37,23 @@ def use_cpu_cores(batch_size: int | None = None) -> None:
   it is over the chips of a pod, each core running its share of the step: on 2 cores the peer model's whole
   training step ran 1.09-1.19x faster with 2 devices than with 1 (experiments/peers/README.md). Nothing changes
   where the user chose a device count (XLA_FLAGS' --xla_force_host_platform_device_count, jax_num_cpu_devices), in
-  a multi-process run, or once the backends are up. On a GPU or TPU host the CPU devices go unused."""
+  a multi-process run, or once the backends are up. On a GPU or TPU host the CPU devices go unused.
+
+  With n > 1 devices it also gives XLA's CPU client 2n threads (PJRT_NPROC, unless PJRT_NPROC or NPROC is set)
+  where it would have max(cores, n): with one thread per device, the peer FNet model's data-parallel step (length
+  4096, its parameters on one device, as the peer harness passes them) stalled at an all-gather until XLA aborted
+  the process in 6 of 7 runs on a 2-core Intel Xeon, and in none of 9 with 4 threads; efftx.train's tokens/s
+  stayed the same within the machine's noise (experiments/peers/stall_check.py, experiments/peers/README.md)."""
   if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
       or jax.config.jax_num_cpu_devices != -1 or jax.distributed.is_initialized()):
     return
+  devices = cpu_device_count(_cores(), batch_size)
   try:
-    jax.config.update("jax_num_cpu_devices", cpu_device_count(_cores(), batch_size))
+    jax.config.update("jax_num_cpu_devices", devices)
   except RuntimeError:  # the backends are up (JAX refuses the change): keep their devices
-    pass
+    return
+  if devices > 1 and not {"PJRT_NPROC", "NPROC"} & os.environ.keys():
+    os.environ["PJRT_NPROC"] = str(2 * devices)  # read when the CPU client starts
 
 
 def _cores() -> int:

@@ -178,8 +178,9 @@ def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(smo
 @pytest.mark.slow
 def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, tmp_path):
   """efftx.train without a device count in XLA_FLAGS: one CPU device per core, as many as the batch splits into
-  (batch 6: gcd(cores, 6)); with the count given, or after the backends are up (a later call asking for 1 device),
-  use_cpu_cores changes nothing and raises nothing."""
+  (batch 6: gcd(cores, 6)), and XLA's CPU client two threads a device unless PJRT_NPROC is set; with the count
+  given, or after the backends are up (a later call asking for 1 device), use_cpu_cores changes nothing and raises
+  nothing."""
   config = smoke_config()
   config.total_steps = 2
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -188,15 +189,20 @@ def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, 
   assert proc.returncode == 0, proc.stderr
   n = math.gcd(len(os.sched_getaffinity(0)), 6)
   assert f"{n} devices (data {n} × fsdp 1)" in proc.stderr
-  check = ("import jax; from efftx import sharding; sharding.use_cpu_cores(8); a = jax.device_count(); "
-           "sharding.use_cpu_cores(1); print(a, jax.device_count())")
+  check = ("import jax, os; from efftx import sharding; sharding.use_cpu_cores(8); a = jax.device_count(); "
+           "sharding.use_cpu_cores(1); print(a, jax.device_count(), os.environ.get('PJRT_NPROC'))")
+  env = {k: v for k, v in env.items() if k not in ("PJRT_NPROC", "NPROC")}
   chosen = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"})
-  assert chosen.stdout.split() == ["3", "3"], chosen.stderr
+  assert chosen.stdout.split() == ["3", "3", "None"], chosen.stderr
   default = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
                            env=env)
   cores = math.gcd(len(os.sched_getaffinity(0)), 8)
-  assert default.stdout.split() == [str(cores), str(cores)], default.stderr
+  threads = str(2 * cores) if cores > 1 else "None"  # XLA's CPU client: two threads a device (see use_cpu_cores)
+  assert default.stdout.split() == [str(cores), str(cores), threads], default.stderr
+  own = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**env, "PJRT_NPROC": "3"})
+  assert own.stdout.split() == [str(cores), str(cores), "3"], own.stderr
 
 
 def test_fsdp_must_divide_the_devices(smoke_config):

@@ -1,0 +1,38 @@
+"""Does the data-parallel step on a CPU stall? The peer harness's training step of a data-parallel factory, set up
+as efftx.train sets up a CPU (efftx.sharding.use_cpu_cores: one device per core, XLA's CPU client two threads a
+device), its parameters on one device as the harness passes them, called `steps` times.
+
+    python experiments/peers/stall_check.py 4096 fnet                 # efftx's set-up: "12 steps, no stall"
+    PJRT_NPROC=2 python experiments/peers/stall_check.py 4096 fnet    # one client thread a device, XLA's default
+
+On the 2-core Intel Xeon (AVX-512) of 2026-12-01 the second command stalled at an all-gather in 3 of 4 runs (XLA
+aborts the process after 40 s: "Termination timeout for all gather"), the first in none of 3; counting the same
+step in this session's other in-process scripts, 6 of 7 runs stalled with 2 client threads, none of 9 with 4.
+Calling the jitted step instead of the compiled one, 2 runs with 2 threads did not stall: the stall depends on
+timing. An AMD EPYC of the same size ran the full peer benchmark with 2 threads without one.
+"""
+import pathlib
+import sys
+import time
+
+import jax
+
+from efftx import sharding
+
+sharding.use_cpu_cores()  # as efftx.train sets up the CPU (before anything touches a device)
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import factories  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def main(length: int, name: str, steps: int = 12) -> None:
+  step, params, opt_state, ids, labels = factories.harness_step(name, length)
+  step = jax.jit(step).lower(params, opt_state, ids, labels).compile()  # as the in-process A/B scripts do
+  start = time.perf_counter()
+  for _ in range(steps):
+    float(step(params, opt_state, ids, labels)[2])
+  print(f"{name} {length} on {jax.device_count()} devices: {steps} steps, no stall "
+        f"({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+  main(int(sys.argv[1]), sys.argv[2])
