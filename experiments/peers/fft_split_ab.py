@@ -1,0 +1,47 @@
+"""FNet's FFT on each device's share of the batch (efftx.mixers.fourier._per_example) against the FFT as XLA's
+partitioner places it by itself (the whole batch gathered onto every device), in one process: the peer-shape
+training step of the data-parallel `fnet` factory compiled both ways, then timed in alternation.
+
+    python experiments/peers/fft_split_ab.py 1024     # length; one device per core, as efftx.train sets up
+"""
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+
+from efftx import sharding
+from efftx.mixers import fourier
+
+sharding.use_cpu_cores()  # as efftx.train sets up the CPU (before anything touches a device)
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import factories  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def compiled(length: int, impls: dict):
+  saved = dict(fourier._IMPLS)  # pylint: disable=protected-access
+  fourier._IMPLS.update(impls)  # pylint: disable=protected-access
+  try:
+    step, params, opt_state, ids, labels = factories.harness_step("fnet", length)
+    return jax.jit(step).lower(params, opt_state, ids, labels).compile(), (params, opt_state, ids, labels)
+  finally:
+    fourier._IMPLS.update(saved)  # pylint: disable=protected-access
+
+
+def main(length: int, rounds: int = 8) -> None:
+  runs = {"per device": compiled(length, {}),
+          "gathered": compiled(length, {"rfft": fourier._rfft, "fft": fourier._fft})}  # pylint: disable=protected-access
+  times = {label: [] for label in runs}
+  for _ in range(rounds):
+    for label, (step, args) in runs.items():
+      start = time.perf_counter()
+      float(step(*args)[2])
+      times[label].append(time.perf_counter() - start)
+  ms = {label: 1e3 * statistics.median(t[1:]) for label, t in times.items()}  # the first round warms up
+  print(f"fnet {length} ({jax.device_count()} devices): " + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items())
+        + f"; speed-up {ms['gathered'] / ms['per device']:.3f}")
+
+
+if __name__ == "__main__":
+  main(int(sys.argv[1]))
