@@ -42,8 +42,9 @@ def use_cpu_cores(batch_size: int | None = None) -> None:
   With n > 1 devices it also gives XLA's CPU client 2n threads (PJRT_NPROC, unless PJRT_NPROC or NPROC is set)
   where it would have max(cores, n): with one thread per device, the peer FNet model's data-parallel step (length
   4096, its parameters on one device, as the peer harness passes them) stalled at an all-gather until XLA aborted
-  the process in 6 of 7 runs on a 2-core Intel Xeon, and in none of 9 with 4 threads; efftx.train's tokens/s
-  stayed the same within the machine's noise (experiments/peers/stall_check.py, experiments/peers/README.md)."""
+  the process in 7 of 8 runs on a 2-core Intel Xeon (other models, lengths and XLA options in 3 of 25), and in none
+  of 13 with 4 threads, nor in any row of two peer-benchmark runs; efftx.train's tokens/s stayed the same within
+  the machine's noise (experiments/peers/stall_check.py, experiments/peers/README.md)."""
   if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
       or jax.config.jax_num_cpu_devices != -1 or jax.distributed.is_initialized()):
     return

@@ -6,10 +6,10 @@ device), its parameters on one device as the harness passes them, called `steps`
     PJRT_NPROC=2 python experiments/peers/stall_check.py 4096 fnet    # one client thread a device, XLA's default
 
 On the 2-core Intel Xeon (AVX-512) of 2026-12-01 the second command stalled at an all-gather in 3 of 4 runs (XLA
-aborts the process after 40 s: "Termination timeout for all gather"), the first in none of 3; counting the same
-step in this session's other in-process scripts, 6 of 7 runs stalled with 2 client threads, none of 9 with 4.
-Calling the jitted step instead of the compiled one, 2 runs with 2 threads did not stall: the stall depends on
-timing. An AMD EPYC of the same size ran the full peer benchmark with 2 threads without one.
+aborts the process after 40 s: "Termination timeout for all gather"), the first in none of 3. Counting the other
+in-process scripts run that day: fnet at 4096 stalled in 7 of 8 runs with 2 client threads, other models, lengths
+and XLA options in 3 of 25 (among them 2 runs of this script calling the jitted step instead of the compiled one,
+which did not stall); with 4 threads none of 13 runs stalled. The stall depends on timing. An AMD EPYC of the same size ran the full peer benchmark with 2 threads without one.
 """
 import pathlib
 import sys
