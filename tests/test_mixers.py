@@ -101,20 +101,24 @@ def test_fnet_equals_numpy_fft2(impl, shape):
 
 @pytest.mark.parametrize("impl", ["fft", "rfft", "matmul"])
 def test_fnet_gradient_equals_the_dft_matrices_transposed(impl):
-  """d<Re(F_L x F_D), g>/dx = C_Lᵀ g C_Dᵀ − S_Lᵀ g S_Dᵀ, the DFT's cos and sin matrices written out in numpy from the
-  definition (F[j, k] = exp(−2πi·jk/N)); zero at padded positions. A sequence of 33 (odd) and a width of 10."""
+  """d<Re(F_L x F_D), g>/dx = C_Lᵀ g C_Dᵀ − S_Lᵀ g S_Dᵀ, the DFT's cos and sin matrices written out in numpy
+  from the definition (F[j, k] = exp(−2πi·jk/N)); zero at padded positions. A sequence of 33 and a width of 9
+  (both odd). Under jax.vmap over a further leading axis the mixer equals numpy's FFT too."""
   rng = np.random.default_rng(5)
-  x, g = (rng.normal(size=(2, 33, 10)).astype(np.float32) for _ in range(2))
-  mask = np.ones((2, 33), bool)
-  mask[1, 20:] = False
+  x_BxLxD, g_BxLxD = (rng.normal(size=(2, 33, 9)).astype(np.float32) for _ in range(2))
+  mask_BxL = np.ones((2, 33), bool)
+  mask_BxL[1, 20:] = False
   module = MIXERS["fnet"](causal=False, fourier_impl=impl)
-  grad = jax.grad(lambda x: jnp.sum(module.apply({}, x, mask=mask) * g))(x)
+  grad_BxLxD = jax.grad(lambda x: jnp.sum(module.apply({}, x, mask=mask_BxL) * g_BxLxD))(x_BxLxD)
   def cos_sin(n):
     angle = 2 * np.pi * np.outer(np.arange(n), np.arange(n)) / n
     return np.cos(angle), np.sin(angle)
-  (c_l, s_l), (c_d, s_d) = cos_sin(33), cos_sin(10)
-  want = np.einsum("kl,bke,de->bld", c_l, g, c_d) - np.einsum("kl,bke,de->bld", s_l, g, s_d)
-  np.testing.assert_allclose(grad, np.where(mask[..., None], want, 0), rtol=1e-4, atol=1e-3)
+  (c_l, s_l), (c_d, s_d) = cos_sin(33), cos_sin(9)
+  want_BxLxD = np.einsum("kl,bke,de->bld", c_l, g_BxLxD, c_d) - np.einsum("kl,bke,de->bld", s_l, g_BxLxD, s_d)
+  np.testing.assert_allclose(grad_BxLxD, np.where(mask_BxL[..., None], want_BxLxD, 0), rtol=1e-4, atol=1e-3)
+  x_NxBxLxD = np.stack([x_BxLxD, g_BxLxD])
+  np.testing.assert_allclose(jax.vmap(lambda x: module.apply({}, x))(x_NxBxLxD),
+                             np.real(np.fft.fft2(x_NxBxLxD, axes=(-2, -1))), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("impl", ["fft", "rfft"])
@@ -123,18 +127,18 @@ def test_fnet_transforms_only_each_devices_share_of_the_batch(impl):
   of the batch of 16, no all-gather brings the batch together, and the values equal one device's."""
   from efftx import sharding  # pylint: disable=import-outside-toplevel
   mesh = sharding.make_mesh()
-  x = np.random.default_rng(6).normal(size=(2 * len(mesh.devices.flat), 16, 8)).astype(np.float32)
+  x_BxLxD = np.random.default_rng(6).normal(size=(2 * len(mesh.devices.flat), 16, 8)).astype(np.float32)
   module = MIXERS["fnet"](causal=False, fourier_impl=impl)
   loss = lambda x: jnp.sum(module.apply({}, x) ** 3)
   step = jax.jit(jax.value_and_grad(loss))
-  hlo = step.lower(jax.device_put(x, sharding.batch(mesh))).compile().as_text()
+  hlo = step.lower(jax.device_put(x_BxLxD, sharding.batch(mesh))).compile().as_text()
   ffts = [line for line in hlo.splitlines() if " fft(" in line]
   assert len(ffts) == 2 and all("[2,16," in line for line in ffts), ffts
   assert " all-gather(" not in hlo
-  value, grad = step(jax.device_put(x, sharding.batch(mesh)))
-  want_value, want_grad = jax.jit(jax.value_and_grad(loss))(x)
+  value, grad_BxLxD = step(jax.device_put(x_BxLxD, sharding.batch(mesh)))
+  want_value, want_BxLxD = jax.jit(jax.value_and_grad(loss))(x_BxLxD)
   np.testing.assert_allclose(value, want_value, rtol=1e-5)
-  np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(grad_BxLxD, want_BxLxD, rtol=1e-4, atol=1e-3)
 
 
 def test_fnet_cannot_be_causal_and_checks_its_impl():

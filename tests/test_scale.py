@@ -178,7 +178,7 @@ def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(smo
 @pytest.mark.slow
 def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, tmp_path):
   """efftx.train without a device count in XLA_FLAGS: one CPU device per core, as many as the batch splits into
-  (batch 6: gcd(cores, 6)), and XLA's CPU client two threads a device unless PJRT_NPROC is set; with the count
+  (batch 6: gcd(cores, 6)), and PJRT_NPROC (XLA's CPU-client threads) twice that unless set; with the count
   given, or after the backends are up (a later call asking for 1 device), use_cpu_cores changes nothing and raises
   nothing."""
   config = smoke_config()

@@ -36,7 +36,8 @@ def _per_example(mix):
   Without this XLA's partitioner (jax 0.10.2) gathers the whole batch onto every device before an FFT, in the
   forward and the backward pass alike, so under data parallelism each device transformed the global batch (the
   compiled step: an all-gather before each fft, whose operand had the global batch). Here the FFT runs on the
-  device's rows only, whatever else the partitioner makes of the operand's sharding.
+  device's rows only, whatever else the partitioner makes of the operand's sharding. Forward-mode autodiff
+  (jax.jvp, jacfwd) does not apply to it (a custom_vjp); nothing in efftx uses it.
   """
   def batch_only(mesh, arg_shapes):
     spec = arg_shapes[0].sharding.spec
@@ -48,14 +49,25 @@ def _per_example(mix):
     return mesh, mix, sharding, (sharding,)
 
   split = custom_partitioning(mix)
-  split.def_partition(partition, infer_sharding_from_operands=lambda mesh, arg_shapes, _: batch_only(mesh, arg_shapes),
+  split.def_partition(partition, infer_sharding_from_operands=lambda mesh, shapes, _: batch_only(mesh, shapes),
                       sharding_rule="b l d -> b l d", need_replication_factors=("l", "d"))
+
+  @jax.custom_batching.custom_vmap  # custom_partitioning has no batching rule: vmap folds its axis into B
+  def batched(x_BxLxD):
+    return split(x_BxLxD)
+
+  @batched.def_vmap
+  def _(axis_size, in_batched, x_NxBxLxD):
+    del axis_size
+    if not in_batched[0]:
+      return split(x_NxBxLxD), False
+    return split(x_NxBxLxD.reshape((-1,) + x_NxBxLxD.shape[2:])).reshape(x_NxBxLxD.shape), True
 
   @jax.custom_vjp
   def self_adjoint(x_BxLxD):
-    return split(x_BxLxD)
+    return batched(x_BxLxD)
 
-  self_adjoint.defvjp(lambda x_BxLxD: (split(x_BxLxD), None), lambda _, g_BxLxD: (split(g_BxLxD),))
+  self_adjoint.defvjp(lambda x_BxLxD: (batched(x_BxLxD), None), lambda _, g_BxLxD: (batched(g_BxLxD),))
   return self_adjoint
 
 
@@ -84,7 +96,9 @@ def _auto(x_BxLxD: jax.Array) -> jax.Array:
       fft     28.9  24.1  29.0  34.8  29.4  38.5
       rfft    14.3  14.5  17.4  16.6  16.0  13.9
       matmul  30.7  40.4  50.2  86.4 148.7 273.2
-  so rfft at every length. TPU: the FNet paper finds the DFT-as-matmul faster up to L≈4096 (MXU matmuls, slow
+  so rfft at every length; again after the backward pass became the forward map (_per_example), on a 2-core
+  Intel Xeon, 2026-12-01: L 256 / 1024 / 4096 fft 40.1 / 37.3 / 36.5, rfft 13.7 / 13.3 / 13.2, matmul 46.7 / 89.9 /
+  298.2. TPU: the FNet paper finds the DFT-as-matmul faster up to L≈4096 (MXU matmuls, slow
   FFTs); GPU: cuFFT, so rfft. The TPU and GPU choices follow the paper and are not measured here.
   """
   if jax.default_backend() == "tpu" and x_BxLxD.shape[1] <= 4096:

@@ -9,7 +9,8 @@ On the 2-core Intel Xeon (AVX-512) of 2026-12-01 the second command stalled at a
 aborts the process after 40 s: "Termination timeout for all gather"), the first in none of 3. Counting the other
 in-process scripts run that day: fnet at 4096 stalled in 7 of 8 runs with 2 client threads, other models, lengths
 and XLA options in 3 of 25 (among them 2 runs of this script calling the jitted step instead of the compiled one,
-which did not stall); with 4 threads none of 13 runs stalled. The stall depends on timing. An AMD EPYC of the same size ran the full peer benchmark with 2 threads without one.
+which did not stall); with 4 threads none of 13 runs stalled. The stall depends on timing. An AMD EPYC of the
+same size ran the full peer benchmark with 2 threads without one.
 """
 import pathlib
 import sys

@@ -4,7 +4,7 @@ in alternation, so the machine's drift over minutes cancels. Cross-process A/Bs 
 2-core machine moved by ±15 % from run to run; this resolves a few per cent.
 
     python experiments/peers/xla_flags_ab.py 1024 identity_one_device xla_cpu_experimental_ynn_fusion_type=
-    XLA_FLAGS=--xla_force_host_platform_device_count=2 \\
+    PJRT_NPROC=4 XLA_FLAGS=--xla_force_host_platform_device_count=2 \\
       python experiments/peers/xla_flags_ab.py 1024 fnet xla_cpu_use_xnnpack=false   # the data-parallel factories
 
 Arguments: length, a factories.py name, then NAME=VALUE options (XLA DebugOptions fields, without the "--").
