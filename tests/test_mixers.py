@@ -100,25 +100,28 @@ def test_fnet_equals_numpy_fft2(impl, shape):
 
 
 @pytest.mark.parametrize("impl", ["fft", "rfft", "matmul"])
-def test_fnet_gradient_equals_the_dft_matrices_transposed(impl):
+@pytest.mark.parametrize("L,D", [(33, 9), (1024, 16)])
+def test_fnet_gradient_equals_the_dft_matrices_transposed(impl, L, D):
   """d<Re(F_L x F_D), g>/dx = C_Lᵀ g C_Dᵀ − S_Lᵀ g S_Dᵀ, the DFT's cos and sin matrices written out in numpy
-  from the definition (F[j, k] = exp(−2πi·jk/N)); zero at padded positions. A sequence of 33 and a width of 9
-  (both odd). Under jax.vmap over a further leading axis the mixer equals numpy's FFT too."""
+  from the definition (F[j, k] = exp(−2πi·jk/N)); zero at padded positions. Lengths 33 × width 9 (both odd) and
+  1024 × 16. Under jax.vmap over a further leading axis the mixer equals numpy's FFT too."""
   rng = np.random.default_rng(5)
-  x_BxLxD, g_BxLxD = (rng.normal(size=(2, 33, 9)).astype(np.float32) for _ in range(2))
-  mask_BxL = np.ones((2, 33), bool)
-  mask_BxL[1, 20:] = False
+  x_BxLxD, g_BxLxD = (rng.normal(size=(2, L, D)).astype(np.float32) for _ in range(2))
+  mask_BxL = np.ones((2, L), bool)
+  mask_BxL[1, L * 2 // 3:] = False
   module = MIXERS["fnet"](causal=False, fourier_impl=impl)
   grad_BxLxD = jax.grad(lambda x: jnp.sum(module.apply({}, x, mask=mask_BxL) * g_BxLxD))(x_BxLxD)
   def cos_sin(n):
     angle = 2 * np.pi * np.outer(np.arange(n), np.arange(n)) / n
     return np.cos(angle), np.sin(angle)
-  (c_l, s_l), (c_d, s_d) = cos_sin(33), cos_sin(9)
+  (c_l, s_l), (c_d, s_d) = cos_sin(L), cos_sin(D)
   want_BxLxD = np.einsum("kl,bke,de->bld", c_l, g_BxLxD, c_d) - np.einsum("kl,bke,de->bld", s_l, g_BxLxD, s_d)
-  np.testing.assert_allclose(grad_BxLxD, np.where(mask_BxL[..., None], want_BxLxD, 0), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(grad_BxLxD, np.where(mask_BxL[..., None], want_BxLxD, 0), rtol=1e-4,
+                             atol=1e-4 * np.sqrt(L * D))
   x_NxBxLxD = np.stack([x_BxLxD, g_BxLxD])
   np.testing.assert_allclose(jax.vmap(lambda x: module.apply({}, x))(x_NxBxLxD),
-                             np.real(np.fft.fft2(x_NxBxLxD, axes=(-2, -1))), rtol=1e-4, atol=1e-4)
+                             np.real(np.fft.fft2(x_NxBxLxD, axes=(-2, -1))), rtol=1e-4,
+                             atol=1e-4 * np.sqrt(L * D))
 
 
 @pytest.mark.parametrize("impl", ["fft", "rfft"])

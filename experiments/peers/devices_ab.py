@@ -6,9 +6,7 @@ so the machine's drift over minutes cancels.
     python experiments/peers/devices_ab.py 1024 fnet_one_device     # length, a one-device factory's name
 """
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 
@@ -29,13 +27,7 @@ def main(length: int, name: str, rounds: int = 8) -> None:
     return jax.jit(step).lower(*args).compile(), args
 
   runs = {"1 device": compiled_on(jax.devices()[:1]), f"{jax.device_count()} devices": compiled_on(jax.devices())}
-  times = {label: [] for label in runs}
-  for _ in range(rounds):
-    for label, (compiled, args) in runs.items():
-      start = time.perf_counter()
-      float(compiled(*args)[2])
-      times[label].append(time.perf_counter() - start)
-  ms = {label: 1e3 * statistics.median(t[1:]) for label, t in times.items()}
+  ms = factories.alternate(runs, rounds)
   one, many = ms.values()
   print(f"{name} {length}: " + ", ".join(f"{label} {v:.0f} ms" for label, v in ms.items())
         + f"; speed-up {one / many:.3f}")

@@ -20,6 +20,8 @@ efftx.evaluate set up on a CPU by themselves (efftx.sharding.use_cpu_cores). The
 batch on the default device: the same model as one XLA device using the CPU's threads, JAX's default.
 """
 import math
+import statistics
+import time
 
 import flax.linen as nn
 import jax
@@ -115,3 +117,16 @@ def harness_step(name: str, length: int):
     return optax.apply_updates(params, updates), opt_state, loss
 
   return step, params, tx.init(params), ids, labels
+
+
+def alternate(runs: dict, rounds: int = 8) -> dict:
+  """Median ms per call of each compiled step in `runs` ({label: (compiled, args)}), called in turn `rounds` times so
+  the machine's drift over minutes cancels; the first round warms up and is left out. The step's third output (the
+  loss) is read back, so each call is timed to its end."""
+  times = {label: [] for label in runs}
+  for _ in range(rounds):
+    for label, (compiled, args) in runs.items():
+      start = time.perf_counter()
+      float(compiled(*args)[2])
+      times[label].append(time.perf_counter() - start)
+  return {label: 1e3 * statistics.median(t[1:]) for label, t in times.items()}

@@ -8,9 +8,7 @@ training step of the data-parallel `fnet` factory compiled both ways, then timed
 256 (1.078x), 834 vs 895 ms at 4096 (1.072x).
 """
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 
@@ -35,13 +33,7 @@ def compiled(length: int, impls: dict):
 def main(length: int, rounds: int = 8) -> None:
   unsplit = {"rfft": fourier._rfft, "fft": fourier._fft}  # pylint: disable=protected-access
   runs = {"per device": compiled(length, {}), "gathered": compiled(length, unsplit)}
-  times = {label: [] for label in runs}
-  for _ in range(rounds):
-    for label, (step, args) in runs.items():
-      start = time.perf_counter()
-      float(step(*args)[2])
-      times[label].append(time.perf_counter() - start)
-  ms = {label: 1e3 * statistics.median(t[1:]) for label, t in times.items()}  # the first round warms up
+  ms = factories.alternate(runs, rounds)
   print(f"fnet {length} ({jax.device_count()} devices): " + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items())
         + f"; speed-up {ms['gathered'] / ms['per device']:.3f}")
 

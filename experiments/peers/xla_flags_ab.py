@@ -10,9 +10,7 @@ in alternation, so the machine's drift over minutes cancels. Cross-process A/Bs 
 Arguments: length, a factories.py name, then NAME=VALUE options (XLA DebugOptions fields, without the "--").
 """
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 
@@ -27,14 +25,9 @@ def _value(text: str):
 def main(length: int, name: str, options: dict, rounds: int = 8) -> None:
   step, params, opt_state, ids, labels = factories.harness_step(name, length)
   lowered = jax.jit(step).lower(params, opt_state, ids, labels)
-  runs = {"defaults": lowered.compile(), "options": lowered.compile(options)}
-  times = {label: [] for label in runs}
-  for _ in range(rounds):
-    for label, compiled in runs.items():
-      start = time.perf_counter()
-      float(compiled(params, opt_state, ids, labels)[2])
-      times[label].append(time.perf_counter() - start)
-  ms = {label: 1e3 * statistics.median(t[1:]) for label, t in times.items()}  # the first round warms up
+  args = (params, opt_state, ids, labels)
+  ms = factories.alternate({"defaults": (lowered.compile(), args), "options": (lowered.compile(options), args)},
+                           rounds)
   print(f"{name} {length} ({jax.device_count()} devices) {options}: "
         + ", ".join(f"{label} {v:.0f} ms" for label, v in ms.items())
         + f"; speed-up {ms['defaults'] / ms['options']:.3f}")
