@@ -76,7 +76,7 @@ def _reference(name, x, mask, params, causal, window=None):
 def _run(name, causal, seed=0, **kwargs):
   x, mask = _inputs(seed)
   module = MIXERS[name](causal=causal, **kwargs)
-  variables = module.init(jax.random.key(seed), x)
+  variables = jax.jit(module.init)(jax.random.key(seed), x)
   params = _float64(variables["params"])
   return x, mask, module, variables, params
 
@@ -87,7 +87,7 @@ def test_aft_full_matches_formula(causal, factorized):
   x, mask, module, variables, params = _run("aft_full", causal, max_len=16, aft_bias_dim=4,
                                             aft_factorized=factorized)
   want = _reference("aft_full", x, mask, params, causal)
-  got = module.apply(variables, x, mask=mask)
+  got = jax.jit(module.apply)(variables, x, mask=mask)
   np.testing.assert_allclose(np.asarray(got)[mask], want[mask], rtol=1e-4, atol=1e-5)
 
 
@@ -95,7 +95,7 @@ def test_aft_full_matches_formula(causal, factorized):
 def test_aft_simple_matches_formula(causal):
   x, mask, module, variables, params = _run("aft_simple", causal)
   want = _reference("aft_simple", x, mask, params, causal)
-  np.testing.assert_allclose(np.asarray(module.apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
+  np.testing.assert_allclose(np.asarray(jax.jit(module.apply)(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
                              atol=1e-5)
 
 
@@ -108,7 +108,7 @@ def test_aft_local_matches_formula(causal, window):
   variables = {"params": {**variables["params"], **{n: jax.tree.map(lambda a: a / 30, variables["params"][n])
                                                     for n in ("query", "key", "value", "out")}}}
   want = _reference("aft_local", x, mask, variables["params"], causal, window=window)
-  got = np.asarray(module.apply(variables, x, mask=mask))
+  got = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
 
 
@@ -121,7 +121,7 @@ def test_aft_conv_matches_formula(causal, kernel_size):
   variables = {"params": {**variables["params"], "gamma": rng.normal(size=(H, 1)).astype(np.float32),
                           "beta": rng.normal(size=(H, 1)).astype(np.float32)}}
   want = _reference("aft_conv", x, mask, variables["params"], causal)
-  got = np.asarray(module.apply(variables, x, mask=mask))
+  got = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
 
 
@@ -130,32 +130,32 @@ def test_aft_local_with_window_covering_the_sequence_is_aft_full(causal):
   x, mask = _inputs()
   full = MIXERS["aft_full"](causal=causal, max_len=16, aft_bias_dim=4)
   local = MIXERS["aft_local"](causal=causal, max_len=16, aft_bias_dim=4, window=L)
-  variables = jax.tree.map(lambda a: a * 30, full.init(jax.random.key(1), x))
-  np.testing.assert_allclose(local.apply(variables, x, mask=mask), full.apply(variables, x, mask=mask),
-                             rtol=1e-4, atol=1e-5)
+  variables = jax.tree.map(lambda a: a * 30, jax.jit(full.init)(jax.random.key(1), x))
+  np.testing.assert_allclose(jax.jit(local.apply)(variables, x, mask=mask),
+                             jax.jit(full.apply)(variables, x, mask=mask), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_aft_simple_is_aft_full_with_zero_bias(causal):
   x, mask = _inputs()
   full = MIXERS["aft_full"](causal=causal, max_len=16, aft_bias_dim=4)
-  variables = full.init(jax.random.key(1), x)
+  variables = jax.jit(full.init)(jax.random.key(1), x)
   simple_variables = {"params": {k: v for k, v in variables["params"].items() if k != "bias"}}
   zero_bias = jax.tree.map(jnp.zeros_like, variables["params"]["bias"])
   np.testing.assert_allclose(
-      MIXERS["aft_simple"](causal=causal).apply(simple_variables, x, mask=mask),
-      full.apply({"params": {**variables["params"], "bias": zero_bias}}, x, mask=mask), rtol=1e-5, atol=1e-6)
+      jax.jit(MIXERS["aft_simple"](causal=causal).apply)(simple_variables, x, mask=mask),
+      jax.jit(full.apply)({"params": {**variables["params"], "bias": zero_bias}}, x, mask=mask), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_aft_is_stable_with_large_keys_in_bfloat16(name):
   x, mask = _inputs()
   module = MIXERS[name](causal=True)
-  variables = module.init(jax.random.key(0), x)
+  variables = jax.jit(module.init)(jax.random.key(0), x)
   # Keys of size ~1e3 would overflow exp without the max subtraction.
   variables["params"]["key"]["kernel"] = variables["params"]["key"]["kernel"] * 1e3
   for dtype in (jnp.float32, jnp.bfloat16):
-    y = module.apply(variables, jnp.asarray(x, dtype), mask=mask)
+    y = jax.jit(module.apply)(variables, jnp.asarray(x, dtype), mask=mask)
     assert y.dtype == dtype and bool(jnp.all(jnp.isfinite(y)))
 
 
@@ -169,8 +169,8 @@ def _all_finite(tree) -> bool:
 def _grads(module, variables, x, mask=None):
   """Gradients of a fixed random projection of the output, w.r.t. the parameters and the input."""
   weights = np.random.default_rng(5).normal(size=x.shape[:2] + (x.shape[2],)).astype(np.float32)
-  loss = lambda p, x: (module.apply({"params": p}, x, mask=mask).astype(jnp.float32) * weights).sum()
-  return jax.grad(loss, argnums=(0, 1))(variables["params"], x)
+  loss = lambda p, x: (jax.jit(module.apply)({"params": p}, x, mask=mask).astype(jnp.float32) * weights).sum()
+  return jax.jit(jax.grad(loss, argnums=(0, 1)))(variables["params"], x)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -180,13 +180,13 @@ def test_causal_aft_sees_a_prefix_whose_keys_lie_far_below_a_later_key(name):
   x = np.zeros((1, 4, 2), np.float32)
   x[0, 0, 0] = x[0, 3, 1] = 1.0
   module = MIXERS[name](causal=True, **{**OPTIONS[name], **({"num_heads": 2} if name == "aft_conv" else {})})
-  params = module.init(jax.random.key(0), x)["params"]
+  params = jax.jit(module.init)(jax.random.key(0), x)["params"]
   for n in ("query", "value", "out"):
     params[n] = {"kernel": jnp.eye(2), "bias": jnp.zeros(2)}
   params["key"] = {"kernel": jnp.array([[0.0, 0.0], [100.0, 0.0]]), "bias": jnp.zeros(2)}
   if "bias" in params:  # AFT-full, AFT-local: no position bias (AFT-conv: γ = β = 0 already, so w = 0)
     params["bias"] = jax.tree.map(jnp.zeros_like, params["bias"])
-  got = np.asarray(module.apply({"params": params}, x))
+  got = np.asarray(jax.jit(module.apply)({"params": params}, x))
   sigmoid_1 = 1 / (1 + np.exp(-1.0))
   np.testing.assert_allclose(got[0, 0], [sigmoid_1, 0.0], rtol=1e-6, atol=1e-7)
   want = _reference(name, x, np.ones((1, 4), bool), params, causal=True, window=OPTIONS[name].get("window"))
@@ -202,7 +202,7 @@ def _wide_keys(name, pattern, length=16, seed=0):
   options = {**OPTIONS[name], **({"max_len": length} if "max_len" in OPTIONS[name] else {})}
   module = MIXERS[name](causal=True, **options)
   x = (rng.integers(-16, 17, size=(B, length, D)) / 8).astype(np.float32)
-  params = module.init(jax.random.key(seed), x)["params"]
+  params = jax.jit(module.init)(jax.random.key(seed), x)["params"]
   C = params["key"]["kernel"].shape[1]
   if pattern == "random":
     key_kernel = rng.integers(-100, 101, size=(D, C))
@@ -226,7 +226,7 @@ def test_causal_aft_matches_the_formula_when_keys_span_a_thousand(name, pattern)
   module, variables, x, mask = _wide_keys(name, pattern)
   keys = x @ np.asarray(variables["params"]["key"]["kernel"])
   assert (keys.max(axis=1) - keys.min(axis=1)).max() > 500
-  got = np.asarray(module.apply(variables, x, mask=mask))
+  got = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
   want = _reference(name, x, mask, variables["params"], causal=True, window=OPTIONS[name].get("window"))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
   assert np.isfinite(got).all()  # padded rows too
@@ -237,22 +237,25 @@ def test_causal_aft_matches_the_formula_when_keys_span_a_thousand(name, pattern)
 def test_causal_aft_in_bfloat16_with_keys_spanning_a_thousand(name):
   module, variables, x, mask = _wide_keys(name, "random")
   # bfloat16 rounds keys of ~1e3 by up to ±4: compare with float32 loosely, as the weights follow the largest keys.
-  want = np.asarray(module.apply(variables, x, mask=mask))
-  got = module.apply(variables, jnp.asarray(x, jnp.bfloat16), mask=mask)
+  want = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
+  got = jax.jit(module.apply)(variables, jnp.asarray(x, jnp.bfloat16), mask=mask)
   assert got.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(got)))
   np.testing.assert_allclose(np.asarray(got, np.float32)[mask], want[mask], rtol=0.05, atol=0.05)
   assert _all_finite(_grads(module, variables, jnp.asarray(x, jnp.bfloat16), mask))
 
 
-def test_causal_aft_full_with_a_position_bias_spanning_sixty():
+@pytest.mark.parametrize("causal", [True, False])
+def test_aft_full_with_a_position_bias_spanning_sixty(causal):
   """The limit left: the reference ignores w, so a row's denominator can be as small as e^-(range of w). Up to
-  ~80 the values hold; the gradient, taken as 1/den rather than 1/den², stays finite."""
+  ~80 the values hold; the gradient, taken as 1/den rather than 1/den², stays finite. Compiled: XLA once rewrote
+  the causal path's ratio into one with den² (nan rows, den ~1e-26) that the eager run did not have; the
+  bidirectional gradient was nan here (den² underflowed)."""
   module, variables, x, mask = _wide_keys("aft_full", "random")
-  module = module.clone(aft_factorized=False)
+  module = module.clone(aft_factorized=False, causal=causal)
   w = np.random.default_rng(1).uniform(-30, 30, size=(16, 16)).astype(np.float32)
   variables = {"params": {**variables["params"], "bias": {"w": jnp.asarray(w)}}}
-  got = np.asarray(module.apply(variables, x, mask=mask))
-  want = _reference("aft_full", x, mask, variables["params"], causal=True)
+  got = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
+  want = _reference("aft_full", x, mask, variables["params"], causal=causal)
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
   assert _all_finite(_grads(module, variables, x, mask))
 
@@ -264,16 +267,16 @@ def test_causal_aft_gradients_match_the_dense_formula(name, keys):
   float32, the B×L×L×D tensor) — the stop_gradient'ed references must not bend them."""
   module, variables, x, mask = _wide_keys(name, "random")
   if keys == "initial":  # keys of order 1, where everything mixes
-    variables["params"]["key"] = module.init(jax.random.key(1), x)["params"]["key"]
+    variables["params"]["key"] = jax.jit(module.init)(jax.random.key(1), x)["params"]["key"]
   window = OPTIONS[name].get("window")
   weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32) * mask[..., None]
 
   def formula(p, x):
     return _formula(x, mask, p, True, _position_bias(name, p, x.shape[1], True, jnp, window), jnp)
 
-  got = jax.grad(lambda p, x: (module.apply({"params": p}, x, mask=mask) * weights).sum(), argnums=(0, 1))(
+  got = jax.jit(jax.grad(lambda p, x: (module.apply({"params": p}, x, mask=mask) * weights).sum(), argnums=(0, 1)))(
       variables["params"], x)
-  want = jax.grad(lambda p, x: (formula(p, x) * weights).sum(), argnums=(0, 1))(variables["params"], x)
+  want = jax.jit(jax.grad(lambda p, x: (formula(p, x) * weights).sum(), argnums=(0, 1)))(variables["params"], x)
   # A constant added to a channel's keys cancels in the ratio: the key bias's true gradient is 0 (both are noise).
   scale = np.abs(want[0]["key"]["kernel"]).max()
   assert np.abs(got[0]["key"].pop("bias")).max() < 1e-4 * scale
@@ -293,7 +296,7 @@ def test_causal_aft_matches_the_formula_on_a_long_sequence(name):
   module = MIXERS[name](causal=True, **options)
   x = rng.normal(size=(B, length, d)).astype(np.float32)
   x[:, :, 0] = np.arange(length) / 8
-  variables = module.init(jax.random.key(0), x)
+  variables = jax.jit(module.init)(jax.random.key(0), x)
   params = variables["params"]
   params["key"]["kernel"] = params["key"]["kernel"].at[0].set(4.0)
   if "bias" in params:
@@ -302,7 +305,7 @@ def test_causal_aft_matches_the_formula_on_a_long_sequence(name):
     params["gamma"], params["beta"] = jnp.array([[1.5], [-1.0]]), jnp.array([[0.5], [-0.5]])
   mask = np.ones((B, length), bool)
   mask[1, 450:] = False
-  got = np.asarray(module.apply(variables, x, mask=mask))
+  got = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
   want = _reference(name, x, mask, params, causal=True, window=options.get("window"))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
 
@@ -319,7 +322,7 @@ def test_aft_ignores_padded_positions_whose_keys_are_huge(name, causal):
   module = module.clone(causal=causal)
   mask[0, :2] = False
   x = np.where(mask[..., None], x, 8.0 * np.sign(x + 0.01)).astype(np.float32)
-  got = np.asarray(module.apply(variables, x, mask=mask))
+  got = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
   want = _reference(name, x, mask, variables["params"], causal, window=OPTIONS[name].get("window"))
   rows = mask & (np.cumsum(mask, axis=1) > 0)  # real rows that see a real position
   np.testing.assert_allclose(got[rows], want[rows], rtol=1e-4, atol=1e-5)
@@ -331,7 +334,7 @@ def test_aft_ignores_padded_positions_whose_keys_are_huge(name, causal):
 @pytest.mark.parametrize("name", VARIANTS)
 def test_decoding_equals_the_causal_forward_pass_with_keys_spanning_a_thousand(name):
   module, variables, x, _ = _wide_keys(name, "increasing", length=12)
-  full = np.asarray(module.apply(variables, x))
+  full = np.asarray(jax.jit(module.apply)(variables, x))
   cache = module.init(jax.random.key(0), x, decode=True)["cache"]
   step = jax.jit(lambda v, x_t: module.apply(v, x_t, decode=True, mutable=["cache"]))
   for t in range(x.shape[1]):
@@ -347,6 +350,6 @@ def test_bidirectional_gradients_stay_finite_when_padding_holds_huge_keys(name):
   x, mask = _inputs()
   x = np.where(mask[..., None], x, 300.0).astype(np.float32)
   module = MIXERS[name](causal=False)
-  variables = module.init(jax.random.key(0), x)
-  grads = jax.grad(lambda v, x: module.apply(v, x, mask=mask).sum(), argnums=(0, 1))(variables, x)
+  variables = jax.jit(module.init)(jax.random.key(0), x)
+  grads = jax.jit(jax.grad(lambda v, x: module.apply(v, x, mask=mask).sum(), argnums=(0, 1)))(variables, x)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import padded_inputs
+from conftest import compiled, padded_inputs
 from efftx.mixers import attention
 from efftx.mixers.attention import Attention, dropout_keep_block
 from efftx.mixers.local import LocalAttention
@@ -21,7 +21,7 @@ def _inputs(seed=0):
 
 def _module_dropout_key(module, variables, rng):
   """The key Attention draws with make_rng("dropout"): its one draw from the stream, in the root scope."""
-  return module.apply(variables, rngs={"dropout": rng}, method=lambda m: m.make_rng("dropout"))
+  return compiled(module).apply(variables, rngs={"dropout": rng}, method=lambda m: m.make_rng("dropout"))
 
 
 def _full_keep_mask(key, chunk, rate):
@@ -51,7 +51,7 @@ def test_chunked_dropout_equals_naive_attention_with_the_same_keep_mask(causal, 
   x, mask = _inputs()
   module = Attention(num_heads=H, causal=causal, attention_impl="chunked", attention_chunk=chunk,
                      attention_dropout=RATE)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   rng = jax.random.key(7)
   keep_BxHxLxL = _full_keep_mask(_module_dropout_key(module, variables, rng), chunk, RATE)
   assert 0.5 < keep_BxHxLxL.mean() < 0.95 and not keep_BxHxLxL.all()  # the mask does drop something
@@ -81,11 +81,12 @@ PATHS = {  # every path with attention probabilities, small enough that each spl
 def test_no_dropout_when_deterministic_or_rate_zero(path):
   x, mask = _inputs()
   make = PATHS.get(path, lambda rate: Attention(num_heads=H, attention_impl=path, attention_dropout=rate))
-  variables = make(0.0).init(jax.random.key(0), x)
-  want = np.asarray(make(0.0).apply(variables, x, mask=mask, deterministic=True))
+  variables = compiled(make(0.0)).init(jax.random.key(0), x)
+  want = np.asarray(compiled(make(0.0)).apply(variables, x, mask=mask, deterministic=True))
   rngs = {"dropout": jax.random.key(1)}
-  np.testing.assert_array_equal(make(RATE).apply(variables, x, mask=mask, deterministic=True), want)
-  np.testing.assert_array_equal(make(0.0).apply(variables, x, mask=mask, deterministic=False, rngs=rngs), want)
+  np.testing.assert_array_equal(compiled(make(RATE)).apply(variables, x, mask=mask, deterministic=True), want)
+  np.testing.assert_array_equal(
+      compiled(make(0.0)).apply(variables, x, mask=mask, deterministic=False, rngs=rngs), want)
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -94,8 +95,8 @@ def test_dropout_is_unbiased_and_random(path):
   over many dropout keys tends to the deterministic output, within a few standard errors."""
   x, mask = _inputs()
   module = PATHS[path](0.3)
-  variables = module.init(jax.random.key(0), x)
-  want = np.asarray(module.apply(variables, x, mask=mask, deterministic=True))
+  variables = compiled(module).init(jax.random.key(0), x)
+  want = np.asarray(compiled(module).apply(variables, x, mask=mask, deterministic=True))
   n = 200
   ys = np.asarray(jax.jit(jax.vmap(
       lambda rng: module.apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": rng})))(
@@ -113,7 +114,7 @@ def test_auto_attention_trains_with_dropout_in_memory_linear_in_length():
   def temp_bytes(impl):
     module = Attention(num_heads=1, causal=True, attention_impl=impl, attention_chunk=chunk, attention_dropout=0.1)
     x = jnp.zeros((1, L, 16))
-    variables = module.init(jax.random.key(0), x[:, :8])
+    variables = compiled(module).init(jax.random.key(0), x[:, :8])
     loss = lambda v, x, rng: module.apply(v, x, deterministic=False, rngs={"dropout": rng}).sum()
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
     return grad.lower(variables, x, jax.random.key(1)).compile().memory_analysis().temp_size_in_bytes
@@ -127,16 +128,16 @@ def test_auto_attention_trains_with_dropout_in_memory_linear_in_length():
 def test_fused_and_flash_attention_refuse_dropout_in_training(impl):
   x, mask = _inputs()
   module = Attention(num_heads=H, attention_impl=impl, attention_dropout=RATE)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   with pytest.raises(ValueError, match=f"attention_impl='{impl}' has no dropout.*'chunked' or 'auto'"):
-    module.apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    compiled(module).apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": jax.random.key(1)})
 
 
 def test_auto_on_gpu_is_fused_without_dropout_and_chunked_with_it(monkeypatch):
   x, mask = _inputs()
   make = lambda impl: Attention(num_heads=H, attention_impl=impl, attention_chunk=3, attention_dropout=RATE)
-  variables = make("auto").init(jax.random.key(0), x)
-  apply = lambda impl, deterministic: np.asarray(make(impl).apply(
+  variables = compiled(make("auto")).init(jax.random.key(0), x)
+  apply = lambda impl, deterministic: np.asarray(compiled(make(impl)).apply(
       variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}))
   want_fused, want_chunked = apply("fused", True), apply("chunked", False)
   monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")  # float32: "fused" still runs XLA's kernel
@@ -147,8 +148,8 @@ def test_auto_on_gpu_is_fused_without_dropout_and_chunked_with_it(monkeypatch):
 def test_auto_off_gpu_is_flash_without_dropout_and_chunked_or_plain_with_it():
   x, mask = _inputs()  # L = 7
   make = lambda impl, chunk: Attention(num_heads=H, attention_impl=impl, attention_chunk=chunk, attention_dropout=RATE)
-  variables = make("auto", 3).init(jax.random.key(0), x)
-  apply = lambda impl, chunk, deterministic: np.asarray(make(impl, chunk).apply(
+  variables = compiled(make("auto", 3)).init(jax.random.key(0), x)
+  apply = lambda impl, chunk, deterministic: np.asarray(compiled(make(impl, chunk)).apply(
       variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}))
   np.testing.assert_array_equal(apply("auto", 3, True), apply("flash", 3, True))
   np.testing.assert_array_equal(apply("auto", 3, False), apply("chunked", 3, False))  # 7 positions span 3 chunks

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import mixer_config
+from conftest import compiled, mixer_config
 from efftx import model as model_lib
 from efftx import reversible
 from efftx import trainer
@@ -51,10 +51,10 @@ def _inputs(L=9, seed=0):
 def test_one_bucket_one_chunk_is_full_shared_qk_attention(causal, hashes):
   x, mask = _inputs()
   module = MIXERS["lsh"](num_heads=H, causal=causal, lsh_buckets=1, lsh_hashes=hashes, lsh_chunk=64)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
   want = _full_shared_qk_attention(x.astype(np.float64), mask, params, causal)
-  np.testing.assert_allclose(np.asarray(module.apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
+  np.testing.assert_allclose(np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
                              atol=1e-5)
 
 
@@ -62,8 +62,8 @@ def test_more_hash_rounds_approach_full_attention():
   L = 64
   x, mask = _inputs(L)
   full = MIXERS["lsh"](num_heads=H, lsh_buckets=1, lsh_chunk=L)
-  variables = full.init(jax.random.key(0), x)
-  reference = np.asarray(full.apply(variables, x, mask=mask))[mask]
+  variables = compiled(full).init(jax.random.key(0), x)
+  reference = np.asarray(compiled(full).apply(variables, x, mask=mask))[mask]
   errors = {}
   for hashes in (1, 8):
     errors[hashes] = np.mean([
@@ -76,10 +76,10 @@ def test_more_hash_rounds_approach_full_attention():
 def test_forward_is_reproducible_and_seeded():
   x, mask = _inputs(32)
   make = lambda seed: MIXERS["lsh"](num_heads=H, lsh_buckets=4, lsh_chunk=4, lsh_seed=seed)
-  variables = make(0).init(jax.random.key(0), x)
-  a, b = (np.asarray(make(0).apply(variables, x, mask=mask)) for _ in range(2))
+  variables = compiled(make(0)).init(jax.random.key(0), x)
+  a, b = (np.asarray(compiled(make(0)).apply(variables, x, mask=mask)) for _ in range(2))
   np.testing.assert_array_equal(a, b)
-  assert not np.allclose(a, np.asarray(make(1).apply(variables, x, mask=mask)))
+  assert not np.allclose(a, np.asarray(compiled(make(1)).apply(variables, x, mask=mask)))
 
 
 def test_bad_bucket_count_is_refused():
@@ -142,10 +142,10 @@ def test_conventions_match_numpy_reference(causal, scale, lookback):
   rotations = np.random.default_rng(3).normal(size=(H, 3, 8 // H, 2)).astype(np.float32)
   module = MIXERS["lsh"](num_heads=H, causal=causal, lsh_buckets=4, lsh_hashes=3, lsh_chunk=4, lsh_scale=scale,
                          lsh_lookback=lookback)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
   want = _lsh_reference(x.astype(np.float64), mask, params, rotations.astype(np.float64), 4, causal, scale, lookback)
-  got = np.asarray(module.apply(variables, x, mask=mask, rotations_HxRxKxN=rotations))
+  got = np.asarray(compiled(module).apply(variables, x, mask=mask, rotations_HxRxKxN=rotations))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
 
 
@@ -157,10 +157,10 @@ def test_one_chunk_is_full_attention_in_every_convention(scale, lookback):
   x, mask = _inputs()
   module = MIXERS["lsh"](num_heads=H, causal=True, lsh_buckets=4, lsh_hashes=3, lsh_chunk=64, lsh_scale=scale,
                          lsh_lookback=lookback)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
   want = _full_shared_qk_attention(x.astype(np.float64), mask, params, True, scale)
-  np.testing.assert_allclose(np.asarray(module.apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
+  np.testing.assert_allclose(np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
                              atol=1e-5)
 
 
@@ -190,7 +190,7 @@ def test_unit_across_rounds_equals_hf_reformer_lsh(causal):
   # ... and so is efftx's module.
   module = MIXERS["lsh"](num_heads=H, causal=causal, lsh_buckets=2 * half, lsh_hashes=R, lsh_chunk=int(f["chunk"]),
                          lsh_scale="unit", lsh_lookback="across_rounds")
-  got = np.asarray(module.apply({"params": params}, f["x"], mask=mask, rotations_HxRxKxN=rotations_HxRxKxN))
+  got = np.asarray(compiled(module).apply({"params": params}, f["x"], mask=mask, rotations_HxRxKxN=rotations_HxRxKxN))
   assert np.abs(got - want)[mask].max() < 1e-5, np.abs(got - want)[mask].max()  # measured: 8e-8, 1.1e-7
 
 
@@ -204,21 +204,21 @@ def _per_step(**options):
 def test_per_step_rotations_follow_the_dropout_key_and_are_fixed_at_evaluation():
   x, mask = _inputs(32)
   module = _per_step()
-  variables = module.init(jax.random.key(0), x)
-  run = lambda key, deterministic: np.asarray(module.apply(variables, x, mask=mask, deterministic=deterministic,
-                                                           rngs={"dropout": jax.random.key(key)}))
+  variables = compiled(module).init(jax.random.key(0), x)
+  run = lambda key, deterministic: np.asarray(compiled(module).apply(
+      variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(key)}))
   np.testing.assert_array_equal(run(1, False), run(1, False))  # reproducible
   assert not np.allclose(run(1, False)[mask], run(2, False)[mask])  # another step, other hashes
   np.testing.assert_array_equal(run(1, True), run(2, True))  # evaluation: the fixed rotations ...
   fixed = MIXERS["lsh"](num_heads=H, lsh_buckets=4, lsh_chunk=4)
-  np.testing.assert_array_equal(run(1, True), np.asarray(fixed.apply(variables, x, mask=mask)))  # ... of lsh_seed
+  np.testing.assert_array_equal(run(1, True), np.asarray(compiled(fixed).apply(variables, x, mask=mask)))  # of lsh_seed
   assert not np.allclose(run(1, False)[mask], run(1, True)[mask])
 
 
 def test_per_step_rotations_and_attention_dropout_draw_different_keys(monkeypatch):
   x, mask = _inputs(32)
   module = _per_step(attention_dropout=0.5)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   keys = {"normal": [], "bernoulli": []}
   for name in keys:
     draw = getattr(jax.random, name)
@@ -228,7 +228,7 @@ def test_per_step_rotations_and_attention_dropout_draw_different_keys(monkeypatc
       return draw(key, *args, **kwargs)
 
     monkeypatch.setattr(jax.random, name, recording)
-  module.apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": jax.random.key(1)})
+  module.apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": jax.random.key(1)})  # eager: keys read
   assert len(keys["normal"]) == len(keys["bernoulli"]) == 1, keys
   assert keys["normal"] != keys["bernoulli"]
 

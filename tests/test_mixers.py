@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import padded_inputs, REPO
+from conftest import REPO, compiled, padded_inputs
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
@@ -50,8 +50,8 @@ def _numpy_attention(x, mask, params, num_heads, causal, window=None, feature_ma
 def test_attention_matches_numpy(causal):
   x, mask = _inputs()
   module = MIXERS["attention"](num_heads=2, causal=causal)
-  variables = module.init(jax.random.key(0), x)
-  y = module.apply(variables, x, mask=mask)
+  variables = compiled(module).init(jax.random.key(0), x)
+  y = compiled(module).apply(variables, x, mask=mask)
   params = jax.tree.map(np.asarray, variables["params"])
   np.testing.assert_allclose(y, _numpy_attention(x, mask, params, 2, causal), rtol=1e-5, atol=1e-5)
 
@@ -61,10 +61,10 @@ def test_attention_matches_numpy(causal):
 def test_local_attention_matches_numpy(causal, window):
   x, mask = _inputs()
   module = MIXERS["local"](num_heads=2, causal=causal, window=window)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   params = jax.tree.map(np.asarray, variables["params"])
   want = _numpy_attention(x, mask, params, 2, causal, window=window)
-  np.testing.assert_allclose(np.asarray(module.apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5,
+  np.testing.assert_allclose(np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5,
                              atol=1e-5)
 
 
@@ -72,11 +72,11 @@ def test_local_attention_matches_numpy(causal, window):
 def test_linear_attention_matches_numpy(causal, chunk):
   x, mask = _inputs()
   module = MIXERS["linear"](num_heads=2, causal=causal, chunk=chunk)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   params = jax.tree.map(np.asarray, variables["params"])
   elu_plus_one = lambda z: np.where(z > 0, z + 1, np.exp(z))
   want = _numpy_attention(x, mask, params, 2, causal, feature_map=elu_plus_one)
-  np.testing.assert_allclose(np.asarray(module.apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5,
+  np.testing.assert_allclose(np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5,
                              atol=1e-5)
 
 
@@ -87,15 +87,15 @@ def test_fnet_equals_numpy_fft2(impl, shape):
   mask = np.ones(shape[:2], bool)
   mask[0, shape[1] // 2:] = False
   module = MIXERS["fnet"](causal=False, fourier_impl=impl)
-  y = module.apply(module.init(jax.random.key(0), x), x)
+  y = compiled(module).apply(compiled(module).init(jax.random.key(0), x), x)
   np.testing.assert_allclose(y, np.real(np.fft.fft2(x, axes=(-2, -1))), rtol=1e-4, atol=1e-4)
   # With a mask, padded positions are zero before the transform.
-  y = module.apply({}, x, mask=mask)
+  y = compiled(module).apply({}, x, mask=mask)
   np.testing.assert_allclose(y, np.real(np.fft.fft2(np.where(mask[..., None], x, 0), axes=(-2, -1))),
                              rtol=1e-4, atol=1e-4)
   # padding="mix", the published code's convention: the mask is ignored, padded positions are mixed in.
   mixing = MIXERS["fnet"](causal=False, fourier_impl=impl, padding="mix")
-  np.testing.assert_allclose(mixing.apply({}, x, mask=mask), np.real(np.fft.fft2(x, axes=(-2, -1))),
+  np.testing.assert_allclose(compiled(mixing).apply({}, x, mask=mask), np.real(np.fft.fft2(x, axes=(-2, -1))),
                              rtol=1e-4, atol=1e-4)
 
 
@@ -110,7 +110,7 @@ def test_fnet_gradient_equals_the_dft_matrices_transposed(impl, L, D):
   mask_BxL = np.ones((2, L), bool)
   mask_BxL[1, L * 2 // 3:] = False
   module = MIXERS["fnet"](causal=False, fourier_impl=impl)
-  grad_BxLxD = jax.grad(lambda x: jnp.sum(module.apply({}, x, mask=mask_BxL) * g_BxLxD))(x_BxLxD)
+  grad_BxLxD = jax.grad(lambda x: jnp.sum(compiled(module).apply({}, x, mask=mask_BxL) * g_BxLxD))(x_BxLxD)
   def cos_sin(n):
     angle = 2 * np.pi * np.outer(np.arange(n), np.arange(n)) / n
     return np.cos(angle), np.sin(angle)
@@ -119,7 +119,7 @@ def test_fnet_gradient_equals_the_dft_matrices_transposed(impl, L, D):
   np.testing.assert_allclose(grad_BxLxD, np.where(mask_BxL[..., None], want_BxLxD, 0), rtol=1e-4,
                              atol=1e-4 * np.sqrt(L * D))
   x_NxBxLxD = np.stack([x_BxLxD, g_BxLxD])
-  np.testing.assert_allclose(jax.vmap(lambda x: module.apply({}, x))(x_NxBxLxD),
+  np.testing.assert_allclose(jax.vmap(lambda x: compiled(module).apply({}, x))(x_NxBxLxD),
                              np.real(np.fft.fft2(x_NxBxLxD, axes=(-2, -1))), rtol=1e-4,
                              atol=1e-4 * np.sqrt(L * D))
 
@@ -132,7 +132,7 @@ def test_fnet_transforms_only_each_devices_share_of_the_batch(impl):
   mesh = sharding.make_mesh()
   x_BxLxD = np.random.default_rng(6).normal(size=(2 * len(mesh.devices.flat), 16, 8)).astype(np.float32)
   module = MIXERS["fnet"](causal=False, fourier_impl=impl)
-  loss = lambda x: jnp.sum(module.apply({}, x) ** 3)
+  loss = lambda x: jnp.sum(compiled(module).apply({}, x) ** 3)
   step = jax.jit(jax.value_and_grad(loss))
   hlo = step.lower(jax.device_put(x_BxLxD, sharding.batch(mesh))).compile().as_text()
   ffts = [line for line in hlo.splitlines() if " fft(" in line]
@@ -159,9 +159,9 @@ DECODING_MIXERS = sorted(n for n, spec in MIXERS.items() if spec.can_decode)
 def test_causal_mixers_gradients_never_reach_the_past(name):
   x, _ = _inputs()
   module = MIXERS[name](causal=True)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   # jac[b, t, d, b', t', d'] = d y[b, t, d] / d x[b', t', d']
-  jac = jax.jacrev(lambda x: module.apply(variables, x))(x)
+  jac = jax.jit(jax.jacrev(lambda x: module.apply(variables, x)))(x)
   per_position_LxL = np.abs(np.asarray(jac)).sum(axis=(0, 2, 3, 5))
   future = np.triu(np.ones((L, L), bool), k=1)  # t' > t
   assert np.all(per_position_LxL[future] == 0.0)
@@ -180,7 +180,7 @@ def test_declared_capabilities_hold(name):
   if spec.can_be_causal and not spec.can_decode:
     x, _ = _inputs()
     with pytest.raises(ValueError, match="decod"):
-      spec(causal=True).init(jax.random.key(0), x, decode=True)
+      compiled(spec(causal=True)).init(jax.random.key(0), x, decode=True)
   assert spec.has_heads == ("num_heads" in spec.options)
 
 
@@ -188,16 +188,16 @@ def test_declared_capabilities_hold(name):
 def test_outputs_at_real_positions_ignore_padded_contents(name, causal):
   x, mask = _inputs()
   module = MIXERS[name](causal=causal)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   noise = np.random.default_rng(1).normal(size=x.shape).astype(np.float32) * 10
   x_other = np.where(mask[..., None], x, noise)
-  y = np.asarray(module.apply(variables, x, mask=mask))
-  y_other = np.asarray(module.apply(variables, x_other, mask=mask))
+  y = np.asarray(compiled(module).apply(variables, x, mask=mask))
+  y_other = np.asarray(compiled(module).apply(variables, x_other, mask=mask))
   np.testing.assert_allclose(y[mask], y_other[mask], rtol=1e-5, atol=1e-5)
   # Without the mask the padded contents do change the real outputs: the property above is the mask's doing.
   # (Not so for causal mixers: the padding is at the end, in every real position's future.)
-  assert causal or not np.allclose(np.asarray(module.apply(variables, x))[mask],
-                         np.asarray(module.apply(variables, x_other))[mask], atol=1e-3)
+  assert causal or not np.allclose(np.asarray(compiled(module).apply(variables, x))[mask],
+                         np.asarray(compiled(module).apply(variables, x_other))[mask], atol=1e-3)
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -206,7 +206,7 @@ def test_every_mixer_jits_keeps_shape_and_dtype_and_has_finite_grads(name, dtype
   x, mask = _inputs()
   x = jnp.asarray(x, dtype)
   module = MIXERS[name](causal=False)
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   y = jax.jit(lambda v, x: module.apply(v, x, mask=mask))(variables, x)
   assert y.shape == x.shape and y.dtype == x.dtype
   grads = jax.jit(jax.grad(lambda v, x: module.apply(v, x, mask=mask).astype(jnp.float32).sum(), argnums=(0, 1)))(
@@ -228,13 +228,13 @@ def test_attention_impls_equal_plain_in_values_and_gradients(causal, impl, chunk
   x, mask = _inputs()
   plain = MIXERS["attention"](num_heads=2, causal=causal, attention_impl="plain")
   other = MIXERS["attention"](num_heads=2, causal=causal, attention_impl=impl, attention_chunk=chunk)
-  variables = plain.init(jax.random.key(0), x)
+  variables = compiled(plain).init(jax.random.key(0), x)
   weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
   loss = lambda module: lambda v, x: (module.apply(v, x, mask=mask) * weights).sum()
-  np.testing.assert_allclose(other.apply(variables, x, mask=mask), plain.apply(variables, x, mask=mask),
-                             rtol=1e-5, atol=1e-5)
-  got = jax.grad(loss(other), argnums=(0, 1))(variables, x)
-  want = jax.grad(loss(plain), argnums=(0, 1))(variables, x)
+  np.testing.assert_allclose(compiled(other).apply(variables, x, mask=mask),
+                             compiled(plain).apply(variables, x, mask=mask), rtol=1e-5, atol=1e-5)
+  got = jax.jit(jax.grad(loss(other), argnums=(0, 1)))(variables, x)
+  want = jax.jit(jax.grad(loss(plain), argnums=(0, 1)))(variables, x)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), got, want)
 
 
@@ -246,7 +246,7 @@ def test_blocked_attention_memory_does_not_grow_with_the_square_of_length(impl):
   def temp_bytes(impl):
     module = MIXERS["attention"](num_heads=1, causal=True, attention_impl=impl, attention_chunk=chunk)
     x = jnp.zeros((1, L, 16))
-    variables = module.init(jax.random.key(0), x[:, :8])
+    variables = compiled(module).init(jax.random.key(0), x[:, :8])
     grad = jax.jit(jax.grad(lambda v, x: module.apply(v, x).sum(), argnums=(0, 1)))
     return grad.lower(variables, x).compile().memory_analysis().temp_size_in_bytes
 
@@ -267,7 +267,7 @@ def test_flash_attention_at_extreme_logits_and_in_bfloat16(causal):
   mask[1, 2:] = False
   flash = MIXERS["attention"](num_heads=H, causal=causal, attention_impl="flash", attention_chunk=8)
   plain = MIXERS["attention"](num_heads=H, causal=causal, attention_impl="plain")
-  variables = flash.init(jax.random.key(0), x)
+  variables = compiled(flash).init(jax.random.key(0), x)
   params = jax.tree.map(np.asarray, variables["params"])
   qkv = np.einsum("bld,dchk->blchk", x.astype(np.float64), params["qkv"]["kernel"]) + params["qkv"]["bias"]
   logits = np.einsum("bqhk,bthk->bhqt", qkv[:, :, 0], qkv[:, :, 1]) / np.sqrt(Dx // H)
@@ -278,18 +278,18 @@ def test_flash_attention_at_extreme_logits_and_in_bfloat16(causal):
   probs /= probs.sum(-1, keepdims=True)
   heads = np.einsum("bhqt,bthk->bqhk", probs, qkv[:, :, 2])
   want = np.einsum("bqhk,hkd->bqd", heads, params["out"]["kernel"]) + params["out"]["bias"]
-  got = flash.apply(variables, x, mask=mask)
+  got = compiled(flash).apply(variables, x, mask=mask)
   rows = mask[:, :, None]  # a padded query's output is not compared (the model ignores it)
   np.testing.assert_allclose(np.where(rows, got, 0), np.where(rows, want, 0), rtol=1e-4, atol=1e-3)
   weights = rng.normal(size=x.shape).astype(np.float32) * rows
   loss = lambda module: lambda v, x: (module.apply(v, x, mask=mask) * weights).sum()
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(b).max()),
-               jax.grad(loss(flash), argnums=(0, 1))(variables, x), jax.grad(loss(plain), argnums=(0, 1))(variables, x))
+               *(jax.jit(jax.grad(loss(m), argnums=(0, 1)))(variables, x) for m in (flash, plain)))
   x16 = jnp.asarray(x / 30, jnp.bfloat16)
   flash16 = MIXERS["attention"](num_heads=H, causal=causal, attention_impl="flash", attention_chunk=8)
-  got16 = flash16.apply(jax.tree.map(lambda p: p.astype(jnp.bfloat16), variables), x16, mask=mask)
+  got16 = compiled(flash16).apply(jax.tree.map(lambda p: p.astype(jnp.bfloat16), variables), x16, mask=mask)
   assert got16.dtype == jnp.bfloat16
-  want32 = plain.apply(variables, np.asarray(x16, np.float32), mask=mask)
+  want32 = compiled(plain).apply(variables, np.asarray(x16, np.float32), mask=mask)
   np.testing.assert_allclose(np.where(rows, np.asarray(got16, np.float32), 0), np.where(rows, want32, 0),
                              atol=0.05 * np.abs(want32).max())
 
@@ -298,11 +298,11 @@ def test_flash_attention_at_extreme_logits_and_in_bfloat16(causal):
 def test_step_by_step_decoding_equals_the_causal_forward_pass(name):
   x, _ = _inputs()
   module = MIXERS[name](causal=True, **({"window": 3} if name in ("local", "aft_local") else {}))
-  variables = module.init(jax.random.key(0), x)
+  variables = compiled(module).init(jax.random.key(0), x)
   if name == "aft_conv":  # γ, β start at 0 (kernel off); switch the kernel on
     variables["params"]["gamma"] = variables["params"]["gamma"] + 1.0
-  full = np.asarray(module.apply(variables, x))
-  cache = module.init(jax.random.key(0), x, decode=True)["cache"]
+  full = np.asarray(compiled(module).apply(variables, x))
+  cache = compiled(module).init(jax.random.key(0), x, decode=True)["cache"]
   step = jax.jit(lambda v, x_t: module.apply(v, x_t, decode=True, mutable=["cache"]))
   for t in range(L):
     y_t, mutated = step({**variables, "cache": cache}, x[:, t:t + 1])
@@ -313,7 +313,7 @@ def test_step_by_step_decoding_equals_the_causal_forward_pass(name):
 def test_aft_simple_decodes_in_constant_memory():
   x, _ = _inputs()
   module = MIXERS["aft_simple"](causal=True)
-  cache = module.init(jax.random.key(0), x, decode=True)["cache"]
+  cache = compiled(module).init(jax.random.key(0), x, decode=True)["cache"]
   assert all(leaf.shape[1] == 1 for leaf in jax.tree.leaves(cache))  # running sums, not per-position buffers
 
 
@@ -336,11 +336,11 @@ def test_flash_attention_on_a_long_padded_sequence_equals_plain(causal):
   mask[1, 613:] = False
   flash = MIXERS["attention"](num_heads=2, causal=causal, attention_impl="flash", attention_chunk=128)
   plain = MIXERS["attention"](num_heads=2, causal=causal, attention_impl="plain")
-  variables = plain.init(jax.random.key(0), x)
+  variables = compiled(plain).init(jax.random.key(0), x)
   rows = mask[:, :, None]
   weights = rng.normal(size=x.shape).astype(np.float32) * rows
-  np.testing.assert_allclose(np.where(rows, flash.apply(variables, x, mask=mask), 0),
-                             np.where(rows, plain.apply(variables, x, mask=mask), 0), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.where(rows, compiled(flash).apply(variables, x, mask=mask), 0),
+                             np.where(rows, compiled(plain).apply(variables, x, mask=mask), 0), rtol=1e-4, atol=1e-5)
   loss = lambda module: lambda v, x: (module.apply(v, x, mask=mask) * weights).sum()
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * np.abs(b).max()),
-               jax.grad(loss(flash), argnums=(0, 1))(variables, x), jax.grad(loss(plain), argnums=(0, 1))(variables, x))
+               *(jax.jit(jax.grad(loss(m), argnums=(0, 1)))(variables, x) for m in (flash, plain)))

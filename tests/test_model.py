@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import lm_model, mixer_config
+from conftest import compiled, lm_model, mixer_config
 from efftx import model as model_lib
 from efftx import trainer
 from efftx.mixers import MIXERS
@@ -30,11 +30,11 @@ def test_classifier_ignores_padded_tokens(mixer):
   config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L)
   model = trainer.parts(config).model
   tokens, mask = _tokens_and_mask()
-  variables = model.init(jax.random.key(0), tokens)
+  variables = compiled(model).init(jax.random.key(0), tokens)
   other = np.where(mask, tokens, np.random.default_rng(1).integers(0, 16, size=tokens.shape)).astype(np.int32)
-  logits = model.apply(variables, tokens, mask=mask)
+  logits = compiled(model).apply(variables, tokens, mask=mask)
   assert logits.shape == (B, 10)
-  np.testing.assert_allclose(logits, model.apply(variables, other, mask=mask), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits, compiled(model).apply(variables, other, mask=mask), rtol=1e-5, atol=1e-5)
 
 
 def test_causal_lm_logits_do_not_depend_on_later_tokens():
@@ -42,13 +42,13 @@ def test_causal_lm_logits_do_not_depend_on_later_tokens():
                         dropout=0.0)
   model = lm_model(config)
   tokens, _ = _tokens_and_mask()
-  variables = model.init(jax.random.key(0), tokens)
-  logits = np.asarray(model.apply(variables, tokens))
+  variables = compiled(model).init(jax.random.key(0), tokens)
+  logits = np.asarray(compiled(model).apply(variables, tokens))
   assert logits.shape == (B, L, 16)
   for t in range(L - 1):
     changed = tokens.copy()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % 16
-    new = np.asarray(model.apply(variables, changed))
+    new = np.asarray(compiled(model).apply(variables, changed))
     np.testing.assert_array_equal(new[:, :t + 1], logits[:, :t + 1])
     assert not np.allclose(new[:, t + 1:], logits[:, t + 1:])
 
@@ -56,7 +56,7 @@ def test_causal_lm_logits_do_not_depend_on_later_tokens():
 def test_build_model_passes_mixer_options_to_the_mixer():
   config = mixer_config("attention", num_heads=8, d_model=16, d_ff=32, max_len=L)
   model = trainer.parts(config).model
-  variables = model.init(jax.random.key(0), jnp.ones((1, L), jnp.int32))
+  variables = compiled(model).init(jax.random.key(0), jnp.ones((1, L), jnp.int32))
   assert variables["params"]["block_0"]["mixing"]["mixer"]["qkv"]["kernel"].shape == (16, 3, 8, 2)
   assert len([k for k in variables["params"] if k.startswith("block_")]) == config.model.num_layers
 
@@ -65,7 +65,7 @@ def test_sequence_longer_than_max_len_is_refused():
   config = mixer_config("attention", d_model=16, d_ff=32, max_len=8)
   model = trainer.parts(config).model
   with pytest.raises(ValueError, match="exceeds max_len"):
-    model.init(jax.random.key(0), jnp.ones((1, 9), jnp.int32))
+    compiled(model).init(jax.random.key(0), jnp.ones((1, 9), jnp.int32))
 
 
 @pytest.mark.parametrize("mixer", sorted(MIXERS))
@@ -74,8 +74,8 @@ def test_bfloat16_model_runs_close_to_float32(mixer):
                         attention_chunk=4)
   tokens, mask = _tokens_and_mask()
   model = trainer.parts(config).model
-  variables = model.init(jax.random.key(0), tokens)
-  want = np.asarray(model.apply(variables, tokens, mask=mask))
+  variables = compiled(model).init(jax.random.key(0), tokens)
+  want = np.asarray(compiled(model).apply(variables, tokens, mask=mask))
   config.model.dtype = "bfloat16"
   got = trainer.parts(config).model.apply(variables, tokens, mask=mask)
   assert got.dtype == jnp.float32  # logits in float32; parameters were float32 all along
@@ -88,9 +88,9 @@ def test_model_decoding_token_by_token_equals_the_causal_forward_pass(mixer):
                         dropout=0.0)
   model = lm_model(config)
   tokens, _ = _tokens_and_mask()
-  variables = model.init(jax.random.key(0), tokens)
-  full = np.asarray(model.apply(variables, tokens))
-  cache = model.init(jax.random.key(0), tokens, decode=True)["cache"]
+  variables = compiled(model).init(jax.random.key(0), tokens)
+  full = np.asarray(compiled(model).apply(variables, tokens))
+  cache = compiled(model).init(jax.random.key(0), tokens, decode=True)["cache"]
   step = jax.jit(lambda cache, token: model.apply({**variables, "cache": cache}, token, decode=True, mutable=["cache"]))
   for t in range(L):
     logits, mutated = step(cache, tokens[:, t:t + 1])
@@ -112,10 +112,10 @@ def test_cls_pooling_classifies_from_a_learned_first_position(mixer):
   config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L, pooling="cls", dropout=0.0)
   model = trainer.parts(config).model
   tokens, mask = _tokens_and_mask()
-  params = model.init(jax.random.key(0), tokens)["params"]
+  params = compiled(model).init(jax.random.key(0), tokens)["params"]
   assert params["pos_embed"].shape == (L + 1, 16) and not np.any(params["cls"])  # LRA initialises it to 0
   params["cls"] = params["cls"] + 0.5  # as after training
-  logits = np.asarray(model.apply({"params": params}, tokens, mask=mask))
+  logits = np.asarray(compiled(model).apply({"params": params}, tokens, mask=mask))
   # Reference: the encoder's final states (L + 1 positions), then LRA's head on position 0, in numpy.
   states = np.asarray(model.clone(head=lambda x, m: x).apply({"params": params}, tokens, mask=mask), np.float64)
   assert states.shape == (B, L + 1, 16)
@@ -124,7 +124,7 @@ def test_cls_pooling_classifies_from_a_learned_first_position(mixer):
   np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
   # Padding never reaches the [CLS] state.
   other = np.where(mask, tokens, (tokens + 3) % 16).astype(np.int32)
-  np.testing.assert_allclose(model.apply({"params": params}, other, mask=mask), logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(compiled(model).apply({"params": params}, other, mask=mask), logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
@@ -135,8 +135,8 @@ def test_post_ln_layout_is_bert_s(activation):
                         block_layout="post_ln", embed_projection=True, norm_eps=1e-12, activation=activation)
   model = trainer.parts(config).model.clone(head=lambda x, m: x)
   tokens, mask = _tokens_and_mask()
-  params = jax.tree.map(lambda a: np.asarray(a, np.float64), model.init(jax.random.key(1), tokens)["params"])
-  got = np.asarray(model.apply({"params": params}, tokens, mask=mask))
+  params = jax.tree.map(lambda a: np.asarray(a, np.float64), compiled(model).init(jax.random.key(1), tokens)["params"])
+  got = np.asarray(compiled(model).apply({"params": params}, tokens, mask=mask))
   ln = lambda x, p: ((x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-12) * p["scale"]
                      + p["bias"])
   dense = lambda x, p: x @ p["kernel"] + p["bias"]

@@ -23,9 +23,9 @@ are nan, as 1/den² overflows). Every causal term is computed as e^{K_t' − m_t
     rows' m): one batched matmul per level, log2(block) + 1 levels, the diagonal t' = t elementwise.
 A term lost to underflow has e^{K_t' − m_t} < e^{-87}, while the row's largest key enters with exactly e^0 times
 its bias weight: the loss is below e^{-87 + (range of w within the row)} relative to the sum, and the
-denominator is at least e^-(range of w) (the ratio's gradient is taken as 1/den, not 1/den²). The remaining
-limit: a position bias (or conv kernel) whose range within one row exceeds ~80, since the reference ignores w —
-the bidirectional path has the same limit, and there its gradient already fails past a range of ~44.
+denominator is at least e^-(range of w) (the ratio's gradient is taken as 1/den, not 1/den², in both paths:
+_ratio). The remaining limit: a position bias (or conv kernel) whose range within one row exceeds ~80, since the
+reference ignores w — the bidirectional path has the same limit.
 
 Costs, as the paper claims: AFT-full O(T²d) time but O(Td) memory (two T×T by T×d matmuls, never a T×T×d
 tensor; causal: the hierarchy does the lower triangle only, about half the multiply-adds, plus O(Td) elementwise
@@ -78,8 +78,28 @@ def _global_sum(x_BxLxC: jax.Array) -> jax.Array:
   return jnp.sum(x_BxLxC, axis=1, keepdims=True)
 
 
+@jax.custom_jvp
+def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
+  """num / den, differentiated as (dnum − ratio · dden) / den: den² appears nowhere, in the value or the gradient.
+
+  Autodiff of num / den takes den² (0 in float32 once den < ~1e-19, then inf or nan), and a stop_gradient trick,
+  (num/c) / (den/c) with c = den, does not survive jit: XLA's algebraic simplifier rewrites the quotient of quotients
+  into one with den·den in the divisor, which gave nan rows in the compiled forward pass (den ~1e-26) where the
+  eager one was right.
+  """
+  return num / den
+
+
+@_ratio.defjvp
+def _ratio_jvp(primals, tangents):
+  num, den = primals
+  dnum, dden = tangents
+  ratio = num / den
+  return ratio, (dnum - ratio * dden) / den
+
+
 def _finish(q_BxLxD, num_BxLxD, den_BxLxD, out_dtype) -> jax.Array:
-  y_BxLxD = jax.nn.sigmoid(q_BxLxD) * num_BxLxD / jnp.maximum(den_BxLxD, _TINY)
+  y_BxLxD = jax.nn.sigmoid(q_BxLxD) * _ratio(num_BxLxD, jnp.maximum(den_BxLxD, _TINY))
   return nn.Dense(q_BxLxD.shape[-1], dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
 
 
@@ -104,18 +124,16 @@ def _causal_inputs(k_BxLxC: jax.Array, v_BxLxD: jax.Array, mask_BxL: jax.Array |
 def _causal_finish(q_BxLxD, s_BxTxCxG, out_dtype) -> jax.Array:
   """Y from the sums of X = [V, 1]: the numerator is the V part, the denominator the last entry.
 
-  The ratio is taken as (num/c) / (den/c) with c = den held constant: its gradient then goes as 1/den, not
-  1/den² (which overflows once den < e^-44, as a position bias's range can make it). A row that sees no real
-  position (padding at the start) has 0/0: it reads 0, with a zero gradient (not nan).
+  The ratio's gradient goes as 1/den, not 1/den² (see _ratio), as a position bias's range can make den as small
+  as e^-80. A row that sees no real position (padding at the start) has 0/0: it reads 0, with a zero gradient
+  (not nan).
   """
   B, L, D = q_BxLxD.shape
   s_BxLxCxG = s_BxTxCxG[:, :L]
   num_BxLxD = s_BxLxCxG[..., :-1].reshape(B, L, D)
   den_BxLxD = jnp.repeat(s_BxLxCxG[..., -1], D // s_BxLxCxG.shape[2], axis=-1)  # a head's key: its channels
   seen_BxLxD = den_BxLxD > 0
-  den_BxLxD = jnp.where(seen_BxLxD, den_BxLxD, 1.0)
-  c_BxLxD = jax.lax.stop_gradient(den_BxLxD)
-  ratio_BxLxD = jnp.where(seen_BxLxD, (num_BxLxD / c_BxLxD) / (den_BxLxD / c_BxLxD), 0.0)
+  ratio_BxLxD = jnp.where(seen_BxLxD, _ratio(num_BxLxD, jnp.where(seen_BxLxD, den_BxLxD, 1.0)), 0.0)
   y_BxLxD = jax.nn.sigmoid(q_BxLxD) * ratio_BxLxD
   return nn.Dense(D, dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
 
