@@ -105,8 +105,9 @@ class compiled:  # pylint: disable=invalid-name
 
   Eager execution compiles every primitive on its own (~30 ms each; one causal AFT-local forward pass is ~240 of
   them) and skips XLA's whole-program rewrites — one of which made a compiled causal AFT-full forward pass nan
-  where the eager one was right. Python bools, strings, callables and lists of strings (deterministic, decode,
-  mutable, method) are passed as static values; arrays, keys, dicts of them and None are traced.
+  where the eager one was right. Keyword bools, strings, callables and lists of strings (deterministic, decode,
+  mutable, method) and positional bools are passed as static values; arrays, keys, dicts of them and None are
+  traced. Each call traces anew (the on-disk compilation cache saves the compile).
   """
 
   def __init__(self, module):

@@ -244,15 +244,16 @@ def test_causal_aft_in_bfloat16_with_keys_spanning_a_thousand(name):
   assert _all_finite(_grads(module, variables, jnp.asarray(x, jnp.bfloat16), mask))
 
 
+@pytest.mark.parametrize("bias_range", [60, 76])
 @pytest.mark.parametrize("causal", [True, False])
-def test_aft_full_with_a_position_bias_spanning_sixty(causal):
+def test_aft_full_with_a_position_bias_spanning_sixty_to_seventy_six(causal, bias_range):
   """The limit left: the reference ignores w, so a row's denominator can be as small as e^-(range of w). Up to
   ~80 the values hold; the gradient, taken as 1/den rather than 1/den², stays finite. Compiled: XLA once rewrote
   the causal path's ratio into one with den² (nan rows, den ~1e-26) that the eager run did not have; the
-  bidirectional gradient was nan here (den² underflowed)."""
+  bidirectional gradient was nan at 60 (den² underflowed), and its floor of 1e-30 (e^-69) on den was wrong at 76."""
   module, variables, x, mask = _wide_keys("aft_full", "random")
   module = module.clone(aft_factorized=False, causal=causal)
-  w = np.random.default_rng(1).uniform(-30, 30, size=(16, 16)).astype(np.float32)
+  w = np.random.default_rng(1).uniform(-bias_range / 2, bias_range / 2, size=(16, 16)).astype(np.float32)
   variables = {"params": {**variables["params"], "bias": {"w": jnp.asarray(w)}}}
   got = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
   want = _reference("aft_full", x, mask, variables["params"], causal=causal)

@@ -77,7 +77,7 @@ def test_bfloat16_model_runs_close_to_float32(mixer):
   variables = compiled(model).init(jax.random.key(0), tokens)
   want = np.asarray(compiled(model).apply(variables, tokens, mask=mask))
   config.model.dtype = "bfloat16"
-  got = trainer.parts(config).model.apply(variables, tokens, mask=mask)
+  got = compiled(trainer.parts(config).model).apply(variables, tokens, mask=mask)
   assert got.dtype == jnp.float32  # logits in float32; parameters were float32 all along
   np.testing.assert_allclose(np.asarray(got), want, atol=0.05 + 0.05 * np.abs(want).max())
 

@@ -12,8 +12,8 @@ of K per channel and of w per row: the ratio is unchanged, exp cannot overflow.
 
 Bidirectional, the maximum of K is over the whole sequence. Causal, it is over the prefix a row sees,
 m_t = max_{t'≤t} K_t' (issue 10: with the whole sequence's maximum, rows of a channel whose early keys lie ≳70
-below a later key read ~0 — their denominator falls under _TINY, then to 0 — and from ~44 below the gradients
-are nan, as 1/den² overflows). Every causal term is computed as e^{K_t' − m_t}
+below a later key read ~0 — their denominator underflows to 0 — and, before _ratio, from ~44 below the
+gradients were nan, as den² underflowed). Every causal term is computed as e^{K_t' − m_t}
 — never as e^K times a per-row factor, which would overflow or underflow — by products of factors ≤ 1:
   - the running sums Σ_{t'≤t} e^{K_t' − m_t} X_t' (AFT-simple; the global part of AFT-local and AFT-conv): a
     parallel prefix scan carrying (running max, sums rescaled to it);
@@ -49,9 +49,6 @@ from efftx.errors import UserError
 from efftx.mixers import banded
 from efftx.mixers import cache
 from efftx.mixers.spec import MixerSpec, Option, padded
-
-# Keeps 0/0 (a row with no real position, e.g. all padding) finite; real rows have denominators ≥ ~e^-88.
-_TINY = 1e-30
 
 
 def _project(x_BxLxD: jax.Array, key_features: int):
@@ -99,7 +96,11 @@ def _ratio_jvp(primals, tangents):
 
 
 def _finish(q_BxLxD, num_BxLxD, den_BxLxD, out_dtype) -> jax.Array:
-  y_BxLxD = jax.nn.sigmoid(q_BxLxD) * _ratio(num_BxLxD, jnp.maximum(den_BxLxD, _TINY))
+  """σ(Q) ⊙ num / den, and the output projection. A row that sees no real position (a sequence of padding only)
+  has num = den = 0: it reads 0 / 1 = 0 (not nan), with finite gradients. No floor on den: a real row's
+  denominator can be as small as e^-(range of w in the row), below any fixed floor one would pick (1e-30 is
+  e^-69)."""
+  y_BxLxD = jax.nn.sigmoid(q_BxLxD) * _ratio(num_BxLxD, jnp.where(den_BxLxD > 0, den_BxLxD, 1.0))
   return nn.Dense(q_BxLxD.shape[-1], dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
 
 
