@@ -96,10 +96,10 @@ def _ratio_jvp(primals, tangents):
 
 
 def _finish(q_BxLxD, num_BxLxD, den_BxLxD, out_dtype) -> jax.Array:
-  """σ(Q) ⊙ num / den, and the output projection. A row that sees no real position (a sequence of padding only)
-  has num = den = 0: it reads 0 / 1 = 0 (not nan), with finite gradients. No floor on den: a real row's
-  denominator can be as small as e^-(range of w in the row), below any fixed floor one would pick (1e-30 is
-  e^-69)."""
+  """σ(Q) ⊙ num / den, and the output projection. A row that sees no real position (a sequence of padding only;
+  causal, padding at the start) has num = den = 0: it reads 0 / 1 = 0 (not nan), with finite gradients. No floor
+  on den: a real row's denominator can be as small as e^-(range of w in the row) — e^-80 where the limit below
+  lies — under any fixed floor one would pick (1e-30 is e^-69)."""
   y_BxLxD = jax.nn.sigmoid(q_BxLxD) * _ratio(num_BxLxD, jnp.where(den_BxLxD > 0, den_BxLxD, 1.0))
   return nn.Dense(q_BxLxD.shape[-1], dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
 
@@ -123,20 +123,13 @@ def _causal_inputs(k_BxLxC: jax.Array, v_BxLxD: jax.Array, mask_BxL: jax.Array |
 
 
 def _causal_finish(q_BxLxD, s_BxTxCxG, out_dtype) -> jax.Array:
-  """Y from the sums of X = [V, 1]: the numerator is the V part, the denominator the last entry.
-
-  The ratio's gradient goes as 1/den, not 1/den² (see _ratio), as a position bias's range can make den as small
-  as e^-80. A row that sees no real position (padding at the start) has 0/0: it reads 0, with a zero gradient
-  (not nan).
-  """
+  """Y from the sums of X = [V, 1]: the numerator is the V part, the denominator the last entry (_finish: a row
+  that sees no real position, padding at the start, has num = den = 0 and reads 0)."""
   B, L, D = q_BxLxD.shape
   s_BxLxCxG = s_BxTxCxG[:, :L]
   num_BxLxD = s_BxLxCxG[..., :-1].reshape(B, L, D)
   den_BxLxD = jnp.repeat(s_BxLxCxG[..., -1], D // s_BxLxCxG.shape[2], axis=-1)  # a head's key: its channels
-  seen_BxLxD = den_BxLxD > 0
-  ratio_BxLxD = jnp.where(seen_BxLxD, _ratio(num_BxLxD, jnp.where(seen_BxLxD, den_BxLxD, 1.0)), 0.0)
-  y_BxLxD = jax.nn.sigmoid(q_BxLxD) * ratio_BxLxD
-  return nn.Dense(D, dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
+  return _finish(q_BxLxD, num_BxLxD, den_BxLxD, out_dtype)
 
 
 @jax.checkpoint  # the backward pass recomputes the scan from K and X
