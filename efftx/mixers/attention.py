@@ -163,6 +163,16 @@ def _flash_forward(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C):
   return (jnp.moveaxis(o_NxBxHxCxK, 0, 2).reshape(B, H, P, K), jnp.moveaxis(lse_NxBxHxC, 0, 2).reshape(B, H, P))
 
 
+def _transposed_key_grads(P: int, C: int) -> bool:
+  """Whether flash's backward pass accumulates dK and dV transposed (K×L), as Qᵀ dS and dOᵀ P with Qᵀ and dOᵀ made
+  contiguous first (an optimization barrier keeps XLA from folding the transposes back into the dots): on a CPU
+  with more than one query block. Written as dSᵀ Q and Pᵀ dO (a contraction over the left operand's rows), XLA:CPU
+  hands these dots to Eigen; transposed, to YNNPACK. The peer model's training step on 2 CPU devices 1.18x (4096),
+  1.09x (2048), 1.05x (1024), 1.02x (512) faster; the mixer alone 0.72x at 256 (one block: B·H small matmuls),
+  hence the gate (experiments/peers/flash_bwd_ab.py, a 2-core Xeon)."""
+  return jax.default_backend() == "cpu" and P > C
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _flash_core(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C):
   return _flash_forward(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C)[0]
@@ -180,26 +190,36 @@ def _flash_core_bwd(causal, C, residuals, do_BxHxPxK):
   f32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
   delta_BxHxP = jnp.sum(do_BxHxPxK.astype(jnp.float32) * o_BxHxPxK.astype(jnp.float32), axis=-1)
 
+  B, H, P, K = q_BxHxPxK.shape
+  transposed = _transposed_key_grads(P, C)  # dk_acc, dv_acc: B×H×K×L if so, else B×H×L×K
+
   def block(carry, xs):
-    dk_BxHxLxK, dv_BxHxLxK = carry
+    dk_acc, dv_acc = carry
     q_BxHxCxK, do_BxHxCxK, lse_BxHxC, delta_BxHxC, q_pos_C = xs
     s_BxHxCxL, allowed = _block_scores(q_BxHxCxK, k_BxHxLxK, key_mask_BxL, q_pos_C, causal)
     p_BxHxCxL = jnp.where(allowed, jnp.exp(s_BxHxCxL - lse_BxHxC[..., None]), 0.0)
     dp_BxHxCxL = f32("bhqk,bhtk->bhqt", do_BxHxCxK, v_BxHxLxK)
     ds_BxHxCxL = (p_BxHxCxL * (dp_BxHxCxL - delta_BxHxC[..., None])).astype(q_BxHxCxK.dtype)
     dq_BxHxCxK = f32("bhqt,bhtk->bhqk", ds_BxHxCxL, k_BxHxLxK)
-    dk_BxHxLxK += f32("bhqt,bhqk->bhtk", ds_BxHxCxL, q_BxHxCxK)
-    dv_BxHxLxK += f32("bhqt,bhqk->bhtk", p_BxHxCxL.astype(do_BxHxCxK.dtype), do_BxHxCxK)
-    return (dk_BxHxLxK, dv_BxHxLxK), dq_BxHxCxK
+    p_BxHxCxL = p_BxHxCxL.astype(do_BxHxCxK.dtype)
+    if transposed:
+      q_BxHxKxC, do_BxHxKxC = jax.lax.optimization_barrier((q_BxHxCxK.swapaxes(2, 3), do_BxHxCxK.swapaxes(2, 3)))
+      dk_acc += f32("bhkq,bhqt->bhkt", q_BxHxKxC, ds_BxHxCxL)
+      dv_acc += f32("bhkq,bhqt->bhkt", do_BxHxKxC, p_BxHxCxL)
+    else:
+      dk_acc += f32("bhqt,bhqk->bhtk", ds_BxHxCxL, q_BxHxCxK)
+      dv_acc += f32("bhqt,bhqk->bhtk", p_BxHxCxL, do_BxHxCxK)
+    return (dk_acc, dv_acc), dq_BxHxCxK
 
-  B, H, P, K = q_BxHxPxK.shape
-  zeros = jnp.zeros(k_BxHxLxK.shape, jnp.float32)
+  L = k_BxHxLxK.shape[2]
+  zeros = jnp.zeros((B, H, K, L) if transposed else (B, H, L, K), jnp.float32)
   xs = (_query_blocks(q_BxHxPxK, C), _query_blocks(do_BxHxPxK, C), _query_blocks(lse_BxHxP, C),
         _query_blocks(delta_BxHxP, C), jnp.arange(P).reshape(-1, C))
-  (dk_BxHxLxK, dv_BxHxLxK), dq_NxBxHxCxK = jax.lax.scan(block, (zeros, zeros), xs)
+  (dk_acc, dv_acc), dq_NxBxHxCxK = jax.lax.scan(block, (zeros, zeros), xs)
+  if transposed:
+    dk_acc, dv_acc = dk_acc.swapaxes(2, 3), dv_acc.swapaxes(2, 3)
   dq_BxHxPxK = jnp.moveaxis(dq_NxBxHxCxK, 0, 2).reshape(B, H, P, K)
-  return (dq_BxHxPxK.astype(q_BxHxPxK.dtype), dk_BxHxLxK.astype(k_BxHxLxK.dtype),
-          dv_BxHxLxK.astype(v_BxHxLxK.dtype), None)
+  return (dq_BxHxPxK.astype(q_BxHxPxK.dtype), dk_acc.astype(k_BxHxLxK.dtype), dv_acc.astype(v_BxHxLxK.dtype), None)
 
 
 _flash_core.defvjp(_flash_core_fwd, _flash_core_bwd)
