@@ -1,29 +1,58 @@
-"""Exact GELU, model.gelu_erf against flax's nn.gelu(approximate=False), in one process: both training steps of
-a peer-shape model compiled first, then timed in alternation, so the machine's drift over minutes cancels.
+"""Exact GELU's implementations timed in one process: both training steps of a peer-shape model compiled first,
+then timed in alternation (factories.alternate), so the machine's drift over minutes cancels.
 
-    python experiments/peers/gelu_ab.py 1024 identity      # length, factory name
+    python experiments/peers/gelu_ab.py 1024 identity             # model.gelu_erf against nn.gelu(approximate=False)
+    PJRT_NPROC=4 XLA_FLAGS=--xla_force_host_platform_device_count=2 \\
+        python experiments/peers/gelu_ab.py 1024 identity recompute   # its backward's barrier against none
+
+Arguments: length, a factories.py name, and what to compare against model.gelu_erf: "flax" (nn.gelu's autodiff,
+the default) or "recompute" (gelu_erf's backward pass without its optimization barrier, so that XLA shares
+erf(x/√2) with the forward pass).
 """
-import sys, time, statistics, jax, optax, flax.linen as nn
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-import factories
-from efftx import model as M
-cfg = dict(d=256, layers=4, heads=4, ff=1024, vocab=256, tokens=8192, lr=1e-4)
-S = int(sys.argv[1]); B = 8192 // S; name = sys.argv[2]
-ids = jax.random.randint(jax.random.key(0), (B, S), 0, 256); labels = jax.random.randint(jax.random.key(1), (B, S), 0, 256)
-def make():
-  model = getattr(factories, name)(cfg, S)
-  params = model.init(jax.random.key(2), ids)["params"]; tx = optax.adamw(1e-4); opt = tx.init(params)
-  def loss_fn(p): return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, ids), labels).mean()
-  def step(p, o):
-    l, g = jax.value_and_grad(loss_fn)(p); u, o = tx.update(g, o, p); return optax.apply_updates(p, u), o, l
-  c = jax.jit(step).lower(params, opt).compile()
-  return c, params, opt
-A = make()
-M.ACTIVATIONS["gelu"] = lambda x: nn.gelu(x, approximate=False)
-Bm = make()
-def run(c, p, o):
-  t = time.perf_counter(); p2, o2, l = c(p, o); float(l); return time.perf_counter() - t
-ta, tb = [], []
-for r in range(8):
-  ta.append(run(*A)); tb.append(run(*Bm))
-print(f"{name} {S}: gelu_erf median {1e3*statistics.median(ta[1:]):.0f} ms, nn.gelu median {1e3*statistics.median(tb[1:]):.0f} ms, ratio {statistics.median(tb[1:])/statistics.median(ta[1:]):.3f}")
+import pathlib
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import factories  # pylint: disable=g-import-not-at-top,wrong-import-position
+from efftx import model  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+@jax.custom_vjp
+def _gelu_erf_shared(x):
+  return model.gelu_erf(x)
+
+
+def _shared_fwd(x):
+  return model.gelu_erf(x), x
+
+
+def _shared_bwd(x, g):  # model._gelu_erf_bwd before the barrier
+  x32 = x.astype(jnp.float32)
+  cdf = 0.5 + 0.5 * jax.lax.erf(x32 * np.float32(np.sqrt(0.5)))
+  pdf = np.float32(1 / np.sqrt(2 * np.pi)) * jnp.exp(-0.5 * x32 * x32)
+  return ((g.astype(jnp.float32) * (cdf + x32 * pdf)).astype(x.dtype),)
+
+
+_gelu_erf_shared.defvjp(_shared_fwd, _shared_bwd)
+OTHERS = {"flax": lambda x: nn.gelu(x, approximate=False), "recompute": _gelu_erf_shared}
+
+
+def main(length: int, name: str, other: str, rounds: int = 8) -> None:
+  runs = {}
+  for label, activation in (("gelu_erf", model.gelu_erf), (other, OTHERS[other])):
+    model.ACTIVATIONS["gelu"] = activation  # read while the step is traced and compiled, just below
+    step, params, opt, ids, labels = factories.harness_step(name, length)
+    runs[label] = (jax.jit(step).lower(params, opt, ids, labels).compile(), (params, opt, ids, labels))
+  model.ACTIVATIONS["gelu"] = model.gelu_erf
+  ms = factories.alternate(runs, rounds)
+  print(f"{name} {length}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items())
+        + f"; gelu_erf {ms[other] / ms['gelu_erf']:.3f}x faster")
+
+
+if __name__ == "__main__":
+  main(int(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "flax")
