@@ -11,13 +11,14 @@
 The fourier and attention tables are where the "auto" choices in efftx/mixers/fourier.py and attention.py come
 from. "mixers" mode times the full
 training step (forward, backward, AdamW) of the model at the peer benchmark's shape (../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
-per-token head) on one device (JAX's default: one XLA device for a whole CPU; efftx.train splits the batch over
-one device per core, see efftx.sharding.use_cpu_cores) and reports the compiled step's memory from XLA's
-memory_analysis(): temp (activations and scratch) + argument bytes. Compiled sizes are deterministic; timings are
-ratios within one run, on one machine.
+per-token head) as efftx.train runs it: the batch split over every device (on a CPU one device per core,
+efftx.sharding.use_cpu_cores; as many as divide the batch), parameters replicated; --nodata_parallel runs it on
+one device (JAX's default on a CPU: one XLA device for the whole CPU). It reports the compiled step's memory per
+device from XLA's memory_analysis(): temp (activations and scratch) + argument bytes. Compiled sizes are
+deterministic; timings are ratios within one run, on one machine.
 Each row also gives the step's FLOPs per token (`flops_per_token`: the dense matmuls and the mixer's own count,
-MixerSpec.flops) and its MFU: achieved FLOP/s over the matmul peak measured at the start of the run (a jitted
-2048³ matmul in the run's dtype, as the peer benchmark measures it in float32).
+MixerSpec.flops) and its MFU: achieved FLOP/s over the matmul peak measured at the start of the run on the same
+devices (a jitted 2048³ matmul in the run's dtype on each, as the peer benchmark measures it in float32).
 "pipeline" mode reads each task through the real grain pipeline (config.data.read_threads) and times, at the
 quickstart model size (attention, width 64, 2 layers, batch 32): the pipeline alone, the train step alone on one
 cached batch, and the two together as train.py runs them; "loop/step" near 1 means the pipeline is not the
@@ -30,6 +31,7 @@ compiled step's memory_analysis(). On a CPU, fake devices do: XLA_FLAGS=--xla_fo
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from absl import app
@@ -43,6 +45,7 @@ from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import model as model_lib
 from efftx import objectives
+from efftx import sharding
 from efftx import trainer
 from efftx.data import TASKS
 from efftx.errors import UserError
@@ -61,6 +64,9 @@ _OVERRIDES = flags.DEFINE_list(
     "set", [], "Overrides for every row: config.model fields, or mixer options (applied to the mixers that declare "
     "them, e.g. attention_impl=plain), e.g. dtype=bfloat16.")
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as JSON here.")
+_DATA_PARALLEL = flags.DEFINE_bool(
+    "data_parallel", True, "mixers mode: split each step's batch over the devices as efftx.train does (on a CPU one "
+    "device per core); false: one device.")
 _DEPTHS = flags.DEFINE_list("depths", ["2", "8", "24", "48"], "reversible mode: numbers of layers.")
 _PLOT = flags.DEFINE_string("plot", None, "reversible mode: write the memory-vs-depth plot (PNG) here.")
 _TASKS = flags.DEFINE_list(
@@ -106,29 +112,43 @@ def flops_per_token(config: ml_collections.ConfigDict, params) -> float:
   return 6 * matmul_weights + m.num_layers * mixing
 
 
-def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, min_seconds: float = 1.0) -> float:
-  """GFLOP/s of a jitted n×n by n×n matmul in `dtype` on the default device: the MFU denominator."""
-  a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
+def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, min_seconds: float = 1.0, devices=None) -> float:
+  """GFLOP/s of jitted n×n by n×n matmuls in `dtype`, one on each of `devices` at once (default: the default
+  device alone): the MFU denominator."""
+  devices = devices or jax.devices()[:1]
+  in_rows = jax.sharding.NamedSharding(sharding.make_mesh(devices=devices), jax.sharding.PartitionSpec(("data",)))
+  a, b = (jax.device_put(jax.random.normal(jax.random.key(i), (len(devices), n, n), dtype), in_rows) for i in (0, 1))
   matmul = jax.jit(jnp.matmul)
-  return 2 * n ** 3 / _seconds_per_call(lambda: matmul(a, b), min_seconds) / 1e9
+  return len(devices) * 2 * n ** 3 / _seconds_per_call(lambda: matmul(a, b), min_seconds) / 1e9
 
 
-def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: float) -> dict[str, float]:
-  """Compiled memory and tokens/s (unless min_seconds is 0) of one jitted training step with per-token logits:
-  efftx's own train step (trainer.make_train_step) on a per-position objective with every position weighted."""
+def step_devices(batch: int) -> list:
+  """The devices a step of `batch` sequences is split over: as many as divide it (all, for --data_parallel), else
+  the default device."""
+  return jax.devices()[:math.gcd(batch, jax.device_count())] if _DATA_PARALLEL.value else jax.devices()[:1]
+
+
+def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: float,
+                 devices=None) -> dict[str, float]:
+  """Compiled memory (per device) and tokens/s (unless min_seconds is 0) of one jitted training step with per-token
+  logits: efftx's own train step (trainer.make_train_step) on a per-position objective with every position
+  weighted, the batch split over `devices` (default: the default device) as efftx.train splits it, parameters and
+  optimizer state replicated."""
   model = lm_model(config)
   tx, schedule = trainer.make_optimizer(config)
   L = config.model.max_len
+  mesh = sharding.make_mesh(devices=devices or jax.devices()[:1])
   tokens_BxL = jax.random.randint(jax.random.key(1), (batch, L), 0, 256)
-  batch_arrays = {"tokens": tokens_BxL, "mask": jnp.ones((batch, L), bool), "targets": tokens_BxL,
-                  "weights": jnp.ones((batch, L), jnp.float32)}
-  state = trainer.create_state(model, tx, jax.random.key(0))
+  batch_arrays = jax.device_put({"tokens": tokens_BxL, "mask": jnp.ones((batch, L), bool), "targets": tokens_BxL,
+                                 "weights": jnp.ones((batch, L), jnp.float32)}, sharding.batch(mesh))
+  state = jax.device_put(trainer.create_state(model, tx, jax.random.key(0)), sharding.replicated(mesh))
   step = trainer.make_train_step(model, objectives.OBJECTIVES["lm"], tx, schedule, jax.random.key(2))
-  compiled = jax.jit(step, donate_argnums=0).lower(state, batch_arrays).compile()
+  compiled = jax.jit(step, donate_argnums=0, out_shardings=sharding.replicated(mesh)).lower(state,
+                                                                                            batch_arrays).compile()
   memory = compiled.memory_analysis()
   out = {"temp_mib": memory.temp_size_in_bytes / 2**20, "argument_mib": memory.argument_size_in_bytes / 2**20,
          "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20,
-         "gflop_per_token": flops_per_token(config, state.params) / 1e9}
+         "gflop_per_token": flops_per_token(config, state.params) / 1e9, "devices": len(mesh.devices.flat)}
   if not min_seconds:
     return out
   holder = {"state": state}
@@ -154,12 +174,13 @@ def _seconds_per_call(fn, min_seconds: float) -> float:
 def _mixers_table() -> list[dict]:
   rows = []
   lengths = [int(x) for x in _LENGTHS.value]
-  peak = matmul_peak_gflops(_DTYPE.value) if _SECONDS.value else None
-  print(f"backend {jax.default_backend()}, {_TOKENS.value} tokens/step, d=256, 4 layers, dtype {_DTYPE.value}, "
+  peaks = {}  # number of devices → their matmul peak, GFLOP/s
+  print(f"backend {jax.default_backend()}, {jax.device_count()} device(s), {_TOKENS.value} tokens/step split over "
+        f"{'as many as divide the batch' if _DATA_PARALLEL.value else 'one'}, d=256, 4 layers, dtype {_DTYPE.value}, "
         f"causal={_CAUSAL.value}" + (f"; set {','.join(_OVERRIDES.value)}" if _OVERRIDES.value else "")
-        + (f"; {_DTYPE.value} matmul peak {peak:.0f} GFLOP/s (2048³)" if peak else ""))
-  print(f"{'mixer':<12}{'length':>8}{'tokens/s':>11}{'step ms':>10}{'GFLOP/tok':>10}{'MFU %':>7}{'temp MiB':>10}"
-        f"{'temp+arg MiB':>14}")
+        + ("; MFU against the 2048³ matmul peak of the row's devices" if _SECONDS.value else ""))
+  print(f"{'mixer':<12}{'length':>8}{'devices':>8}{'tokens/s':>11}{'step ms':>10}{'GFLOP/tok':>10}{'MFU %':>7}"
+        f"{'temp MiB':>10}{'temp+arg MiB':>14}")
   for mixer in _MIXERS.value:
     if mixer not in MIXERS:
       raise app.UsageError(f"--mixers: '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
@@ -167,16 +188,22 @@ def _mixers_table() -> list[dict]:
       continue
     for length in lengths:
       config = _model_config(mixer, length)
-      row = {"mixer": mixer, "length": length, **measure_step(config, max(1, _TOKENS.value // length),
-                                                             _SECONDS.value)}
-      if peak:
+      batch = max(1, _TOKENS.value // length)
+      devices = step_devices(batch)
+      row = {"mixer": mixer, "length": length, **measure_step(config, batch, _SECONDS.value, devices)}
+      if _SECONDS.value:
+        if len(devices) not in peaks:
+          peaks[len(devices)] = matmul_peak_gflops(_DTYPE.value, devices=devices)
+          print(f"{_DTYPE.value} matmul peak of {len(devices)} device(s): {peaks[len(devices)]:.0f} GFLOP/s",
+                flush=True)
+        peak = peaks[len(devices)]
         row.update(peak_gflops=peak, mfu=row["tokens_per_sec"] * row["gflop_per_token"] / peak)
       rows.append(row)
       timed = (f"{row['tokens_per_sec']:>11.0f}{row['step_ms']:>10.1f}" if "step_ms" in row
                else f"{'-':>11}{'-':>10}")
       mfu = f"{100 * row['mfu']:>7.1f}" if "mfu" in row else f"{'-':>7}"
-      print(f"{mixer:<12}{length:>8}{timed}{row['gflop_per_token']:>10.4f}{mfu}{row['temp_mib']:>10.1f}"
-            f"{row['memory_mib']:>14.1f}", flush=True)
+      print(f"{mixer:<12}{length:>8}{len(devices):>8}{timed}{row['gflop_per_token']:>10.4f}{mfu}"
+            f"{row['temp_mib']:>10.1f}{row['memory_mib']:>14.1f}", flush=True)
   return rows
 
 
@@ -364,6 +391,8 @@ def _sharding_table() -> list[dict]:
 
 def main(argv):
   del argv
+  if _MODE.value == "mixers" and _DATA_PARALLEL.value:
+    sharding.use_cpu_cores()  # on a CPU: one device per core, as efftx.train sets up
   if _JSON.value:  # its folder before the measurement, not after
     checkpoints.run_folder(_JSON.value).parent.mkdir(parents=True, exist_ok=True)
   rows = {"mixers": _mixers_table, "fourier": _fourier_table, "attention": _attention_table,

@@ -162,3 +162,26 @@ def test_peer_data_parallel_factory_is_the_same_model_split_over_the_devices():
     np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-6)
   logits = jax.jit(split.apply)(params, ids)
   assert len(logits.sharding.device_set) == jax.device_count() == 8
+
+
+@pytest.mark.slow
+def test_bench_times_the_step_split_over_the_devices_as_train_does(tmp_path):
+  """`python -m efftx.bench` (mixers mode) splits each step's batch over as many devices as divide it, as
+  efftx.train does, and measures the MFU peak on those devices; --nodata_parallel runs on one. Per device, the
+  split step's compiled activations are then a share of the one-device step's."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"}
+  rows = {}
+  for flag in ("--data_parallel", "--nodata_parallel"):
+    out = tmp_path / f"{flag}.json"
+    subprocess.run([sys.executable, "-m", "efftx.bench", "--mixers=fnet", "--lengths=256,512", "--tokens=1024",
+                    "--seconds=0.2", f"--json={out}", flag], env=env, check=True, capture_output=True, timeout=600)
+    rows[flag] = json.loads(out.read_text())["rows"]
+  split, one = rows["--data_parallel"], rows["--nodata_parallel"]
+  assert [r["devices"] for r in split] == [4, 2] and [r["devices"] for r in one] == [1, 1]  # batch 4, then 2
+  for s, o in zip(split, one):
+    assert s["tokens_per_sec"] > 0 and 0 < s["mfu"] and s["peak_gflops"] > 0
+    assert s["temp_mib"] < 0.75 * o["temp_mib"]
