@@ -63,6 +63,7 @@ def plot(run: dict, path: pathlib.Path) -> None:
   ax.set(xscale="log", yscale="log", xlabel="sequence length (8192 tokens a step)", ylabel="train-step tokens/s",
          title="efftx and its PyTorch peers, same shape, same CPU")
   ax.set_xticks(sorted({r["seq"] for r in rows}), [str(s) for s in sorted({r["seq"] for r in rows})])
+  ax.set_xticks([], minor=True)  # the log axis's own minor ticks would label 200, 300, ... over the lengths
   ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=8)
   fig.tight_layout()
