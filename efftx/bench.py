@@ -17,8 +17,9 @@ one device (JAX's default on a CPU: one XLA device for the whole CPU). It report
 device from XLA's memory_analysis(): temp (activations and scratch) + argument bytes. Compiled sizes are
 deterministic; timings are ratios within one run, on one machine.
 Each row also gives the step's FLOPs per token (`flops_per_token`: the dense matmuls and the mixer's own count,
-MixerSpec.flops) and its MFU: achieved FLOP/s over the matmul peak measured at the start of the run on the same
-devices (a jitted 2048³ matmul in the run's dtype on each, as the peer benchmark measures it in float32).
+MixerSpec.flops) and its MFU: achieved FLOP/s over the matmul peak of the same devices, measured once per device
+count before its first row is printed (a jitted 2048³ matmul in the run's dtype on each device at once, as the
+peer benchmark measures it in float32).
 "pipeline" mode reads each task through the real grain pipeline (config.data.read_threads) and times, at the
 quickstart model size (attention, width 64, 2 layers, batch 32): the pipeline alone, the train step alone on one
 cached batch, and the two together as train.py runs them; "loop/step" near 1 means the pipeline is not the
@@ -123,8 +124,8 @@ def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, min_seconds: float
 
 
 def step_devices(batch: int) -> list:
-  """The devices a step of `batch` sequences is split over: as many as divide it (all, for --data_parallel), else
-  the default device."""
+  """The devices a step of `batch` sequences is split over: with --data_parallel the first gcd(batch, device
+  count) devices, else the default device alone."""
   return jax.devices()[:math.gcd(batch, jax.device_count())] if _DATA_PARALLEL.value else jax.devices()[:1]
 
 

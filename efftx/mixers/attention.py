@@ -168,8 +168,9 @@ def _transposed_key_grads(P: int, C: int) -> bool:
   contiguous first (an optimization barrier keeps XLA from folding the transposes back into the dots): on a CPU
   with more than one query block. Written as dSᵀ Q and Pᵀ dO (a contraction over the left operand's rows), XLA:CPU
   hands these dots to Eigen; transposed, to YNNPACK. The peer model's training step on 2 CPU devices 1.18x (4096),
-  1.09x (2048), 1.05x (1024), 1.02x (512) faster; the mixer alone 0.72x at 256 (one block: B·H small matmuls),
-  hence the gate (experiments/peers/flash_bwd_ab.py, a 2-core Xeon)."""
+  1.09x (2048), 1.05x (1024), 1.02x (512) faster; the attention kernel alone (_flash, forward and backward, 8192
+  tokens) 1.06-1.14x at 512-4096 but 0.72x and 0.93x at 256 (one block: B·H small matmuls; two runs), hence the gate
+  (experiments/peers/flash_bwd_ab.py LENGTH attention, and LENGTH kernel; a 2-core Xeon)."""
   return jax.default_backend() == "cpu" and P > C
 
 
@@ -185,7 +186,8 @@ def _flash_core_fwd(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C):
 
 def _flash_core_bwd(causal, C, residuals, do_BxHxPxK):
   """Per block of C queries (a scan carrying dK, dV): P = exp(S − lse) recomputed, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙
-  O)), dQ = dS K, dK += dSᵀ Q, dV += Pᵀ dO. Only one block's C×L scores exist at a time."""
+  O)), dQ = dS K, dK += dSᵀ Q, dV += Pᵀ dO (on a CPU with more than one block carried transposed, dKᵀ += Qᵀ dS,
+  dVᵀ += dOᵀ P: _transposed_key_grads). Only one block's C×L scores exist at a time."""
   q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, o_BxHxPxK, lse_BxHxP = residuals
   f32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
   delta_BxHxP = jnp.sum(do_BxHxPxK.astype(jnp.float32) * o_BxHxPxK.astype(jnp.float32), axis=-1)

@@ -3,11 +3,11 @@ then timed in alternation (factories.alternate), so the machine's drift over min
 
     python experiments/peers/gelu_ab.py 1024 identity             # model.gelu_erf against nn.gelu(approximate=False)
     PJRT_NPROC=4 XLA_FLAGS=--xla_force_host_platform_device_count=2 \\
-        python experiments/peers/gelu_ab.py 1024 identity recompute   # its backward's barrier against none
+        python experiments/peers/gelu_ab.py 1024 identity shared   # its backward's barrier against none
 
 Arguments: length, a factories.py name, and what to compare against model.gelu_erf: "flax" (nn.gelu's autodiff,
-the default) or "recompute" (gelu_erf's backward pass without its optimization barrier, so that XLA shares
-erf(x/√2) with the forward pass).
+the default) or "shared" (gelu_erf's backward pass without its optimization barrier, so that XLA shares
+erf(x/√2) with the forward pass instead of recomputing it).
 """
 import pathlib
 import sys
@@ -39,7 +39,7 @@ def _shared_bwd(x, g):  # model._gelu_erf_bwd before the barrier
 
 
 _gelu_erf_shared.defvjp(_shared_fwd, _shared_bwd)
-OTHERS = {"flax": lambda x: nn.gelu(x, approximate=False), "recompute": _gelu_erf_shared}
+OTHERS = {"flax": lambda x: nn.gelu(x, approximate=False), "shared": _gelu_erf_shared}
 
 
 def main(length: int, name: str, other: str, rounds: int = 8) -> None:

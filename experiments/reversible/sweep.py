@@ -58,7 +58,8 @@ def points(scale):
                      f"reversible={str(reversible).lower()},ff_chunk_size={chunk}")
         groups[_group(variant, length, depth)] = {"bench": {
             "mode": "mixers", "mixers": "attention", "lengths": length, "set": overrides,
-            "seconds": s["seconds"] if depth in s["timed"] else 0}}
+            "seconds": s["seconds"] if depth in s["timed"] else 0,
+            "data_parallel": False}}  # one device: the whole batch's memory, as the table was measured
   return grid(groups)
 
 
