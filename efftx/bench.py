@@ -134,7 +134,7 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
   """Compiled memory (per device) and tokens/s (unless min_seconds is 0) of one jitted training step with per-token
   logits: efftx's own train step (trainer.make_train_step) on a per-position objective with every position
   weighted, the batch split over `devices` (default: the default device) as efftx.train splits it, parameters and
-  optimizer state replicated."""
+  optimizer state replicated, compiled with efftx.train's options (sharding.step_compiler_options)."""
   model = lm_model(config)
   tx, schedule = trainer.make_optimizer(config)
   L = config.model.max_len
@@ -144,8 +144,8 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
                                  "weights": jnp.ones((batch, L), jnp.float32)}, sharding.batch(mesh))
   state = jax.device_put(trainer.create_state(model, tx, jax.random.key(0)), sharding.replicated(mesh))
   step = trainer.make_train_step(model, objectives.OBJECTIVES["lm"], tx, schedule, jax.random.key(2))
-  compiled = jax.jit(step, donate_argnums=0, out_shardings=sharding.replicated(mesh)).lower(state,
-                                                                                            batch_arrays).compile()
+  compiled = jax.jit(step, donate_argnums=0, out_shardings=sharding.replicated(mesh),
+                     compiler_options=sharding.step_compiler_options(batch, mesh)).lower(state, batch_arrays).compile()
   memory = compiled.memory_analysis()
   out = {"temp_mib": memory.temp_size_in_bytes / 2**20, "argument_mib": memory.argument_size_in_bytes / 2**20,
          "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20,

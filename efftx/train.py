@@ -90,7 +90,8 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path) -> dict[str, 
   # ---------------------------------------------------------------------------------------------- Steps
   train_step = jax.jit(
       trainer.make_train_step(parts.model, parts.objective, tx, schedule, dropout_key, parts.task.token_unit),
-      in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, replicated), donate_argnums=0)
+      in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, replicated), donate_argnums=0,
+      compiler_options=sharding.step_compiler_options(config.data.batch_size, mesh))
   evaluate = make_evaluator(config, parts, mesh, state_sharding.params, "eval", config.data.eval_examples)
 
   # ----------------------------------------------------------------------------------------------- Loop
@@ -118,7 +119,8 @@ def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh
   source = pipeline.source(config, split)
   batch_sharding = sharding.batch(mesh)
   eval_step = jax.jit(trainer.make_eval_step(parts.model, parts.objective),
-                      in_shardings=(params_sharding, batch_sharding), out_shardings=sharding.replicated(mesh))
+                      in_shardings=(params_sharding, batch_sharding), out_shardings=sharding.replicated(mesh),
+                      compiler_options=sharding.step_compiler_options(config.data.batch_size, mesh))
 
   def evaluate(params, prefix: str) -> dict[str, float]:
     totals = None

@@ -39,7 +39,7 @@ def test_the_rule_splits_the_largest_divisible_dimension_and_never_a_layer_axis(
       jax.sharding.PartitionSpec(None, None, "fsdp")
 
 
-def _steps(config, fsdp, num_steps=1):
+def _steps(config, fsdp, num_steps=1, batch_size=16, compiler_options=None):
   """([loss, grad_norm] per step, final state) of num_steps train steps on one fixed batch, laid out with this
   fsdp."""
   parts = trainer.parts(config)
@@ -50,11 +50,11 @@ def _steps(config, fsdp, num_steps=1):
   state = jax.jit(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)), out_shardings=state_sharding)()
   step = jax.jit(trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(1)),
                  in_shardings=(state_sharding, sharding.batch(mesh)),
-                 out_shardings=(state_sharding, sharding.replicated(mesh)))
+                 out_shardings=(state_sharding, sharding.replicated(mesh)), compiler_options=compiler_options)
   rng = np.random.default_rng(0)
-  L = config.model.max_len
-  batch = {"tokens": rng.integers(1, 16, (16, L)).astype(np.int32), "mask": np.ones((16, L), bool),
-           "label": rng.integers(0, 10, (16,)).astype(np.int32)}
+  L, B = config.model.max_len, batch_size
+  batch = {"tokens": rng.integers(1, 16, (B, L)).astype(np.int32), "mask": np.ones((B, L), bool),
+           "label": rng.integers(0, 10, (B,)).astype(np.int32)}
   out = []
   for _ in range(num_steps):
     state, metrics = step(state, jax.device_put(batch, sharding.batch(mesh)))
@@ -76,6 +76,24 @@ def test_every_mixer_trains_the_same_with_sharded_parameters(mixer, reversible):
   split = [x for x in jax.tree.leaves(state_8.params) if not x.sharding.is_fully_replicated]
   assert split, "no parameter was split"
 
+
+
+@pytest.mark.parametrize("mixer", ["aft_simple", "attention"])
+def test_one_example_per_device_compiles_with_ynnpack_for_the_matmuls_only_and_trains_the_same(mixer):
+  """sharding.step_compiler_options: on a CPU with one example a device (here 8 on 8), YNNPACK's reduction fusions
+  off (they ran 10-40x slower on arrays with a leading dimension of 1); with more, no options. Kernels change,
+  results do not: the loss, gradient norm and updated parameters equal the default compilation's."""
+  mesh = sharding.make_mesh()
+  options = sharding.step_compiler_options(8, mesh)
+  assert options == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+  assert sharding.step_compiler_options(16, mesh) == {}
+  config = mixer_config(mixer, d_model=64, d_ff=128, num_layers=1, max_len=64, num_heads=4)
+  config.optim.warmup_steps = 0
+  (metrics, state), (metrics_opt, state_opt) = (_steps(config, 1, batch_size=8, compiler_options=o)
+                                                for o in (None, options))
+  np.testing.assert_allclose(metrics_opt, metrics, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2.5e-3),
+               jax.device_get(state_opt.params), jax.device_get(state.params))
 
 
 def _assert_rows_close(got, want, first_step=1):
