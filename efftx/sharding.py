@@ -65,7 +65,7 @@ def _cores() -> int:
 def step_compiler_options(batch_size: int, mesh: jax.sharding.Mesh) -> dict[str, str]:
   """XLA options for a step whose batch of `batch_size` examples is split over `mesh`'s devices: on a CPU where each
   device gets a single example, YNNPACK for the matmuls only (not for reductions). There its reductions over an
-  array whose leading dimension is 1 ran 10-40x slower than with a leading dimension of 2 (a sum over the sequence
+  array whose leading dimension is 1 ran 15-20x slower than with a leading dimension of 2 (a sum over the sequence
   of a product, [1, 4096, 256]: 13-16 ms against 0.7-0.9 ms for [2, 2048, 256]; XLA's own reduction 2 ms), and the
   peer-shape training step at one sequence per device ran faster without them: identity 1.15x, fnet 1.09x,
   attention 1.02x, aft_simple 1.19x, aft_local 1.65x, linear 1.06x (length 4096, 2 CPU devices), identity 1.21x

@@ -119,6 +119,14 @@ def harness_step(name: str, length: int):
   return step, params, tx.init(params), ids, labels
 
 
+def compiled_step(name: str, length: int, compiler_options: dict | None = None):
+  """(compiled step, its arguments) of harness_step(name, length): what the in-process A/B scripts time. Whatever
+  the step reads while it is traced (a monkeypatched module attribute) is fixed here."""
+  step, params, opt_state, ids, labels = harness_step(name, length)
+  args = (params, opt_state, ids, labels)
+  return jax.jit(step).lower(*args).compile(compiler_options), args
+
+
 def alternate(runs: dict, rounds: int = 8) -> dict:
   """Median ms per call of each compiled step in `runs` ({label: (compiled, args)}), called in turn `rounds` times so
   the machine's drift over minutes cancels; the first round warms up and is left out. The step's third output (the

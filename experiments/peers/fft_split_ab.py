@@ -24,8 +24,7 @@ def compiled(length: int, impls: dict):
   saved = dict(fourier._IMPLS)  # pylint: disable=protected-access
   fourier._IMPLS.update(impls)  # pylint: disable=protected-access
   try:
-    step, params, opt_state, ids, labels = factories.harness_step("fnet", length)
-    return jax.jit(step).lower(params, opt_state, ids, labels).compile(), (params, opt_state, ids, labels)
+    return factories.compiled_step("fnet", length)
   finally:
     fourier._IMPLS.update(saved)  # pylint: disable=protected-access
 

@@ -43,8 +43,7 @@ def main(length: int, name: str, rounds: int) -> None:
     if name == "kernel":
       runs[label] = _kernel(length)
     else:
-      step, params, opt, ids, labels = factories.harness_step(name, length)
-      runs[label] = (jax.jit(step).lower(params, opt, ids, labels).compile(), (params, opt, ids, labels))
+      runs[label] = factories.compiled_step(name, length)
   attention._transposed_key_grads = gate
   ms = factories.alternate(runs, rounds)
   before, after = ms.values()

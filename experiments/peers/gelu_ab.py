@@ -46,8 +46,7 @@ def main(length: int, name: str, other: str, rounds: int = 8) -> None:
   runs = {}
   for label, activation in (("gelu_erf", model.gelu_erf), (other, OTHERS[other])):
     model.ACTIVATIONS["gelu"] = activation  # read while the step is traced and compiled, just below
-    step, params, opt, ids, labels = factories.harness_step(name, length)
-    runs[label] = (jax.jit(step).lower(params, opt, ids, labels).compile(), (params, opt, ids, labels))
+    runs[label] = factories.compiled_step(name, length)
   model.ACTIVATIONS["gelu"] = model.gelu_erf
   ms = factories.alternate(runs, rounds)
   print(f"{name} {length}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items())

@@ -26,11 +26,10 @@ import factories  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def main(length: int, name: str, steps: int = 12) -> None:
-  step, params, opt_state, ids, labels = factories.harness_step(name, length)
-  step = jax.jit(step).lower(params, opt_state, ids, labels).compile()  # as the in-process A/B scripts do
+  step, args = factories.compiled_step(name, length)  # as the in-process A/B scripts compile it
   start = time.perf_counter()
   for _ in range(steps):
-    float(step(params, opt_state, ids, labels)[2])
+    float(step(*args)[2])
   print(f"{name} {length} on {jax.device_count()} devices: {steps} steps, no stall "
         f"({time.perf_counter() - start:.0f} s)")
 
