@@ -175,13 +175,13 @@ def test_bench_times_the_step_split_over_the_devices_as_train_does(tmp_path):
   import sys  # pylint: disable=g-import-not-at-top
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"}
   rows = {}
-  for flag in ("--data_parallel", "--nodata_parallel"):
+  for flag, lengths in (("--data_parallel", "256,512"), ("--nodata_parallel", "256")):
     out = tmp_path / f"{flag}.json"
-    subprocess.run([sys.executable, "-m", "efftx.bench", "--mixers=fnet", "--lengths=256,512", "--tokens=1024",
+    subprocess.run([sys.executable, "-m", "efftx.bench", "--mixers=fnet", f"--lengths={lengths}", "--tokens=1024",
                     "--seconds=0.2", f"--json={out}", flag], env=env, check=True, capture_output=True, timeout=600)
     rows[flag] = json.loads(out.read_text())["rows"]
   split, one = rows["--data_parallel"], rows["--nodata_parallel"]
-  assert [r["devices"] for r in split] == [4, 2] and [r["devices"] for r in one] == [1, 1]  # batch 4, then 2
-  for s, o in zip(split, one):
+  assert [r["devices"] for r in split] == [4, 2] and [r["devices"] for r in one] == [1]  # batch 4, then 2
+  for s in split:
     assert s["tokens_per_sec"] > 0 and 0 < s["mfu"] and s["peak_gflops"] > 0
-    assert s["temp_mib"] < 0.75 * o["temp_mib"]
+  assert split[0]["temp_mib"] < 0.75 * one[0]["temp_mib"]  # 4 devices, a quarter of the batch each

@@ -127,14 +127,20 @@ def compiled_step(name: str, length: int, compiler_options: dict | None = None):
   return jax.jit(step).lower(*args).compile(compiler_options), args
 
 
-def alternate(runs: dict, rounds: int = 8) -> dict:
+def alternate(runs: dict, rounds: int = 8, base: str | None = None) -> dict:
   """Median ms per call of each compiled step in `runs` ({label: (compiled, args)}), called in turn `rounds` times so
   the machine's drift over minutes cancels; the first round warms up and is left out. The step's third output (the
-  loss) is read back, so each call is timed to its end."""
+  loss) is read back, so each call is timed to its end. With `base` (a label) also "<label>/<base>": the median over
+  the rounds of base's time over label's in the same round (how many times faster; paired, so robust to a step
+  that ran 0.75-1.35x its neighbours' time, as they did on a 2-core Xeon)."""
   times = {label: [] for label in runs}
   for _ in range(rounds):
     for label, (compiled, args) in runs.items():
       start = time.perf_counter()
       float(compiled(*args)[2])
       times[label].append(time.perf_counter() - start)
-  return {label: 1e3 * statistics.median(t[1:]) for label, t in times.items()}
+  out = {label: 1e3 * statistics.median(t[1:]) for label, t in times.items()}
+  if base is not None:
+    out.update({f"{label}/{base}": statistics.median(b / t for b, t in zip(times[base][1:], times[label][1:]))
+                for label in runs if label != base})
+  return out
