@@ -130,12 +130,13 @@ def compiled_step(name: str, length: int, compiler_options: dict | None = None):
 def alternate(runs: dict, rounds: int = 8, base: str | None = None) -> dict:
   """Median ms per call of each compiled step in `runs` ({label: (compiled, args)}), called in turn `rounds` times so
   the machine's drift over minutes cancels; the first round warms up and is left out. The step's third output (the
-  loss) is read back, so each call is timed to its end. With `base` (a label) also "<label>/<base>": the median over
-  the rounds of base's time over label's in the same round (how many times faster; paired, so robust to a step
-  that ran 0.75-1.35x its neighbours' time, as they did on a 2-core Xeon)."""
+  loss) is read back, so each call is timed to its end; every other round runs them in reverse order, so that no
+  label always follows the same one. With `base` (a label) also "<label>/<base>": the median over the rounds of
+  base's time over label's in the same round (how many times faster; paired, so robust to a step that ran
+  0.75-1.35x its neighbours' time, as they did on a 2-core Xeon)."""
   times = {label: [] for label in runs}
-  for _ in range(rounds):
-    for label, (compiled, args) in runs.items():
+  for i in range(rounds):
+    for label, (compiled, args) in (list(runs.items()) if i % 2 == 0 else list(runs.items())[::-1]):
       start = time.perf_counter()
       float(compiled(*args)[2])
       times[label].append(time.perf_counter() - start)

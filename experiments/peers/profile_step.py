@@ -2,15 +2,19 @@
 AdamW), summed per XLA kernel kind (ynn_fusion: the matmuls; the *_fusion kinds: elementwise passes) and per
 category — what each kernel computes, read from the op_name metadata of the compiled program: the model's dense
 layers' matmuls, its mixer's core (attention's score and value products and softmax, the FFT, AFT's sums),
-LayerNorm, GELU, the embedding, the loss, AdamW, the gradients' all-reduce. profile_torch.py sums a PyTorch peer's
-step into the same categories.
+LayerNorm, GELU, the embedding, the loss, AdamW, the gradients' all-reduce; "other" for the rest (residual sums,
+copies XLA inserted). profile_torch.py sums a PyTorch peer's ops into the same categories, but for the mixer's core
+(there "attention kernel" or "fft") and the dense layers' bias terms (there part of the matmuls, addmm).
 
     python experiments/peers/profile_step.py identity_one_device 1024 [--json OUT]   # factory, length
     PJRT_NPROC=4 XLA_FLAGS=--xla_force_host_platform_device_count=2 \\
       python experiments/peers/profile_step.py attention 4096 [--train-options]      # split over 2 devices
 
-With several devices the kernels of all of them are summed and divided by the device count (ms per device; the
-devices run at once). --train-options compiles with efftx.train's compiler options
+Kernel times are summed per category; XLA runs independent kernels at once on its threads, so the sums can exceed
+the step's wall time. With several devices the kernels of all of them are summed and divided by the device count
+(ms per device; the devices run at once), and with PJRT_NPROC=4 (efftx's set-up: 2 threads a device, 4 on 2 cores)
+each kernel's duration includes time its thread waited for a core: read those as shares, not times (the committed
+profiles_xeon.json holds one-device runs). --train-options compiles with efftx.train's compiler options
 (sharding.step_compiler_options), which the harness's own step does not have.
 """
 import argparse
@@ -18,6 +22,7 @@ import collections
 import glob
 import gzip
 import json
+import math
 import pathlib
 import re
 import sys
@@ -63,10 +68,14 @@ def category(kernel: str, op_name: str, dot: bool, dense_modules: set) -> str:
   """What a kernel computes, from its name and its op_name (the jit/vjp path and the flax module path)."""
   if kernel.startswith(("all-reduce", "all-gather", "reduce-scatter", "collective")):
     return "all-reduce"
+  if not op_name:
+    return "other"
   path = op_name.split("/")
   roots = [i for i, p in enumerate(path) if re.search(r"\((Transformer|_DataParallel)\)", p)]
   if not roots:
-    return "loss" if any("take_along_axis" in p or p in ("jvp()", "transpose(jvp())") for p in path) else "adamw"
+    if any("take_along_axis" in p or p in ("jvp()", "transpose(jvp())") for p in path):
+      return "loss"
+    return "adamw" if len(path) == 2 else "other"  # optax's update: jit(step)/<primitive>
   modules = path[roots[0] + 1:]
   if "_DataParallel" in path[roots[0]] and modules[:1] == ["model"]:  # factories._DataParallel shares its scope
     modules = modules[1:]
@@ -94,8 +103,8 @@ def main():
   ap.add_argument("--json", help="write the categories (ms per device and step) here")
   args = ap.parse_args()
   step, params, opt, ids, labels = factories.harness_step(args.name, args.length)
-  devices = factories.CFG["tokens"] // args.length
-  devices = min(jax.local_device_count(), devices) if not args.name.endswith("_one_device") else 1
+  batch = factories.CFG["tokens"] // args.length
+  devices = 1 if args.name.endswith("_one_device") else math.gcd(batch, jax.local_device_count())  # as _DataParallel
   options = sharding.step_compiler_options(factories.CFG["tokens"] // args.length,
                                            sharding.make_mesh(devices=jax.local_devices()[:devices]))
   compiled = jax.jit(step).lower(params, opt, ids, labels).compile(options if args.train_options else None)

@@ -1,6 +1,7 @@
 """Where a PyTorch peer's training step spends its time: torch.profiler over the HF model the peer harness builds
-(../shared/bench/peers.py torch_worker: the same config, head, loss and AdamW, 2 intra-op threads), summed into the
-same categories as profile_step.py gives efftx's step, so the two can be read side by side.
+(../shared/bench/peers.py torch_worker: the same config, head, loss and AdamW, 2 intra-op threads), summed into
+profile_step.py's categories for efftx's step, so the two can be read side by side — but for the mixer's core
+("attention kernel" or "fft" here, "mixer core" there) and the dense layers' bias terms (inside addmm here).
 
     ~/.cache/peers-venv/bin/python experiments/peers/profile_torch.py hf-bert-sdpa 4096 [--json OUT]
 
@@ -18,7 +19,7 @@ from transformers import BertConfig, BertModel, FNetConfig, FNetModel
 
 CFG = dict(d=256, layers=4, heads=4, ff=1024, vocab=256, tokens=8192, lr=1e-4)  # peers.py's CFG
 
-# torch op (self time) → category; profile_step.py uses the same names.
+# torch op (self time) → category (profile_step.py's names, but for the mixer's core).
 CATEGORIES = (
     ("attention kernel", ("scaled_dot_product", "flash_attention")),
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
