@@ -93,6 +93,14 @@ def category(kernel: str, op_name: str, dot: bool, dense_modules: set) -> str:
   return "other"
 
 
+def print_ms(counter: collections.Counter, title: str = "", limit: int | None = None, label=str) -> None:
+  """`counter`'s entries, largest first, a line each: milliseconds, then label(key)."""
+  if title:
+    print(title)
+  for key, ms in counter.most_common(limit):
+    print(f"{ms:9.1f}  {label(key)}")
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("name")
@@ -142,14 +150,10 @@ def main():
   by_category.update({"(not in the program's text)": sum(unknown.values())} if unknown else {})
   print(f"{args.name}, length {args.length}, {devices} device(s){', train options ' + str(options) if args.train_options else ''}: "
         f"step {wall:.0f} ms wall, {sum(by_kind.values()):.0f} ms in kernels (ms per device and step):")
-  for name, ms in by_category.most_common():
-    print(f"{ms:9.1f}  {name}")
-  print("by kernel kind:")
-  for kind, ms in by_kind.most_common(12):
-    print(f"{ms:9.1f}  {kind}")
-  for kernel, ms in by_kernel.most_common(args.kernels):
-    op_name, dot = instructions[kernel]
-    print(f"{ms:9.1f}  {kernel} [{category(kernel, op_name, dot, dense_modules)}] {op_name}")
+  print_ms(by_category)
+  print_ms(by_kind, "by kernel kind:", 12)
+  print_ms(by_kernel, "", args.kernels,
+           lambda k: f"{k} [{category(k, *instructions[k], dense_modules)}] {instructions[k][0]}")
   if unknown:
     print("not in the program's text:", ", ".join(f"{k} {v:.1f}" for k, v in unknown.most_common(5)))
   if args.json:

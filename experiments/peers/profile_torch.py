@@ -11,11 +11,16 @@ the categories add up to the step.
 import argparse
 import collections
 import json
+import pathlib
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel, FNetConfig, FNetModel
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import profile_step  # pylint: disable=g-import-not-at-top,wrong-import-position  (its table printing)
 
 CFG = dict(d=256, layers=4, heads=4, ff=1024, vocab=256, tokens=8192, lr=1e-4)  # peers.py's CFG
 
@@ -94,11 +99,8 @@ def main():
     by_op[e.key] += ms
   print(f"{args.peer}, length {args.length}, batch {B}: step {wall:.0f} ms wall (profiled), "
         f"{sum(by_cat.values()):.0f} ms of op self time (ms per step):")
-  for name, ms in by_cat.most_common():
-    print(f"{ms:9.1f}  {name}")
-  print("top ops:")
-  for op, ms in by_op.most_common(15):
-    print(f"{ms:9.1f}  {op}  [{category(op)}]")
+  profile_step.print_ms(by_cat)
+  profile_step.print_ms(by_op, "top ops:", 15, lambda op: f"{op}  [{category(op)}]")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(dict(peer=args.peer, length=args.length, batch=B, wall_ms=wall, categories=dict(by_cat),
