@@ -78,10 +78,9 @@ def main(length: int, name: str, rounds: int = 30) -> None:
     nn.LayerNorm = layer_norm_class  # efftx.model reads nn.LayerNorm while the step is traced, just below
     runs[label] = factories.compiled_step(name, length)
   nn.LayerNorm = flax_layer_norm
-  (params, opt_state, loss), (_, flax_opt_state, flax_loss) = (compiled(*args) for compiled, args in runs.values())
+  (_, opt_state, loss), (_, flax_opt_state, flax_loss) = (compiled(*args) for compiled, args in runs.values())
   np.testing.assert_allclose(loss, flax_loss, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-7), opt_state, flax_opt_state)
-  del params
   ms = factories.alternate(runs, rounds, base="flax")
   print(f"{name} {length}, {rounds} rounds: written out {ms['written out']:.0f} ms, flax {ms['flax']:.0f} ms; "
         f"{ms['written out/flax']:.3f}x faster (median of the rounds' ratios)")

@@ -113,8 +113,7 @@ def main():
   step, params, opt, ids, labels = factories.harness_step(args.name, args.length)
   batch = factories.CFG["tokens"] // args.length
   devices = 1 if args.name.endswith("_one_device") else math.gcd(batch, jax.local_device_count())  # as _DataParallel
-  options = sharding.step_compiler_options(factories.CFG["tokens"] // args.length,
-                                           sharding.make_mesh(devices=jax.local_devices()[:devices]))
+  options = sharding.step_compiler_options(batch, sharding.make_mesh(devices=jax.local_devices()[:devices]))
   compiled = jax.jit(step).lower(params, opt, ids, labels).compile(options if args.train_options else None)
   instructions = _instructions(compiled.as_text())
   dense_modules = {"/".join(k.key for k in path[:-1]) for path, _ in jax.tree_util.tree_leaves_with_path(params)
