@@ -27,7 +27,7 @@ import orbax.checkpoint as ocp
 
 from jax.experimental import multihost_utils
 
-from efftx import config as config_lib
+from efftx import saved_configs
 from efftx import sharding
 from efftx import trainer
 from efftx.errors import UserError
@@ -271,7 +271,7 @@ def _set_aside(checkpoints: ocp.CheckpointManager, failed: list[tuple[int, str]]
 
 def read_config(workdir: epath.PathLike) -> ml_collections.ConfigDict:
   """workdir/config.json, with fields added since the run at their defaults (older layouts converted)."""
-  return config_lib.from_saved(json.loads((epath.Path(workdir) / "config.json").read_text()))
+  return saved_configs.from_saved(json.loads((epath.Path(workdir) / "config.json").read_text()))
 
 
 def check_same_run(config: ml_collections.ConfigDict, workdir: epath.PathLike) -> None:

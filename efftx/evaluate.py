@@ -18,6 +18,7 @@ from absl import flags
 import jax
 
 from efftx import checkpoints
+from efftx import cli
 from efftx import config as config_lib
 from efftx import distributed
 from efftx import metrics as metrics_lib
@@ -70,8 +71,8 @@ def evaluate(workdir: str, step: int | None = None, split: str = "validation") -
 
 
 def main(argv: list[str]) -> None:
-  config_lib.start_program("efftx.evaluate", argv, _WORKDIR.value, "a training run's")
-  with config_lib.one_line_errors("efftx.evaluate"):
+  cli.start_program("efftx.evaluate", argv, _WORKDIR.value, "a training run's")
+  with cli.one_line_errors("efftx.evaluate"):
     distributed.initialize_from_flags()
     sharding.use_cpu_cores()  # on a CPU: one device per core (the batch is rounded up to split over them)
     metrics, step = evaluate(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value)

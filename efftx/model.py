@@ -26,7 +26,7 @@ def gelu_erf(x: jax.Array) -> jax.Array:
   """Exact GELU, x·Φ(x) = x·(1 + erf(x/√2))/2, computed in float32, with the derivative Φ(x) + x·φ(x) written out:
   the same function as nn.gelu(approximate=False), whose autodiff backward pass is slower on a 2-core CPU: one
   feed-forward layer (8192 tokens, 256 → 1024 → 256, forward and backward) 220 → 190 ms, a whole training step
-  of the peer benchmark's shape 1.01–1.05× faster (experiments/peers/gelu_ab.py, the two steps alternated in one
+  of the peer benchmark's shape 1.01–1.05× faster (experiments/performance/gelu_ab.py, the two steps alternated in one
   process), 1.10× with the backward pass's barrier below (2 CPU devices, a 2-core Xeon)."""
   x32 = x.astype(jnp.float32)
   return (x32 * (0.5 + 0.5 * jax.lax.erf(x32 * np.float32(np.sqrt(0.5))))).astype(x.dtype)
@@ -39,7 +39,7 @@ def _gelu_erf_fwd(x):
 def _gelu_erf_bwd(x, g):
   # The barrier keeps XLA from sharing erf(x/√2) with the forward pass, which wrote it out as one more B×L×F array
   # and read it twice (for GELU's output and here) instead of recomputing it: the training step 1.02-1.07x faster
-  # without that (2 CPU devices, a 2-core Xeon; python experiments/peers/gelu_ab.py 1024 identity shared).
+  # without that (2 CPU devices, a 2-core Xeon; python experiments/performance/gelu_ab.py 1024 identity shared).
   x32 = jax.lax.optimization_barrier(x).astype(jnp.float32)
   cdf = 0.5 + 0.5 * jax.lax.erf(x32 * np.float32(np.sqrt(0.5)))
   pdf = np.float32(1 / np.sqrt(2 * np.pi)) * jnp.exp(-0.5 * x32 * x32)

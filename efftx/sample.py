@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from efftx import checkpoints
-from efftx import config as config_lib
+from efftx import cli
 from efftx import distributed
 from efftx import trainer
 from efftx.errors import UserError
@@ -76,8 +76,8 @@ def generate(config: ml_collections.ConfigDict, params, prompt_P: np.ndarray, le
 
 
 def main(argv):
-  config_lib.start_program("efftx.sample", argv, _WORKDIR.value, "a causal LM training run's")
-  with config_lib.one_line_errors("efftx.sample"):
+  cli.start_program("efftx.sample", argv, _WORKDIR.value, "a causal LM training run's")
+  with cli.one_line_errors("efftx.sample"):
     distributed.initialize_from_flags()
     config, params = load(_WORKDIR.value)
     task = trainer.parts(config).task

@@ -35,7 +35,7 @@ def use_cpu_cores(batch_size: int | None = None) -> None:
   """Makes a single-process run's CPU one XLA device per core (cpu_device_count), where JAX's default is one
   device for the whole CPU; call before anything touches a device. The batch is then split over the cores as
   it is over the chips of a pod, each core running its share of the step: on 2 cores the peer model's whole
-  training step ran 1.09-1.19x faster with 2 devices than with 1 (experiments/peers/README.md). Nothing changes
+  training step ran 1.09-1.19x faster with 2 devices than with 1 (experiments/performance/README.md). Nothing changes
   where the user chose a device count (XLA_FLAGS' --xla_force_host_platform_device_count, jax_num_cpu_devices), in
   a multi-process run, or once the backends are up. On a GPU or TPU host the CPU devices go unused.
 
@@ -44,7 +44,7 @@ def use_cpu_cores(batch_size: int | None = None) -> None:
   4096, its parameters on one device, as the peer harness passes them) stalled at an all-gather until XLA aborted
   the process in 7 of 8 runs on a 2-core Intel Xeon (other models, lengths and XLA options in 3 of 25), and in none
   of 13 with 4 threads, nor in any row of two peer-benchmark runs; efftx.train's tokens/s stayed the same within
-  the machine's noise (experiments/peers/stall_check.py, experiments/peers/README.md)."""
+  the machine's noise (experiments/performance/stall_check.py, experiments/performance/README.md)."""
   if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
       or jax.config.jax_num_cpu_devices != -1 or jax.distributed.is_initialized()):
     return
@@ -70,7 +70,7 @@ def step_compiler_options(batch_size: int, mesh: jax.sharding.Mesh) -> dict[str,
   peer-shape training step at one sequence per device ran faster without them: identity 1.15x, fnet 1.09x,
   attention 1.02x, aft_simple 1.19x, aft_local 1.65x, linear 1.06x (length 4096, 2 CPU devices), identity 1.21x
   (8192, one device), while with 2 or more sequences a device the same option gave 0.90-1.02x
-  (experiments/peers/xla_flags_ab.py, a 2-core Xeon). Elsewhere: no options."""
+  (experiments/performance/xla_flags_ab.py, a 2-core Xeon). Elsewhere: no options."""
   if jax.default_backend() != "cpu" or batch_size > mesh.size:
     return {}
   return {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}

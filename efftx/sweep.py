@@ -60,7 +60,7 @@ from absl import flags
 from etils import epath
 
 from efftx import checkpoints
-from efftx import config as config_lib
+from efftx import cli
 from efftx.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -705,11 +705,11 @@ def _define_flags() -> None:
 
 def main(argv: list[str]) -> None:
   if len(argv) != 2:
-    config_lib.exit_with("efftx.sweep", "give one sweep file: python -m efftx.sweep experiments/<study>/sweep.py "
+    cli.exit_with("efftx.sweep", "give one sweep file: python -m efftx.sweep experiments/<study>/sweep.py "
                          "--workdir=DIR")
   if not _WORKDIR.value:
-    config_lib.exit_with("efftx.sweep", "--workdir is required: the folder for the points' runs and the report")
-  with config_lib.one_line_errors("efftx.sweep"):
+    cli.exit_with("efftx.sweep", "--workdir is required: the folder for the points' runs and the report")
+  with cli.one_line_errors("efftx.sweep"):
     study = load(argv[1], _SCALE.value)
     workdir = os.fspath(checkpoints.run_folder(_WORKDIR.value))  # as efftx.train reads each point's --workdir
     launch = Launch(_LAUNCHER.value, _PARALLEL.value, tpu=_TPU.value, zone=_ZONE.value, remote_dir=_REMOTE_DIR.value,

@@ -28,6 +28,7 @@ import numpy as np
 import tqdm
 
 from efftx import checkpoints as checkpoints_lib
+from efftx import cli
 from efftx import config as config_lib
 from efftx import distributed
 from efftx import metrics as metrics_lib
@@ -40,7 +41,7 @@ from efftx.errors import UserError
 def _define_flags() -> None:
   """Command-line flags, defined only when run as a program (so that other entry points can import this one)."""
   global _CONFIG, _WORKDIR
-  _CONFIG = config_flags.DEFINE_config_file("config", config_lib.default_config_file(),
+  _CONFIG = config_flags.DEFINE_config_file("config", cli.default_config_file(),
                                             "Config file[:argument string].", lock_config=True)
   _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, TensorBoard, config.json.")
   distributed.define_flags()
@@ -301,13 +302,13 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _CONFIG.value.model  # a config file that failed to load raises here  # pylint: disable=pointless-statement
     return rest
   except (flags.Error, AttributeError, KeyError, ValueError, TypeError, OSError) as e:  # the config file's own
-    config_lib.exit_with("efftx.train", config_lib.explain_flag_error(argv, e))
+    cli.exit_with("efftx.train", cli.explain_flag_error(argv, e))
 
 
 def main(argv: list[str]) -> None:
-  config_lib.start_program("efftx.train", argv, _WORKDIR.value, "where checkpoints and metrics go")
+  cli.start_program("efftx.train", argv, _WORKDIR.value, "where checkpoints and metrics go")
   # A bad config, a workdir holding another run, a bad corpus, divergence: one clear line; bugs keep their traceback.
-  with config_lib.one_line_errors("efftx.train"):
+  with cli.one_line_errors("efftx.train"):
     distributed.initialize_from_flags()
     sharding.use_cpu_cores(_CONFIG.value.data.batch_size)  # on a CPU: one device per core
     config_lib.validate(_CONFIG.value, jax.device_count())
@@ -322,5 +323,5 @@ if __name__ == "__main__":
   try:  # ml_collections loads the default config and applies --config.* overrides while defining the flag
     _define_flags()
   except (AttributeError, KeyError, ValueError, TypeError, OSError) as e:
-    config_lib.exit_with("efftx.train", config_lib.explain_flag_error(sys.argv, e))
+    cli.exit_with("efftx.train", cli.explain_flag_error(sys.argv, e))
   app.run(main, flags_parser=_parse_flags)

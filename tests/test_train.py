@@ -13,6 +13,7 @@ import pytest
 from conftest import metrics_rows
 from efftx import checkpoints
 from efftx import config as config_lib
+from efftx import saved_configs
 from efftx import sharding
 from efftx import train
 from efftx import trainer
@@ -136,7 +137,7 @@ _OLD_FLAT_MODEL = {
 ])
 def test_an_old_flat_config_json_converts(mixer, changes, want):
   saved = {"model": {**_OLD_FLAT_MODEL, "mixer": mixer, **changes}, "data": {"task": "listops"}, "seed": 3}
-  config = config_lib.from_saved(saved)
+  config = saved_configs.from_saved(saved)
   # The options named in `want` converted as shown; options added since take their defaults.
   assert config.mixer.to_dict() == {**config_lib.mixer_options(mixer).to_dict(), **want}
   assert set(config.model.keys()) == set(config_lib.default_config().model.keys())

@@ -16,7 +16,7 @@ Five implementations of the same function (config `attention_impl`):
 
 "flash" is the CPU default because it was the fastest there at every length (`python -m efftx.bench --mode=attention`:
 2 cores, B×L = 8192 tokens, width 256 in 4 heads, jit of the mixer's forward and backward, ms per call, 2026-11-30;
-experiments/peers/attention_paths.json):
+experiments/performance/attention_paths.json):
       L          128   256  1024  4096
       plain      176   236   540  1798
       chunked    211   324   792  2397
@@ -170,7 +170,7 @@ def _transposed_key_grads(P: int, C: int) -> bool:
   hands these dots to Eigen; transposed, to YNNPACK. The peer model's training step on 2 CPU devices 1.18x (4096),
   1.09x (2048), 1.05x (1024), 1.02x (512) faster; the attention kernel alone (_flash, forward and backward, 8192
   tokens) 1.06-1.14x at 512-4096 but 0.72x and 0.93x at 256 (one block: B·H small matmuls; two runs), hence the gate
-  (experiments/peers/flash_bwd_ab.py LENGTH attention, and LENGTH kernel; a 2-core Xeon)."""
+  (experiments/performance/flash_bwd_ab.py LENGTH attention, and LENGTH kernel; a 2-core Xeon)."""
   return jax.default_backend() == "cpu" and P > C
 
 

@@ -1,0 +1,108 @@
+"""What every entry point shares on the command line: one-line errors and exit code 2, the check of its flags, the
+explanation of a bad --config or override, the default config file, and quieter library logs."""
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib.util
+import os
+import runpy
+import sys
+
+import ml_collections
+
+from efftx.errors import UserError
+
+def explain_flag_error(argv: list[str], error: Exception) -> str:
+  """One line for an error raised while parsing --config and its overrides.
+
+  For a mistyped override key (`--config.model.mixerr=...`), names the field and the valid fields beside it;
+  otherwise the first line of the error.
+  """
+  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), default_config_file())
+  overrides = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  if config_arg:
+    path, _, arg = config_arg.partition(":")
+    if not os.path.exists(path):
+      return f"--config={config_arg}: no such config file"
+    try:
+      module = runpy.run_path(path)
+      if "get_config" not in module:
+        return (f"--config={config_arg}: the file has no get_config function (a config file defines "
+                "get_config(arg=None) returning its ConfigDict)")
+      config = module["get_config"](*([arg] if arg else []))
+    except Exception as e:  # pylint: disable=broad-except
+      return f"--config={config_arg}: {_first_line(e)}"
+    for key in overrides:
+      node, parts = config, key.split(".")[1:]
+      for depth, part in enumerate(parts):
+        if not isinstance(node, ml_collections.ConfigDict):
+          break
+        if part not in node:
+          return f"--{key}: " + _missing_field(config, ".".join(["config"] + parts[:depth]), node, part)
+        node = node[part]
+  return _first_line(error)
+
+
+def _missing_field(config: ml_collections.ConfigDict, parent: str, node: ml_collections.ConfigDict,
+                   part: str) -> str:
+  """Why `parent.part` does not exist: a mixer option the chosen mixer lacks, a mixer option set in the wrong
+  section, or a typo (with the closest field)."""
+  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+  mixer = config.model.mixer
+  spec = MIXERS.get(mixer)
+  if parent == "config.mixer" and spec:
+    return f"mixer '{mixer}' has no option '{part}'; its options: {spec.describe()}"
+  if parent == "config.model" and spec and any(part in s.options for s in MIXERS.values()):
+    where = f"config.mixer.{part}" if part in spec.options else f"not an option of mixer '{mixer}'"
+    return f"'{part}' is a mixer option ({where}); mixer '{mixer}' has options: {spec.describe()}"
+  guess = difflib.get_close_matches(part, list(node.keys()), n=1)
+  hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+  return f"{parent} has no field '{part}'{hint}; fields of {parent}: {', '.join(sorted(node.keys()))}"
+
+
+def _first_line(error: Exception) -> str:
+  lines = str(error).strip().strip("'\"").splitlines()
+  return lines[0] if lines else type(error).__name__
+
+
+def default_config_file() -> str:
+  """The quickstart config's path: configs/ is installed as the package efftx.configs (pyproject.toml), so this
+  works from a checkout, an editable install and a plain one."""
+  spec = importlib.util.find_spec("efftx.configs.quickstart")
+  if spec is None or spec.origin is None:
+    raise UserError("efftx.configs is not installed: pass --config=PATH/TO/configs/quickstart.py")
+  return spec.origin
+
+
+def quiet_library_logs() -> None:
+  """Orbax logs every step of every save and restore at INFO (and warns that a manager opened read-only to read a
+  run's parameters is read-only), TFDS every dataset it opens: keep the entry points' own lines readable."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.get_absl_handler().addFilter(lambda record: not any(
+      f"/{lib}/" in record.pathname for lib in ("orbax", "tensorflow_datasets")) or (
+          record.levelno >= 30 and "read only" not in record.getMessage().replace("_", " ")))
+
+
+def exit_with(prog: str, message: str) -> None:
+  print(f"{prog}: error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def start_program(prog: str, argv: list[str], workdir: str | None, workdir_help: str) -> None:
+  """What every entry point does first: quiet the libraries' logs, refuse stray arguments, require --workdir."""
+  quiet_library_logs()
+  if len(argv) > 1:
+    exit_with(prog, f"unexpected arguments: {' '.join(argv[1:])}")
+  if not workdir:
+    exit_with(prog, f"--workdir is required ({workdir_help})")
+
+
+@contextlib.contextmanager
+def one_line_errors(prog: str):
+  """A UserError inside becomes one line on stderr and exit code 2; anything else is a bug and keeps its
+  traceback."""
+  try:
+    yield
+  except UserError as e:
+    exit_with(prog, str(e))
