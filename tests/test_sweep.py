@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from efftx import sweep
+from efftx.sweep import launch
+from efftx.sweep import report
+from efftx.sweep import study as study_lib
 
 
 def _sweep_file(tmp_path, data_dir, groups: dict, extra: str = "") -> str:
@@ -38,8 +40,8 @@ def _sweep(*args, **kwargs):
 
 
 def test_grid_names_and_commands():
-  points = sweep.grid({"aft_local s=8": {"arg": "mixer=aft_local", "overrides": {"mixer.window": 8}}},
-                      seeds=(0, 1), learning_rates=(1e-3, 3e-4))
+  points = study_lib.grid({"aft_local s=8": {"arg": "mixer=aft_local", "overrides": {"mixer.window": 8}}},
+                          seeds=(0, 1), learning_rates=(1e-3, 3e-4))
   assert [p.name for p in points] == ["aft_local_s=8-lr0.001-seed0", "aft_local_s=8-lr0.001-seed1",
                                       "aft_local_s=8-lr0.0003-seed0", "aft_local_s=8-lr0.0003-seed1"]
   assert points[3].command("configs/lm_bytes.py", "/w/x", python="python") == [
@@ -48,15 +50,15 @@ def test_grid_names_and_commands():
 
 
 def test_a_bench_points_list_flag_is_comma_joined():
-  point = sweep.grid({"fnet": {"bench": {"mixers": "fnet", "lengths": [256, 1024]}}})[0]
+  point = study_lib.grid({"fnet": {"bench": {"mixers": "fnet", "lengths": [256, 1024]}}})[0]
   assert point.flags("") == ["--mixers=fnet", "--lengths=256,1024"]
 
 
 def test_a_group_may_start_from_its_own_config_file(tmp_path, data_dir):
   path = _sweep_file(tmp_path, data_dir, {"listops": {"arg": "smoke"},
                                           "bytes": {"arg": "smoke", "config": "configs/lm_bytes.py"}})
-  study = sweep.load(path)
-  commands = sweep._commands(study, "/w", sweep.Launch())  # pylint: disable=protected-access
+  study = study_lib.load(path)
+  commands = launch._commands(study, "/w", launch.Launch())  # pylint: disable=protected-access
   assert commands["listops-seed0"][3] == "--config=configs/quickstart.py:smoke"  # relative to the checkout
   assert commands["bytes-seed0"][3] == "--config=configs/lm_bytes.py:smoke"
 
@@ -69,7 +71,7 @@ def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
   points[0]["state"] = "failed"  # g0, lr 1e-3, seed 0: left out
   points[1]["value"] = float("nan")  # g0, lr 1e-3, seed 1: diverged, left out
   for goal, pick in (("max", np.argmax), ("min", np.argmin)):
-    rows = sweep.aggregate(points, goal)
+    rows = report.aggregate(points, goal)
     for g, row in enumerate(rows):
       kept = [values[g, i, :] if (g, i) != (0, 0) else values[0, 0, 2:] for i in range(3)]
       means = [k.mean() for k in kept]
@@ -85,7 +87,7 @@ def test_report_from_existing_workdirs(tmp_path, data_dir):
                      extra='PAPER = {"a": 0.5}\nSOURCE = "Somebody et al. (2020), Table 1"\n'
                            'X = ("width", {"a": 1, "b": 2})\n'
                            'def claim(rows):\n  return "held" if rows[0]["mean"] > rows[1]["mean"] else "did not hold"\n')
-  study = sweep.load(path)
+  study = study_lib.load(path)
   workdir = tmp_path / "runs"
   for p, value in zip(study.points, (0.75, 0.25)):  # what two finished runs leave behind
     (workdir / p.name).mkdir(parents=True)
@@ -129,7 +131,7 @@ def test_bench_points_metrics_and_ratios_to_a_baseline(tmp_path):
   groups = {"attention L=32": {"mixers": "attention", "lengths": 32}, "fnet L=32": {"mixers": "fnet", "lengths": 32},
             "fnet L=64": {"mixers": "fnet", "lengths": 64}, "lsh L=32": {"mixers": "lsh", "lengths": 32}}
   path = _bench_sweep_file(tmp_path, groups)
-  study = sweep.load(path)
+  study = study_lib.load(path)
   assert [p.name for p in study.points] == ["attention_L=32", "fnet_L=32", "fnet_L=64", "lsh_L=32"]  # no seeds
   assert study.points[1].command("", "/w/fnet_L=32", python="python") == [
       "python", "-m", "efftx.bench", "--mixers=fnet", "--lengths=32", "--json=/w/fnet_L=32/bench.json"]
@@ -140,7 +142,7 @@ def test_bench_points_metrics_and_ratios_to_a_baseline(tmp_path):
     (workdir / name).mkdir(parents=True)
     row = {"argument_mib": argument, **({"temp_mib": temp} if temp is not None else {})}
     (workdir / name / "bench.json").write_text(json.dumps({"rows": [row]}))
-  assert all(sweep.state(workdir / name) == "done" for name in measured)
+  assert all(launch.state(workdir / name) == "done" for name in measured)
   proc = _sweep(path, f"--workdir={workdir}", "--report")
   assert proc.returncode == 0, proc.stderr
   table = (workdir / "report.md").read_text()
@@ -220,7 +222,7 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
   out, err = first.communicate(timeout=120)
   assert first.returncode == 0, err
   assert "efftx.sweep: stopping" in err and "not finished: long-seed0, short-seed0, broken-seed0" in err
-  assert sweep.state(workdir / "long-seed0") == "unfinished" and not (workdir / "short-seed0").exists()
+  assert launch.state(workdir / "long-seed0") == "unfinished" and not (workdir / "short-seed0").exists()
 
   again = _sweep(path, f"--workdir={workdir}", "--parallel=2")
   assert again.returncode == 1, again.stderr  # a point failed
@@ -259,21 +261,21 @@ def test_slurm_launcher_through_submitits_local_executor(tmp_path, data_dir):
   proc = _sweep(path, f"--workdir={workdir}", "--launcher=slurm", "--submitit_cluster=local")
   assert proc.returncode == 0, proc.stderr
   assert "submitted    fnet-seed0: job " in proc.stdout
-  assert sweep.state(workdir / "fnet-seed0") == "done"
+  assert launch.state(workdir / "fnet-seed0") == "done"
   assert os.listdir(workdir / "submitit")  # submitit's own job folder and logs
-  outcome = json.loads((workdir / "fnet-seed0" / sweep.POINT_FILE).read_text())
+  outcome = json.loads((workdir / "fnet-seed0" / launch.POINT_FILE).read_text())
   assert outcome["status"] == "done" and outcome["returncode"] == 0
 
 
 def test_a_point_stopped_by_a_signal_is_resumable_and_one_killed_is_failed(tmp_path):
   die = "import os, signal, sys; print('starting'); sys.stdout.flush(); os.kill(os.getpid(), signal.{})"
-  stopped = sweep.run_point([sys.executable, "-c", die.format("SIGTERM")], str(tmp_path / "a"))
-  assert stopped["status"] == "stopped" and sweep.state(tmp_path / "a") == "pending"
-  killed = sweep.run_point([sys.executable, "-c", die.format("SIGKILL")], str(tmp_path / "b"))
+  stopped = launch.run_point([sys.executable, "-c", die.format("SIGTERM")], str(tmp_path / "a"))
+  assert stopped["status"] == "stopped" and launch.state(tmp_path / "a") == "pending"
+  killed = launch.run_point([sys.executable, "-c", die.format("SIGKILL")], str(tmp_path / "b"))
   assert killed["status"] == "failed" and killed["error"] == "killed by SIGKILL; its last output: starting"
-  silent = sweep.run_point([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
-                           str(tmp_path / "c"))
-  assert silent["error"] == "killed by SIGKILL" and sweep.state(tmp_path / "c") == "failed"
+  silent = launch.run_point([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                            str(tmp_path / "c"))
+  assert silent["error"] == "killed by SIGKILL" and launch.state(tmp_path / "c") == "failed"
 
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])
@@ -284,10 +286,10 @@ def test_every_committed_study_builds_a_valid_config_for_every_point(scale):
   import runpy  # pylint: disable=g-import-not-at-top
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
   paths = sorted(glob.glob(os.path.join(REPO, "experiments", "*", "sweep.py")))
-  assert len(paths) >= 6  # one per study of issue 13
+  assert len(paths) >= 6  # one per study
   checked = 0
   for path in paths:
-    study = sweep.load(path, scale)
+    study = study_lib.load(path, scale)
     for point in study.points:
       if point.program != "train":
         continue

@@ -1,0 +1,40 @@
+"""Sweeps: run a study's grid of training runs, then turn them into the study's table and plot.
+
+    python -m efftx.sweep experiments/<study>/sweep.py --workdir=/tmp/efftx/<study> [--parallel=2]
+    python -m efftx.sweep experiments/<study>/sweep.py --workdir=DIR --report [--publish]
+    python -m efftx.sweep ... --launcher=slurm [--slurm_partition=gpu --gpus_per_node=8 --timeout_min=600]
+    python -m efftx.sweep ... --launcher=tpu --tpu=my-slice --zone=us-central2-b   # needs a gs:// --workdir
+    python -m efftx.sweep ... --dry_run                                          # what would run, any launcher
+
+A sweep file is plain Python that defines:
+  CONFIG          the config file its training points start from, e.g. "configs/lm_bytes.py" (a group may name
+                  its own: {"config": ...})
+  points(scale)   -> list[Point]: the grid at scale "cpu" (what this repository's tables ran) or "paper"
+  METRIC, GOAL    the metric each point contributes (its last value in the point's metrics.jsonl, or in a bench
+                  point's bench.json), "min" or "max"
+  METRICS         optional: more metrics shown beside METRIC (a bench point's memory beside its tokens/s)
+  BASELINE        optional {group: baseline group}: every metric is also shown divided by the baseline's (the
+                  plot then draws the ratios), e.g. tokens/s as a ratio to softmax attention at the same length
+  PAPER           optional {group: the paper's number} ({group: {metric: number}} for several metrics; a ratio
+                  where BASELINE is set); SOURCE says where they come from
+  X               optional (axis label, {group: x}): the plot draws ours and the paper's against x; else bars
+  SERIES          optional {group: line}: with X, one line per series (e.g. per mixer, against length)
+  XSCALE          optional "linear" or "log" (default: log where X spans 16× or more)
+  claim(rows)     optional: one line saying whether the paper's claim held, from the aggregated rows
+and holds in its docstring the claim being tested and the paper's numbers with their source.
+
+Every point is one `python -m efftx.train` command (Point.command; printed before it runs, runnable by hand) with
+its own workdir DIR/<point>: a re-run skips points that reached their total_steps, resumes the others from their
+checkpoints, and retries failed ones. A bench point is one `python -m efftx.bench` command writing
+DIR/<point>/bench.json (done once that file exists; run them with --parallel=1, or their timings share the cores).
+A failing point is reported with its one-line error; the others go on.
+On one machine `--parallel` points run at a time; `--launcher=slurm` submits each point as a SLURM job through
+submitit; `--launcher=tpu` runs each point on every worker of a TPU VM slice with `gcloud compute tpus tpu-vm ssh
+--worker=all` (one point at a time, in order). Seeds of a group are aggregated as mean ± std (sample std), and
+learning rates as the best mean (a group's row is its best learning rate, as Zoology reports). The report is
+written after every run (and alone with --report); the exit status is 1 when a point failed.
+"""
+from efftx.sweep.study import Point  # what sweep files use
+from efftx.sweep.study import grid
+
+__all__ = ["Point", "grid"]

@@ -1,0 +1,92 @@
+"""The command line: flags → load the sweep file → run its points → write the report (and publish it).
+
+`--help` prints the package's docstring, the sweep file's format."""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from absl import app
+from absl import flags
+from etils import epath
+
+from efftx import checkpoints
+from efftx import cli
+from efftx import sweep
+from efftx.errors import UserError
+from efftx.sweep.launch import LAUNCHERS
+from efftx.sweep.launch import Launch
+from efftx.sweep.launch import run
+from efftx.sweep.report import publish
+from efftx.sweep.report import report
+from efftx.sweep.study import REPO
+from efftx.sweep.study import load
+
+
+def _define_flags() -> None:
+  global _WORKDIR, _SCALE, _PARALLEL, _LAUNCHER, _DRY_RUN, _REPORT, _PUBLISH, _TPU, _ZONE, _REMOTE_DIR
+  global _SLURM_PARTITION, _NODES, _GPUS_PER_NODE, _TIMEOUT_MIN, _SUBMITIT_CLUSTER
+  _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's folder: one workdir per point, the report.")
+  _SCALE = flags.DEFINE_enum("scale", "cpu", ["cpu", "paper"], "The grid: reduced (cpu) or the paper's.")
+  _PARALLEL = flags.DEFINE_integer("parallel", 1, "Points at a time (launcher local).", lower_bound=1)
+  _LAUNCHER = flags.DEFINE_enum("launcher", "local", LAUNCHERS, "Where points run.")
+  _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each point's state and command; run nothing.")
+  _REPORT = flags.DEFINE_bool("report", False, "Only write the report from the points' workdirs.")
+  _PUBLISH = flags.DEFINE_bool("publish", False, "Copy the report next to the sweep file.")
+  _TPU = flags.DEFINE_string("tpu", "", "launcher tpu: the TPU VM slice's name.")
+  _ZONE = flags.DEFINE_string("zone", "", "launcher tpu: its zone.")
+  _REMOTE_DIR = flags.DEFINE_string("remote_dir", "efftx", "launcher tpu: the efftx checkout on the workers.")
+  _SLURM_PARTITION = flags.DEFINE_string("slurm_partition", "", "launcher slurm: the partition.")
+  _NODES = flags.DEFINE_integer("nodes", 1, "launcher slurm: nodes per point (one process per node).")
+  _GPUS_PER_NODE = flags.DEFINE_integer("gpus_per_node", 0, "launcher slurm: GPUs per node.")
+  _TIMEOUT_MIN = flags.DEFINE_integer("timeout_min", 24 * 60, "launcher slurm: a point's time limit (minutes).")
+  _SUBMITIT_CLUSTER = flags.DEFINE_enum("submitit_cluster", "slurm", ["slurm", "local"],
+                                        "launcher slurm: submitit's executor (local: on this machine, for tests).")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) != 2:
+    cli.exit_with("efftx.sweep", "give one sweep file: python -m efftx.sweep experiments/<study>/sweep.py "
+                         "--workdir=DIR")
+  if not _WORKDIR.value:
+    cli.exit_with("efftx.sweep", "--workdir is required: the folder for the points' runs and the report")
+  with cli.one_line_errors("efftx.sweep"):
+    study = load(argv[1], _SCALE.value)
+    workdir = os.fspath(checkpoints.run_folder(_WORKDIR.value))  # as efftx.train reads each point's --workdir
+    launch = Launch(_LAUNCHER.value, _PARALLEL.value, tpu=_TPU.value, zone=_ZONE.value, remote_dir=_REMOTE_DIR.value,
+                    submitit_cluster=_SUBMITIT_CLUSTER.value)
+    if launch.launcher == "tpu" and not (launch.tpu and launch.zone):
+      raise UserError("--launcher=tpu needs --tpu=<slice name> and --zone=<zone>")
+    if launch.launcher == "tpu" and not workdir.startswith("gs://") and not _DRY_RUN.value:
+      raise UserError("--launcher=tpu needs a --workdir every worker and this machine reach: gs://bucket/folder")
+    if launch.launcher == "slurm":
+      launch.slurm = {"timeout_min": _TIMEOUT_MIN.value, "nodes": _NODES.value, "tasks_per_node": 1}
+      if _SLURM_PARTITION.value:
+        launch.slurm["slurm_partition"] = _SLURM_PARTITION.value
+      if _GPUS_PER_NODE.value:
+        launch.slurm["gpus_per_node"] = _GPUS_PER_NODE.value
+      if launch.submitit_cluster == "local":
+        launch.slurm = {"timeout_min": _TIMEOUT_MIN.value}
+    command = shlex.join(["python", "-m", "efftx.sweep", os.path.relpath(os.path.abspath(argv[1]), REPO)]
+                         + ([f"--scale={_SCALE.value}"] if _SCALE.value != "cpu" else []) + ["--workdir=DIR"])
+    if not _REPORT.value:
+      states = run(study, workdir, launch, dry_run=_DRY_RUN.value)
+      if _DRY_RUN.value:
+        return
+      unfinished = [n for n, s in states.items() if s != "done"]
+      if unfinished:
+        print(f"efftx.sweep: not finished: {', '.join(unfinished)}", file=sys.stderr)
+    paths = report(study, workdir, _SCALE.value, command)
+    print(epath.Path(paths["md"]).read_text())
+    print(f"report: {', '.join(paths.values())}")
+    if _PUBLISH.value:
+      print(f"published: {', '.join(publish(study, paths))}")
+  if not _REPORT.value and not _DRY_RUN.value and "failed" in states.values():
+    sys.exit(1)  # after the report: a script running the sweep learns that a point failed
+
+
+if __name__ == "__main__":
+  __doc__ = sweep.__doc__  # what absl's --help prints: the sweep file's format
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,240 @@
+"""The report: a study's points aggregated per group (mean ± sample std over seeds, the best learning rate,
+ratios to a baseline), written as markdown, CSV, JSON and a plot, and published into the study's folder."""
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import json
+import math
+import os
+import platform
+from typing import Any
+
+from etils import epath
+
+from efftx.sweep.launch import collect
+from efftx.sweep.study import Study
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+  mean = sum(values) / len(values)
+  return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+
+
+def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, metrics: tuple[str, ...] = (),
+              ) -> list[dict]:
+  """Per group: for each learning rate the mean and sample std of the finished seeds' values; the group's row is
+  the learning rate with the best mean ("min" or "max" by goal). Groups in the order given (default: first seen).
+  Each of `metrics` (points' "values") is aggregated over the same runs, into the row's "metrics"."""
+  order = groups or list(dict.fromkeys(p["group"] for p in points))
+  out = []
+  for group in order:
+    by_lr: dict[Any, list[dict]] = {}
+    for p in points:
+      if p["group"] == group and p["state"] == "done" and p["value"] is not None and math.isfinite(p["value"]):
+        by_lr.setdefault(p["learning_rate"], []).append(p)
+    total = sum(1 for p in points if p["group"] == group)
+    if not by_lr:
+      out.append({"group": group, "mean": None, "std": None, "n": 0, "of": total, "learning_rate": None,
+                  "by_learning_rate": {}, "metrics": {m: {"mean": None, "std": None} for m in metrics}})
+      continue
+    means = {lr: _mean_std([p["value"] for p in runs])[0] for lr, runs in by_lr.items()}
+    best = (min if goal == "min" else max)(means, key=means.get)
+    runs = by_lr[best]
+    mean, std = _mean_std([p["value"] for p in runs])
+    extra = {}
+    for m in metrics:
+      values = [p["values"][m] for p in runs if p["values"].get(m) is not None and math.isfinite(p["values"][m])]
+      extra[m] = dict(zip(("mean", "std"), _mean_std(values))) if values else {"mean": None, "std": None}
+    of = sum(1 for p in points if p["group"] == group and p["learning_rate"] == best)  # seeds at that rate
+    out.append({"group": group, "mean": mean, "std": std, "n": len(runs), "of": of, "learning_rate": best,
+                "by_learning_rate": {str(lr): m for lr, m in means.items()}, "metrics": extra})
+  return out
+
+
+def _with_ratios(study: Study, rows: list[dict]) -> list[dict]:
+  """Puts METRIC beside the others in each row's "metrics", and adds "ratio": {metric: its mean ÷ the mean of its
+  BASELINE group} (None without a baseline)."""
+  for r in rows:
+    r["metrics"][study.metric] = {"mean": r["mean"], "std": r["std"]}
+  by_group = {r["group"]: r for r in rows}
+  for r in rows:
+    base = by_group.get(study.baseline.get(r["group"], ""))
+    r["ratio"] = {}
+    for m in (study.metric, *study.metrics):
+      ours, theirs = (r["metrics"][m]["mean"], base["metrics"][m]["mean"]) if base else (None, None)
+      r["ratio"][m] = ours / theirs if ours is not None and theirs else None
+  return rows
+
+
+def _fmt(value: float | None) -> str:
+  return "—" if value is None else f"{value:.4g}"
+
+
+def _columns(study: Study) -> list[tuple[str, str, str]]:
+  """The table's columns after "setting": (header, kind, metric), kind one of paper / ours / ratio."""
+  several = bool(study.metrics) or bool(study.baseline)
+  out = []
+  for m in (study.metric, *study.metrics):
+    has_paper = any(study.paper_value(g, m) is not None for g in study.paper) or (m == study.metric and not several)
+    if has_paper:
+      out.append((f"paper: {m}" if several else "paper", "paper", m))
+    if study.baseline:
+      out.append((f"ours: {m} ÷ baseline", "ratio", m))
+    out.append((f"ours: {m}" if several else "ours (mean ± std)", "ours", m))
+  return out
+
+
+def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, str]:
+  """Writes DIR/report.md, report.csv, report.png and results.json; returns their paths."""
+  points = collect(study, workdir)
+  rows = _with_ratios(study, aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)),
+                                       study.metrics))
+  several_lrs = len({p.learning_rate for p in study.points}) > 1
+  seconds = sum(p["seconds"] or 0 for p in points)
+  lines = [f"# {study.name}: {study.metric} ({'lower' if study.goal == 'min' else 'higher'} is better)", ""]
+  first_paragraph = study.doc.strip().split("\n\n")[0]
+  if first_paragraph:
+    lines += [" ".join(first_paragraph.split()), ""]
+  example = next(((g, b) for g, b in study.baseline.items() if g != b and g in {r["group"] for r in rows}), None)
+  if example:
+    lines += [f"\"÷ baseline\": each setting divided by its baseline's value (e.g. {example[0]} ÷ {example[1]}).", ""]
+  columns = _columns(study)
+  header = ["setting", *(c[0] for c in columns), "seeds"] + (["best learning rate"] if several_lrs else [])
+  lines += ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
+  for r in rows:
+    cells = [r["group"]]
+    for _, kind, m in columns:
+      if kind == "paper":
+        cells.append(_fmt(study.paper_value(r["group"], m)))
+      elif kind == "ratio":
+        cells.append("—" if r["ratio"][m] is None else f"{r['ratio'][m]:.3g}")
+      else:
+        mean, std = r["metrics"][m]["mean"], r["metrics"][m]["std"]
+        cells.append("—" if mean is None else f"{mean:.4g}" + (f" ± {std:.2g}" if r["n"] > 1 else ""))
+    cells.append(f"{r['n']}/{r['of']}")
+    if several_lrs:
+      cells.append("—" if r["learning_rate"] is None else f"{r['learning_rate']:g}")
+    lines.append("| " + " | ".join(cells) + " |")
+  lines.append("")
+  if study.source:
+    lines += [f"Paper: {study.source}", ""]
+  if study.claim and all(r["mean"] is not None for r in rows):
+    lines += [f"**Claim at our scale:** {study.claim(rows)}", ""]
+  missing = [p["point"] for p in points if p["state"] == "done" and p["value"] is None]
+  if missing:
+    lines += [f"Done but without {study.metric} in their output (left out): " + ", ".join(missing), ""]
+  failed = [p for p in points if p["state"] != "done"]
+  if failed:
+    lines += ["Not finished: " + "; ".join(f"{p['point']} ({p['state']}"
+                                            + (f": {p['error']}" if p["error"] else "") + ")" for p in failed), ""]
+  lines += [f"Scale: `{scale}` ({len(study.points)} runs). Command: `{command}`",
+            f"Machine: {_machine()}. Time of all runs together: {datetime.timedelta(seconds=round(seconds))}. "
+            f"Written {datetime.datetime.now():%Y-%m-%d %H:%M}.", ""]
+  folder = epath.Path(workdir)
+  folder.mkdir(parents=True, exist_ok=True)
+  paths = {"md": folder / "report.md", "csv": folder / "report.csv", "png": folder / "report.png",
+           "json": folder / "results.json"}
+  paths["md"].write_text("\n".join(lines))
+  out = io.StringIO()
+  writer = csv.writer(out)
+  extra_header = [f"{m}_{k}" for m in study.metrics for k in ("mean", "std")]
+  ratio_header = [f"{m}_ratio" for m in (study.metric, *study.metrics)] if study.baseline else []
+  writer.writerow(["setting", "paper", "mean", "std", "seeds", "runs", "best_learning_rate", *extra_header,
+                   *ratio_header])
+  for r in rows:
+    paper = study.paper_value(r["group"], study.metric)
+    writer.writerow([r["group"], "" if paper is None else paper, r["mean"], r["std"], r["n"], r["of"],
+                     r["learning_rate"], *(r["metrics"][m][k] for m in study.metrics for k in ("mean", "std")),
+                     *(r["ratio"][m] for m in (study.metric, *study.metrics) if study.baseline)])
+  paths["csv"].write_text(out.getvalue())
+  paths["json"].write_text(json.dumps({"study": study.name, "metric": study.metric, "metrics": study.metrics,
+                                       "goal": study.goal, "scale": scale, "command": command,
+                                       "machine": _machine(), "seconds": seconds, "rows": rows, "points": points},
+                                      indent=2))
+  _plot(study, rows, paths["png"])
+  return {k: os.fspath(v) for k, v in paths.items()}
+
+
+def _plot(study: Study, rows: list[dict], path: epath.Path) -> None:
+  """One panel per metric: ours (ratios where BASELINE is set) and the paper's, against X (one line per SERIES)
+  or as bars."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  metrics = (study.metric, *study.metrics)
+  fig, axes = plt.subplots(1, len(metrics), figsize=(7 * len(metrics), 4.5), squeeze=False)
+  for ax, metric in zip(axes[0], metrics):
+    value = lambda r, m=metric: r["ratio"][m] if study.baseline else r["metrics"][m]["mean"]
+    std = lambda r, m=metric: 0.0 if study.baseline else r["metrics"][m]["std"]
+    done = [r for r in rows if value(r) is not None]
+    if study.x:
+      label, xs = study.x
+      on_axis = [r for r in done if r["group"] in xs]
+      for series in dict.fromkeys(study.series.get(r["group"], "ours") for r in on_axis):
+        line = [r for r in on_axis if study.series.get(r["group"], "ours") == series]
+        ax.errorbar([xs[r["group"]] for r in line], [value(r) for r in line], yerr=[std(r) for r in line],
+                    marker="o", capsize=3, label=series)
+        paper = sorted((xs[g], study.paper_value(g, metric)) for g in study.paper
+                       if g in xs and study.series.get(g, "ours") == series
+                       and study.paper_value(g, metric) is not None)
+        if paper:
+          ax.plot(*zip(*paper), "s--", color=ax.lines[-1].get_color(), label=f"{series} (paper)"
+                  if study.series else "paper")
+      if study.xscale == "log" or (not study.xscale and all(v > 0 for v in xs.values())
+                                   and max(xs.values()) / min(xs.values()) >= 16):
+        ax.set_xscale("log", base=2)
+      for r in done:  # groups off the axis (baselines): horizontal lines
+        if r["group"] not in xs:
+          ax.axhline(value(r), linestyle=":", color="gray")
+          ax.annotate(r["group"], (ax.get_xlim()[0], value(r)), fontsize=8, va="bottom")
+      ax.set_xlabel(label)
+    else:
+      positions = range(len(done))
+      ax.bar(positions, [value(r) for r in done], yerr=[std(r) for r in done], capsize=3, label="ours")
+      paper = [(i, study.paper_value(r["group"], metric)) for i, r in enumerate(done)
+               if study.paper_value(r["group"], metric) is not None]
+      if paper:
+        ax.plot(*zip(*paper), "k_", markersize=20, label="paper")
+      ax.set_xticks(list(positions), [r["group"] for r in done], rotation=30, ha="right")
+    ax.set_ylabel(f"{metric} ÷ baseline" if study.baseline else metric)
+    if study.baseline:
+      ax.axhline(1.0, color="black", linewidth=0.8)
+      shown = [value(r) for r in done]
+      if shown and min(shown) > 0 and max(shown) / min(shown) >= 10:
+        ax.set_yscale("log")
+    ax.set_title(study.name if len(metrics) == 1 else f"{study.name}: {metric}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=120)
+  plt.close(fig)
+  path.write_bytes(buffer.getvalue())
+
+
+def _machine() -> str:
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  import jax  # pylint: disable=g-import-not-at-top
+  return f"{cpu}, {os.cpu_count()} cores, JAX {jax.__version__}"
+
+
+def publish(study: Study, paths: dict[str, str]) -> list[str]:
+  """Copies the report into the sweep file's folder (experiments/<study>/) as table.md, table.csv, plot.png and
+  results.json."""
+  folder = os.path.dirname(os.path.abspath(study.path))
+  names = {"md": "table.md", "csv": "table.csv", "png": "plot.png", "json": "results.json"}
+  out = []
+  for kind, name in names.items():
+    target = os.path.join(folder, name)
+    with open(target, "wb") as f:
+      f.write(epath.Path(paths[kind]).read_bytes())
+    out.append(target)
+  return out
+
