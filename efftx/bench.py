@@ -8,18 +8,18 @@
     python -m efftx.bench --mode=pipeline --data_dir=DIR    # input pipeline examples/s vs the train step's
     python -m efftx.bench --mode=sharding                   # per-device bytes, data parallel vs fsdp (~99M params)
 
-The fourier and attention tables are where the "auto" choices in efftx/mixers/fourier.py and attention.py come
-from. "mixers" mode times the full
-training step (forward, backward, AdamW) of the model at the peer benchmark's shape (../shared/bench: d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step, batch = 8192 // length, a
-per-token head) as efftx.train runs it: the batch split over every device (on a CPU one device per core,
-efftx.sharding.use_cpu_cores; as many as divide the batch), parameters replicated; --nodata_parallel runs it on
-one device (JAX's default on a CPU: one XLA device for the whole CPU). It reports the compiled step's memory per
-device from XLA's memory_analysis(): temp (activations and scratch) + argument bytes. Compiled sizes are
-deterministic; timings are ratios within one run, on one machine.
+The fourier and attention tables are what the "auto" choices in efftx/mixers/fourier.py and attention.py rest on.
+"mixers" mode times the full training step (forward, backward, AdamW) of the model at the shape of the PyTorch
+comparison in experiments/performance (d=256, 4 layers, 4 heads, FF 1024, vocab 256, 8192 tokens a step,
+batch = 8192 // length, a per-token head) as efftx.train runs it: the batch split over every device (on a CPU one
+device per core, efftx.sharding.use_cpu_cores; as many as divide the batch), parameters replicated;
+--nodata_parallel runs it on one device (JAX's default on a CPU: one XLA device for the whole CPU). It reports
+the compiled step's memory per device from XLA's memory_analysis(): temp (activations and scratch) + argument
+bytes. Compiled sizes are deterministic; timings are ratios within one run, on one machine.
 Each row also gives the step's FLOPs per token (`flops_per_token`: the dense matmuls and the mixer's own count,
 MixerSpec.flops) and its MFU: achieved FLOP/s over the matmul peak of the same devices, measured once per device
-count before its first row is printed (a jitted 2048³ matmul in the run's dtype on each device at once, as the
-peer benchmark measures it in float32).
+count before its first row is printed (a jitted 2048³ matmul in the run's dtype on each device at once, as that
+comparison measures it in float32).
 "pipeline" mode reads each task through the real grain pipeline (config.data.read_threads) and times, at the
 quickstart model size (attention, width 64, 2 layers, batch 32): the pipeline alone, the train step alone on one
 cached batch, and the two together as train.py runs them; "loop/step" near 1 means the pipeline is not the

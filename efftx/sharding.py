@@ -34,17 +34,14 @@ def cpu_device_count(cores: int, batch_size: int | None = None) -> int:
 def use_cpu_cores(batch_size: int | None = None) -> None:
   """Makes a single-process run's CPU one XLA device per core (cpu_device_count), where JAX's default is one
   device for the whole CPU; call before anything touches a device. The batch is then split over the cores as
-  it is over the chips of a pod, each core running its share of the step: on 2 cores the peer model's whole
-  training step ran 1.09-1.19x faster with 2 devices than with 1 (experiments/performance/README.md). Nothing changes
-  where the user chose a device count (XLA_FLAGS' --xla_force_host_platform_device_count, jax_num_cpu_devices), in
-  a multi-process run, or once the backends are up. On a GPU or TPU host the CPU devices go unused.
+  it is over the chips of a pod, each core running its share of the step, which is faster than one device for
+  the whole CPU (experiments/performance/DECISIONS.md: one-device-per-core). Nothing changes where the user chose
+  a device count (XLA_FLAGS' --xla_force_host_platform_device_count, jax_num_cpu_devices), in a multi-process
+  run, or once the backends are up. On a GPU or TPU host the CPU devices go unused.
 
   With n > 1 devices it also gives XLA's CPU client 2n threads (PJRT_NPROC, unless PJRT_NPROC or NPROC is set)
-  where it would have max(cores, n): with one thread per device, the peer FNet model's data-parallel step (length
-  4096, its parameters on one device, as the peer harness passes them) stalled at an all-gather until XLA aborted
-  the process in 7 of 8 runs on a 2-core Intel Xeon (other models, lengths and XLA options in 3 of 25), and in none
-  of 13 with 4 threads, nor in any row of two peer-benchmark runs; efftx.train's tokens/s stayed the same within
-  the machine's noise (experiments/performance/stall_check.py, experiments/performance/README.md)."""
+  where it would have max(cores, n): with one thread per device a data-parallel step can stall at an all-gather
+  until XLA aborts the process (experiments/performance/DECISIONS.md: two-client-threads-per-device)."""
   if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
       or jax.config.jax_num_cpu_devices != -1 or jax.distributed.is_initialized()):
     return
@@ -64,13 +61,9 @@ def _cores() -> int:
 
 def step_compiler_options(batch_size: int, mesh: jax.sharding.Mesh) -> dict[str, str]:
   """XLA options for a step whose batch of `batch_size` examples is split over `mesh`'s devices: on a CPU where each
-  device gets a single example, YNNPACK for the matmuls only (not for reductions). There its reductions over an
-  array whose leading dimension is 1 ran 15-20x slower than with a leading dimension of 2 (a sum over the sequence
-  of a product, [1, 4096, 256]: 13-16 ms against 0.7-0.9 ms for [2, 2048, 256]; XLA's own reduction 2 ms), and the
-  peer-shape training step at one sequence per device ran faster without them: identity 1.15x, fnet 1.09x,
-  attention 1.02x, aft_simple 1.19x, aft_local 1.65x, linear 1.06x (length 4096, 2 CPU devices), identity 1.21x
-  (8192, one device), while with 2 or more sequences a device the same option gave 0.90-1.02x
-  (experiments/performance/xla_flags_ab.py, a 2-core Xeon). Elsewhere: no options."""
+  device gets a single example, YNNPACK fusions of single dots only, so that XLA, not YNNPACK, does the reductions,
+  which YNNPACK runs slowly over a leading dimension of 1
+  (experiments/performance/DECISIONS.md: ynnpack-dots-only-at-one-example-per-device). Elsewhere: no options."""
   if jax.default_backend() != "cpu" or batch_size > mesh.size:
     return {}
   return {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}

@@ -131,7 +131,8 @@ _BYTE_MLM = {"mask_id": byte_text.MASK_ID, "random_ids": (1, 257), "special_ids"
 TASKS = {
     "listops": Task(listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
                     objective="classify", encode=_listops),
-    # The same data as LRA's published numbers saw it: brackets dropped by its tokenizer (LRA issue #14).
+    # The same data as LRA's published numbers saw it: LRA's tokenizer dropped the brackets
+    # (google-research/long-range-arena#14).
     "listops_alphanumeric": Task(listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
                                  objective="classify", encode=_listops_alphanumeric),
     "mqar": Task(mqar.Mqar, vocab_size={c.name: c.vocab_size for c in mqar.Mqar.BUILDER_CONFIGS}, num_classes=0,

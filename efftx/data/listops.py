@@ -1,12 +1,13 @@
 """ListOps (Long Range Arena): nested list operations, 10-way classification.
 
-The generator follows the LRA data script as specified in shared/PAPERS.md: a random tree of `[MIN`, `[MAX`,
+The generator follows LRA's data script (lra_benchmarks/data/listops.py): a random tree of `[MIN`, `[MAX`,
 `[MED`, `[SM` operators over digits, closed by `]`; length counts operators, `]` and digits; trees are kept when
 `min_length < length < max_length`, duplicates are dropped, and the splits are cut from one deduplicated pool, so
 no expression appears in two splits. The label is the value of the tree.
 
 The TFDS builder stores each example as its source string (`"[MAX 2 9 [MIN 4 7 ] 0 ]"`) and its label; the
-input pipeline tokenises (`tokenize`) — exactly LRA's tokenisation: whitespace-split, one id per token.
+input pipeline tokenises: `tokenize` as LRA's data files are written (whitespace-split, one id per token), or
+`tokenize_alphanumeric` as LRA's own input pipeline read them (task "listops_alphanumeric").
 """
 from __future__ import annotations
 
@@ -84,16 +85,17 @@ def generate(
 
 
 def tokenize(source: str | bytes) -> np.ndarray:
-  """LRA's tokenisation: whitespace-split, one id per token."""
+  """Whitespace-split, one id per token: the tokens LRA's data files hold."""
   if isinstance(source, bytes):
     source = source.decode()
   return np.array([TOKEN_IDS[t] for t in source.split()], np.int32)
 
 
 def tokenize_alphanumeric(source: str | bytes) -> np.ndarray:
-  """The tokenisation LRA's published numbers were trained with (LRA issue #14): its input pipeline's tokenizer
-  kept alphanumeric runs only, so `[MAX` became the operator `MAX` and every closing `]` vanished — the tree's
-  structure is then ambiguous. Operators keep their ids (`MAX` ↦ the id of `[MAX`); `]` never appears."""
+  """The tokenisation LRA's published numbers were trained with (google-research/long-range-arena#14): its input
+  pipeline's tokenizer kept alphanumeric runs only, so `[MAX` became the operator `MAX` and every closing `]`
+  vanished — the tree's structure is then ambiguous. Operators keep their ids (`MAX` ↦ the id of `[MAX`); `]`
+  never appears."""
   if isinstance(source, bytes):
     source = source.decode()
   words = ("".join(c for c in token if c.isalnum()) for token in source.split())

@@ -1,4 +1,5 @@
-"""MQAR — multi-query associative recall (Zoology, Arora et al., 2023), generated as shared/PAPERS.md specifies.
+"""MQAR — multi-query associative recall (Zoology, Arora et al., 2023), generated as Zoology's multiquery_ar
+(zoology/data/associative_recall.py) generates it.
 
 An example of length L with kv pairs: the first 2·kv tokens are `k1 v1 … k_kv v_kv` (keys distinct, from
 [1, V/2); values distinct, from [V/2, V)). The rest holds each key once more as a query, at an even offset of

@@ -11,9 +11,8 @@ t' ≤ t when causal. The sums are computed in float32 whatever the compute dtyp
 of K per channel and of w per row: the ratio is unchanged, exp cannot overflow.
 
 Bidirectional, the maximum of K is over the whole sequence. Causal, it is over the prefix a row sees,
-m_t = max_{t'≤t} K_t' (issue 10: with the whole sequence's maximum, rows of a channel whose early keys lie ≳70
-below a later key read ~0 — their denominator underflows to 0 — and, before _ratio, from ~44 below the
-gradients were nan, as den² underflowed). Every causal term is computed as e^{K_t' − m_t}
+m_t = max_{t'≤t} K_t' (with the whole sequence's maximum, a row whose visible keys all lie far below a later key
+would underflow to num = den = 0 and read 0). Every causal term is computed as e^{K_t' − m_t}
 — never as e^K times a per-row factor, which would overflow or underflow — by products of factors ≤ 1:
   - the running sums Σ_{t'≤t} e^{K_t' − m_t} X_t' (AFT-simple; the global part of AFT-local and AFT-conv): a
     parallel prefix scan carrying (running max, sums rescaled to it);
@@ -32,8 +31,9 @@ tensor; causal: the hierarchy does the lower triangle only, about half the multi
 work per level); AFT-simple O(Td) (a sum; causal, a prefix scan); AFT-local and AFT-conv O(Tsd) (a banded block
 matmul, a depthwise convolution; causal, the block before and a hierarchy within a block of ≥ s positions) plus
 the O(Td) global sum. The causal pieces are recomputed in the backward pass (jax.checkpoint), so what a layer
-keeps stays O(Td) where the compiler honours it; XLA:CPU merges the recomputation back, and there a causal
-AFT-full or AFT-local training step holds about twice the memory of the old (unstable) path.
+keeps stays O(Td) where the compiler honours it; XLA:CPU merges the recomputation back, so there a causal
+AFT-full or AFT-local training step keeps more than that
+(experiments/performance/DECISIONS.md: aft-causal-prefix-maximum).
 """
 from __future__ import annotations
 
@@ -81,8 +81,7 @@ def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
 
   Autodiff of num / den takes den² (0 in float32 once den < ~1e-19, then inf or nan), and a stop_gradient trick,
   (num/c) / (den/c) with c = den, does not survive jit: XLA's algebraic simplifier rewrites the quotient of quotients
-  into one with den·den in the divisor, which gave nan rows in the compiled forward pass (den ~1e-26) where the
-  eager one was right.
+  into one with den·den in the divisor, so the compiled forward pass underflows where the eager one does not.
   """
   return num / den
 

@@ -1,4 +1,4 @@
-"""Multi-head softmax attention: the baseline every other mixer is measured against.
+"""Multi-head softmax attention: the baseline every other mixer is compared with.
 
 Five implementations of the same function (config `attention_impl`):
   - "plain":   the B×H×L×L score tensor, softmax, weighted sum — O(L²) memory;
@@ -9,20 +9,13 @@ Five implementations of the same function (config `attention_impl`):
                hand-written backward pass that recomputes a block's probabilities from its saved log-sum-exp
                (FlashAttention's recipe, Dao et al. 2022) — O(L·chunk) memory, no stored probabilities. No dropout:
                training with `attention_dropout` > 0 raises;
-  - "fused":   jax.nn.dot_product_attention: cuDNN's fused kernel on GPU for bfloat16/float16 (not tested here:
-               no GPU), XLA otherwise. It has no dropout either;
+  - "fused":   jax.nn.dot_product_attention: cuDNN's fused kernel on GPU for bfloat16/float16 (untested: the
+               tests run on CPU), XLA otherwise. It has no dropout either;
   - "auto":    on GPU fused, or chunked while attention dropout is active; elsewhere flash, or while attention
                dropout is active chunked when the sequence spans more than one chunk, else plain.
 
-"flash" is the CPU default because it was the fastest there at every length (`python -m efftx.bench --mode=attention`:
-2 cores, B×L = 8192 tokens, width 256 in 4 heads, jit of the mixer's forward and backward, ms per call, 2026-11-30;
-experiments/performance/attention_paths.json):
-      L          128   256  1024  4096
-      plain      176   236   540  1798
-      chunked    211   324   792  2397
-      flash      163   200   437  1261   (attention_chunk 256; 128 and 512 were within 10 % in a first try)
-      fused      167   263   792  3575   (jax.nn.dot_product_attention, XLA's implementation on CPU)
-with the projections included (the same in every column). On TPU it is not measured.
+Without dropout "auto" takes "flash" on a CPU, the fastest path there (`python -m efftx.bench --mode=attention` times
+them; experiments/performance/DECISIONS.md: flash-attention-on-cpu), and on a TPU, where the choice is not measured.
 
 Attention dropout acts on the normalised probabilities in "plain" and "chunked" alike. "chunked" draws each
 (query block, key block) mask from the dropout key folded with the two block indices (`dropout_keep_block`), so the
@@ -167,10 +160,9 @@ def _transposed_key_grads(P: int, C: int) -> bool:
   """Whether flash's backward pass accumulates dK and dV transposed (K×L), as Qᵀ dS and dOᵀ P with Qᵀ and dOᵀ made
   contiguous first (an optimization barrier keeps XLA from folding the transposes back into the dots): on a CPU
   with more than one query block. Written as dSᵀ Q and Pᵀ dO (a contraction over the left operand's rows), XLA:CPU
-  hands these dots to Eigen; transposed, to YNNPACK. The peer model's training step on 2 CPU devices 1.18x (4096),
-  1.09x (2048), 1.05x (1024), 1.02x (512) faster; the attention kernel alone (_flash, forward and backward, 8192
-  tokens) 1.06-1.14x at 512-4096 but 0.72x and 0.93x at 256 (one block: B·H small matmuls; two runs), hence the gate
-  (experiments/performance/flash_bwd_ab.py LENGTH attention, and LENGTH kernel; a 2-core Xeon)."""
+  hands these dots to Eigen; transposed, to YNNPACK, which is faster there except for a single query block,
+  whose B·H matmuls are small (experiments/performance/DECISIONS.md: flash-transposed-key-gradients). Either way
+  the result is the same up to float32 rounding."""
   return jax.default_backend() == "cpu" and P > C
 
 

@@ -33,11 +33,11 @@ def _per_example(mix):
   """`mix` (B×L×D → B×L×D, a linear map of each example that is its own adjoint, as Re(FFT2) is: Re(F_L x F_D) =
   C_L x C_D − S_L x S_D with symmetric C and S) on each device's share of the batch, differentiated as itself.
 
-  Without this XLA's partitioner (jax 0.10.2) gathers the whole batch onto every device before an FFT, in the
-  forward and the backward pass alike, so under data parallelism each device transformed the global batch (the
-  compiled step: an all-gather before each fft, whose operand had the global batch). Here the FFT runs on the
-  device's rows only, whatever else the partitioner makes of the operand's sharding. Forward-mode autodiff
-  (jax.jvp, jacfwd) does not apply to it (a custom_vjp); nothing in efftx uses it.
+  Without this XLA's SPMD partitioner gathers the whole batch onto every device before an FFT, in the forward and
+  the backward pass alike, so under data parallelism each device would transform the global batch. Here the FFT
+  runs on the device's rows only, whatever else the partitioner makes of the operand's sharding
+  (experiments/performance/DECISIONS.md: fnet-fft-per-device). Forward-mode autodiff (jax.jvp, jacfwd) does not
+  apply to it (a custom_vjp); nothing in efftx uses it.
   """
   def batch_only(mesh, arg_shapes):
     spec = arg_shapes[0].sharding.spec
@@ -88,19 +88,10 @@ def _matmul(x_BxLxD: jax.Array) -> jax.Array:
 
 
 def _auto(x_BxLxD: jax.Array) -> jax.Array:
-  """Picks the path by backend and length.
-
-  CPU, measured (`python -m efftx.bench --mode=fourier`: 2 cores, D=256, 8192 tokens, jit of forward+backward,
-  ms per call, 2026-11-29):
-      L        128   256   512  1024  2048  4096
-      fft     28.9  24.1  29.0  34.8  29.4  38.5
-      rfft    14.3  14.5  17.4  16.6  16.0  13.9
-      matmul  30.7  40.4  50.2  86.4 148.7 273.2
-  so rfft at every length; again after the backward pass became the forward map (_per_example), on a 2-core
-  Intel Xeon, 2026-12-01: L 256 / 1024 / 4096 fft 40.1 / 37.3 / 36.5, rfft 13.7 / 13.3 / 13.2, matmul 46.7 / 89.9 /
-  298.2. TPU: the FNet paper finds the DFT-as-matmul faster up to L≈4096 (MXU matmuls, slow
-  FFTs); GPU: cuFFT, so rfft. The TPU and GPU choices follow the paper and are not measured here.
-  """
+  """Picks the path by backend and length: on a TPU up to L = 4096 the DFT as four matmuls (the FNet paper's choice:
+  MXU matmuls, slow FFTs); elsewhere rfft — on a CPU the fastest of the three (`python -m efftx.bench --mode=fourier`
+  times them; experiments/performance/DECISIONS.md: fnet-rfft-on-cpu), on a GPU cuFFT. The TPU and GPU choices
+  follow the paper and are not measured here."""
   if jax.default_backend() == "tpu" and x_BxLxD.shape[1] <= 4096:
     return _matmul(x_BxLxD)
   return _IMPLS["rfft"](x_BxLxD)
@@ -145,9 +136,9 @@ class FNet(nn.Module):
 
 
 def _flops(options, L: int, d: int, causal: bool) -> float:
-  """FFT paths: one complex 2-D FFT of L·d points, 5·L·d·log2(L·d) per sequence (FNet's and the peer benchmark's
-  convention; "rfft" does about half of it). "matmul" (and "auto" on TPU up to 4096): four real matmuls, two
-  L×L by L×d and two L×d by d×d."""
+  """FFT paths: one complex 2-D FFT of L·d points, 5·L·d·log2(L·d) per sequence (FNet's convention, and that of
+  the PyTorch comparison in experiments/performance; "rfft" does about half of it). "matmul" (and "auto" on TPU
+  up to 4096): four real matmuls, two L×L by L×d and two L×d by d×d."""
   del causal
   impl = options["fourier_impl"]
   if impl == "matmul" or (impl == "auto" and jax.default_backend() == "tpu" and L <= 4096):

@@ -1,6 +1,6 @@
-"""Sliding-window softmax attention (LRA's "Local Attention" baseline): each query sees keys with |t − t'| <
-window (causal: t − window < t' ≤ t), computed on blocks in O(T·window·d) time and memory. Attention dropout
-acts on the blocks' probabilities, within that memory."""
+"""Sliding-window softmax attention: each query sees keys with |t − t'| < window (causal: t − window < t' ≤ t),
+computed on blocks in O(T·window·d) time and memory. Attention dropout acts on the blocks' probabilities, within
+that memory. LRA's "Local Attention" baseline is block-local instead: see `block_local`."""
 from __future__ import annotations
 
 import flax.linen as nn

@@ -8,7 +8,7 @@ nothing else is allowed (its score is set to −1e5 rather than removed); causal
 original position. Rounds are combined by their softmax normalisers: o = Σ_r softmax_r(logsumexp_r) o_r. Attention
 dropout acts on each round's normalised probabilities; the rounds are still combined by the undropped normalisers.
 
-Three options choose between efftx's first conventions (the defaults) and those of the published code: trax
+Three options choose between efftx's own conventions (the defaults) and those of the published code: trax
 (`trax/layers/research/efficient_attention.py`: `hash_vecs`, `attend`, `mask_self_attention`,
 `LSHSelfAttention.hash_vectors` and `.forward_unbatched`) and HF (`transformers/models/reformer/modeling_reformer.py`,
 `LSHSelfAttention`: `_hash_vectors`, `_attend`, `_compute_attn_mask`, `_len_and_dim_norm`, `_look_adjacent`, and

@@ -6,7 +6,7 @@ Each mixer file ends with a `SPEC = MixerSpec(...)`; `efftx.mixers.MIXERS` maps 
   - `config_lib.validate` runs `spec.check(options, d_model=..., causal=...)` before anything is written;
   - the model builds the module with `spec(causal=..., max_len=..., **options)`;
   - tests, bench and README read `can_be_causal`, `can_decode` and `has_heads` instead of keeping lists;
-  - `efftx.bench` counts the model's FLOPs (and so its MFU) with `spec.forward_flops(...)`.
+  - `efftx.bench` counts the model's FLOPs (and so its MFU) with `spec.train_flops(...)`.
 
 Besides its options, a mixer module may have the fields `causal` (every mixer has it) and `max_len` (mixers with
 per-position parameters); the model fills those from `config.model`.
@@ -54,16 +54,16 @@ class MixerSpec:
   # Relations between options and the model that a single option cannot state: (every option, d_model or None,
   # causal) → raises UserError. Runs after the per-option checks.
   relations: Callable[[dict[str, Any], int | None, bool], None] | None = None
-  # The mixing's forward FLOPs per token of one layer, beyond its projections (Dense layers, counted with the
-  # model's other matmuls): (every option, length L, d_model, causal) → 2 × the multiply-adds of its matmuls and
-  # convolutions as implemented (padding to blocks included), FFTs as 5 N log2 N (complex, Cooley-Tukey: the
-  # convention of FNet's and the peer benchmark's counts). Elementwise work (softmax, exp, masks) is not counted,
-  # nor per-sequence work shared by the batch (position-bias tables). tests/test_flops.py checks each against the
-  # matmuls in the mixer's traced program.
+  # The mixing's forward FLOPs per token of one layer, beyond its projections (Dense layers, counted with the model's
+  # other matmuls): (every option, length L, d_model, causal) → 2 × the multiply-adds of its matmuls and convolutions
+  # as implemented (padding to blocks included), FFTs as 5 N log2 N (complex, Cooley-Tukey: the convention of FNet's
+  # counts and of the PyTorch comparison in experiments/performance). Elementwise work (softmax, exp, masks) is not
+  # counted, nor per-sequence work shared by the batch (position-bias tables). tests/test_flops.py checks each against
+  # the matmuls in the mixer's traced program.
   flops: Callable[[dict[str, Any], int, int, bool], float] | None = None
   # Training FLOPs of the mixing ÷ its forward FLOPs: 3 where both operands of its matmuls need gradients
   # (activations × activations, or learned weights); 2 where one operand is a constant (FNet's DFT: the backward
-  # pass is one more transform of the same size, the peer benchmark's convention).
+  # pass is one more transform of the same size, as the PyTorch comparison counts it).
   train_factor: float = 3.0
 
   def __post_init__(self):

@@ -1,4 +1,5 @@
-"""Sequence classification: one label per sequence, from the mean of the final states over real tokens."""
+"""Sequence classification: one label per sequence, from the mean of the final states over real tokens, or the
+[CLS] position's state (config.model.pooling="cls")."""
 from __future__ import annotations
 
 import functools
