@@ -309,8 +309,11 @@ def test_glue_examples_encode_as_bytes_with_sep(variant, tmp_path):
 def test_registered_datasets_say_how_to_build_them_when_absent(tmp_path):
   config = _config("imdb_bytes", "plain_text", str(tmp_path), max_len=128)
   import unittest.mock  # pylint: disable=g-import-not-at-top
+  # The download host "answers" (no connection is made), so the download itself runs and fails: TFDS's own error
+  # path. The unreachable-host path is tests/test_prepare.py's.
   with unittest.mock.patch("tensorflow_datasets.core.dataset_builder.DatasetBuilder.download_and_prepare",
-                           side_effect=ConnectionError("no network")):
+                           side_effect=ConnectionError("no network")), \
+       unittest.mock.patch.object(pipeline, "_reachable", return_value=True):
     with pytest.raises(ValueError, match="tfds build imdb_reviews/plain_text --file_format=array_record"):
       pipeline.prepare(config)
 

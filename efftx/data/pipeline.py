@@ -9,7 +9,13 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
+import queue
+import socket
+import threading
+import time
 from typing import Iterator
+import urllib.parse
+import urllib.request
 
 from absl import logging
 import grain
@@ -48,8 +54,9 @@ def _prepare(config: ml_collections.ConfigDict) -> None:
 
   Local builders generate or read their data (a folder of files: config.data.corpus_dir); registered TFDS
   datasets are downloaded and prepared by TFDS, which needs the network (or a data_dir where
-  `tfds build <name> --file_format=array_record` ran). Call it on process 0 only (train.py does, then
-  synchronises): data_dir must be shared storage on several hosts.
+  `tfds build <name> --file_format=array_record` ran): when none of the dataset's download hosts answers within
+  PROBE_S, it stops at once with the command that prepares it (TFDS's own retries would take minutes to fail).
+  Call it on process 0 only (train.py does, then synchronises): data_dir must be shared storage on several hosts.
   """
   task = TASKS[config.data.task]
   name = task.tfds_name(config.data.variant)
@@ -57,14 +64,20 @@ def _prepare(config: ml_collections.ConfigDict) -> None:
     builder = tfds.builder(name, data_dir=data_dir(config), file_format="array_record")
     if builder.is_prepared():
       return
+    build = f"tfds build {name} --file_format=array_record --data_dir={data_dir(config)}"
+    targets = _download_targets(builder)
+    if targets and not _download_is_mocked(builder) and not _reachable(targets, PROBE_S):
+      hosts = ("host " if len(targets) == 1 else "hosts ") + ", ".join(f"{host}:{port}" for host, port in targets)
+      raise UserError(f"{name} is not prepared in {data_dir(config)}, and its download {hosts} cannot be "
+                      f"reached from this machine; where the network reaches, efftx downloads and prepares it "
+                      f"itself, or prepare it there with: {build}")
     logging.info("preparing %s in %s with TFDS (downloads; once)", name, data_dir(config))
     try:
       builder.download_and_prepare()
     except Exception as e:  # pylint: disable=broad-except  # no network, no TensorFlow for its generator, ...
       first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
       raise UserError(f"TFDS could not prepare {name} ({type(e).__name__}: {first_line}); on a machine that can "
-                      f"download it, run: tfds build {name} --file_format=array_record "
-                      f"--data_dir={data_dir(config)}") from None
+                      f"download it, run: {build}") from None
     return
   builder = task.dataset(config=config.data.variant, data_dir=data_dir(config), file_format="array_record")
   folder = config.data.corpus_dir or getattr(task.dataset, "DEFAULT_MANUAL_DIR", "")
@@ -90,6 +103,60 @@ def _prepare(config: ml_collections.ConfigDict) -> None:
   if manual_dir and open(marker).read() != manual_dir:
     raise UserError(f"{builder.data_dir} was prepared from {open(marker).read()}, not {manual_dir}: "
                     "set another config.data.data_dir for this corpus")
+
+
+PROBE_S = 3.0  # seconds a registered dataset's download host has to accept a TCP connection (name lookup included)
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ftp": 21}
+
+
+def _download_targets(builder: tfds.core.DatasetBuilder) -> list[tuple[str, int]]:
+  """The (host, port) pairs TFDS's download of builder's dataset connects to first: the hosts of the URLs in its
+  checksums file (every builder config's), or the proxy the environment sets for a URL (TFDS downloads with
+  requests, which reads the same variables). Empty when TFDS lists no URLs for the dataset."""
+  proxies = urllib.request.getproxies()
+  targets = set()
+  for url in builder.url_infos or ():
+    try:
+      parts = urllib.parse.urlsplit(url)
+      proxy = None if urllib.request.proxy_bypass(parts.hostname or "") else (
+          proxies.get(parts.scheme) or proxies.get("all"))
+      if proxy:
+        parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+      if parts.hostname:
+        targets.add((parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme, 80)))
+    except ValueError:  # a malformed URL or port: TFDS will say so itself
+      continue
+  return sorted(targets)
+
+
+def _download_is_mocked(builder: tfds.core.DatasetBuilder) -> bool:
+  """Whether tfds.testing.mock_data is active: it makes download_and_prepare a no-op (and reads random examples),
+  so nothing is downloaded and the network does not matter."""
+  return getattr(type(builder).download_and_prepare, "__module__", "").startswith("tensorflow_datasets.testing")
+
+
+def _reachable(targets: list[tuple[str, int]], timeout_s: float) -> bool:
+  """Whether a TCP connection to any of targets opens within timeout_s in all. Each try runs in a daemon thread,
+  so a name lookup that hangs (an unreachable DNS server ignores socket timeouts) is abandoned, not waited for."""
+  results: queue.SimpleQueue[bool] = queue.SimpleQueue()
+
+  def connect(host: str, port: int) -> None:
+    try:
+      socket.create_connection((host, port), timeout=timeout_s).close()
+      results.put(True)
+    except (OSError, UnicodeError, ValueError):  # refused, timed out, no such host, no route, a bad name
+      results.put(False)
+
+  for host, port in targets:
+    threading.Thread(target=connect, args=(host, port), daemon=True, name=f"efftx-probe-{host}").start()
+  deadline = time.monotonic() + timeout_s
+  for _ in targets:
+    try:
+      if results.get(timeout=max(0.0, deadline - time.monotonic())):
+        return True
+    except queue.Empty:
+      return False
+  return False
 
 
 def source(config: ml_collections.ConfigDict, split: str):
@@ -140,8 +207,7 @@ def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset) -> grain.M
 
 def check(config: ml_collections.ConfigDict, *sources, num_examples: int = 10_000) -> None:
   """Encodes the first num_examples of each source, so that an example too long for max_len or a token outside the
-  vocabulary there stops the run before it writes anything (1.2 s for ListOps small, 4.7 s for MQAR 64x4 on
-  a 2-core CPU)."""
+  vocabulary there stops the run before it writes anything."""
   for src in sources:
     if not len(src):
       raise UserError(f"task '{config.data.task}' ({config.data.variant}): a split is empty")
