@@ -77,6 +77,55 @@ def padded_inputs(B: int, L: int, D: int, second_length: int, seed: int = 0):
   return x_BxLxD, mask_BxL
 
 
+def summation_atol(n_terms: int, scale: float, dtype="float32") -> float:
+  """The absolute difference allowed between two float computations of the same sums that add their terms in
+  different orders (chunked vs whole, blocked vs plain, 8 devices' all-reduce vs 1, XLA's fusions on one CPU vs
+  another): n_terms · eps(dtype) · scale.
+
+  Each addition rounds by at most eps/2 of a partial sum, and a partial sum is at most Σ|t_i|; so any order of a
+  sum of n terms lies within (n − 1)·(eps/2)·Σ|t_i| of the exact sum, and two orders within (n − 1)·eps·Σ|t_i| of
+  each other (typically ~√n·eps·Σ|t_i|, the roundings being random; exactly equal only by construction). eps is
+  2^-23 ≈ 1.19e-7 for float32, 2^-7 ≈ 7.8e-3 for bfloat16. So a test states what it sums:
+  - n_terms: the terms per sum; through a chain of reductions (a matmul over D, then one over the d_ff hidden
+    units, then the gradient's sum over the B·L rows) the roundings add to first order, so their lengths add.
+  - scale: Σ|t_i| of the largest sum (n · max|t_i| bounds it). Where the entries sum alike terms, the largest
+    |entry| of the reference stands for it: an entry near zero is then a sum that cancelled, held to the
+    rounding of its terms' size rather than of its own.
+  A relative error in the computation (a 1% wrong gradient) exceeds this while 1% > n_terms · eps, i.e. for
+  float32 up to ~80,000 terms.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  return n_terms * float(jnp.finfo(jnp.dtype(dtype)).eps) * float(scale)
+
+
+def assert_close_sums(actual, expected, *, n_terms: int, scale: float | None = None, rtol: float = 0.0,
+                      dtype="float32", err_msg: str = ""):
+  """np.testing.assert_allclose(actual, expected) within summation_atol(n_terms, scale, dtype), scale defaulting
+  to the largest |entry| of expected; rtol is on top, for entries whose terms are larger than the reference's
+  largest (rarely needed)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+  if scale is None:
+    scale = float(np.abs(expected).max()) if expected.size else 0.0
+  np.testing.assert_allclose(actual, expected, rtol=rtol, atol=summation_atol(n_terms, scale, dtype),
+                             err_msg=err_msg)
+
+
+def assert_close_gradients(got, want, *, n_terms: int):
+  """assert_close_sums on each leaf of two gradient pytrees, at the size of the leaf's largest entry. A leaf whose
+  entries all lie below the rounding of the largest leaf's (a gradient that is zero in exact arithmetic, such as
+  a bias a softmax does not see) is rounding noise of terms at that overall size and is compared at it."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  got, want = jax.tree.leaves(got), jax.tree.leaves(want)
+  assert len(got) == len(want)
+  overall = max(float(np.abs(b).max()) for b in want)
+  for i, (a, b) in enumerate(zip(got, want)):
+    scale = float(np.abs(b).max())
+    assert_close_sums(a, b, n_terms=n_terms, scale=scale if scale > summation_atol(n_terms, overall) else overall,
+                      err_msg=f"leaf {i}")
+
+
 def metrics_rows(workdir) -> list[dict]:
   """The rows of a run's metrics.jsonl."""
   import json  # pylint: disable=g-import-not-at-top
