@@ -1,42 +1,31 @@
 """The config vocabulary shared by every file under configs/, its argument parser, and its checks.
 
-Every config starts from `default_config(mixer)`: one vocabulary of fields for all configs, each commented with its
-meaning and unit, plus `config.mixer`: the options the chosen mixer declares (efftx/mixers/spec.py), and only
-those. A config file's `get_config(arg)` parses its argument string with `parse_arg` and overrides what it needs.
-`validate` runs every declared check (mixer options, the objective's rules, the task's limits) before a run
+Every config starts from `default_config(mixer)`: one vocabulary of fields for all configs, each with its meaning
+and unit (`config.model`'s declared in efftx/model.py: CONFIG_FIELDS; the others commented here), plus
+`config.mixer`: the options the chosen mixer declares (efftx/mixers/spec.py), and only those. A config file's
+`get_config(arg)` parses its argument string with `parse_arg` and overrides what it needs. `validate` runs every
+declared check (the model fields', the mixer options', the objective's rules, the task's limits) before a run
 writes anything. Reading a run's config.json: efftx/saved_configs.py; the command line's plumbing: efftx/cli.py.
+
+    python -m efftx.config    # config.model's fields: default, allowed values, meaning
 """
 from __future__ import annotations
 
 import ml_collections
 
+from efftx import model as model_lib
 from efftx.errors import UserError
+from efftx.mixers import MIXERS
 
 
-def default_config(mixer: str = "attention") -> ml_collections.ConfigDict:
+def default_config(mixer: str = model_lib.CONFIG_FIELDS["mixer"].default) -> ml_collections.ConfigDict:
   """Every field at its default, with `config.mixer` holding the options of `mixer` (and only those)."""
   c = ml_collections.ConfigDict()
 
-  c.model = ml_collections.ConfigDict()
-  c.model.mixer = mixer              # token mixer, a key of efftx.mixers.MIXERS; its options are config.mixer
-  c.model.d_model = 128              # width of the residual stream
-  c.model.num_layers = 2             # blocks (mixer sublayer + feed-forward sublayer)
-  c.model.d_ff = 512                 # hidden width of the feed-forward sublayer
-  c.model.max_len = 128              # sequence length every example is padded to (tokens)
-  c.model.dropout = 0.1              # dropout rate on embeddings, residual branches and FF hidden
-  c.model.dtype = "float32"          # compute dtype, "float32" or "bfloat16"; parameters stay float32
-  c.model.causal = False             # causal mixing (required by LM objectives); FNet cannot be causal
-  c.model.reversible = False         # reversible couplings: activation memory independent of num_layers
-  c.model.ff_chunk_size = 0          # feed-forward over chunks of this many positions (0: all at once)
-  c.model.block_layout = "pre_ln"    # "pre_ln": x + F(LN x), final LN; "post_ln": LN(x + F(x)), LN on the
-                                     # embeddings, no final LN (BERT's and the published FNet's layout)
-  c.model.embed_projection = False   # a dense D→D layer on the (normalised) embeddings (published FNet)
-  c.model.norm_eps = 1e-6            # LayerNorm epsilon (HF BERT and FNet checkpoints: 1e-12)
-  c.model.init_std = 0.0             # 0: flax's LeCun-normal dense kernels; > 0: N(0, init_std²) for every dense
-                                     # kernel (GPT-2, BERT, Zoology: 0.02; MQAR needs it, configs/mqar.py)
-  c.model.activation = "gelu_tanh"   # feed-forward GELU: "gelu_tanh" (approximation; HF FNet) or "gelu" (erf; BERT)
-  c.model.pooling = "mean"           # classification: "mean" of real tokens, or "cls": a learned [CLS] vector is
-                                     # put before the tokens (position 0, LRA's way) and its final state is pooled
+  # The model's fields, each declared once with its default, meaning and allowed values in efftx/model.py
+  # (CONFIG_FIELDS; `python -m efftx.config` lists them).
+  c.model = ml_collections.ConfigDict({name: field.default for name, field in model_lib.CONFIG_FIELDS.items()})
+  c.model.mixer = mixer
 
   # The chosen mixer's options, declared by the mixer (efftx/mixers/<file>.py: SPEC; `python -m efftx.mixers`
   # lists them all). Only the chosen mixer's options are here: setting another is an error, never ignored.
@@ -79,7 +68,6 @@ def default_config(mixer: str = "attention") -> ml_collections.ConfigDict:
 
 def mixer_options(mixer: str) -> ml_collections.ConfigDict:
   """The declared options of `mixer` at their defaults (raises UserError for an unknown mixer)."""
-  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
   if mixer not in MIXERS:
     raise UserError(f"mixer '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
   return ml_collections.ConfigDict(MIXERS[mixer].defaults())
@@ -132,12 +120,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   declared check — the mixer's options, the objective's rules, the task's limits — before anything is written."""
   from efftx import objectives  # pylint: disable=g-import-not-at-top
   from efftx.data import TASKS  # pylint: disable=g-import-not-at-top
-  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
-  from efftx.model import ACTIVATIONS, BLOCK_LAYOUTS  # pylint: disable=g-import-not-at-top
 
   m, d, o = config.model, config.data, config.optim
-  if m.mixer not in MIXERS:
-    raise UserError(f"config.model.mixer='{m.mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
+  for name, field in model_lib.CONFIG_FIELDS.items():  # each field's declared values (efftx/model.py)
+    field.check(name, m[name])
   spec = MIXERS[m.mixer]
   if "mixer" not in config:
     raise UserError("the config has no config.mixer section: build it with config_lib.default_config(mixer)")
@@ -158,28 +144,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if d.variant not in variants:
     raise UserError(f"config.data.variant='{d.variant}' is not a variant of {d.task}; "
                     f"choose from: {', '.join(variants)}")
-  for name in ("d_model", "num_layers", "d_ff", "max_len"):
-    if m[name] < 1:
-      raise UserError(f"config.model.{name}={m[name]} must be a positive integer")
-  if not 0 <= m.dropout < 1:
-    raise UserError(f"config.model.dropout={m.dropout} must be in [0, 1)")
-  if m.dtype not in ("float32", "bfloat16"):
-    raise UserError(f"config.model.dtype='{m.dtype}' must be float32 or bfloat16")
-  if m.block_layout not in BLOCK_LAYOUTS:
-    raise UserError(f"config.model.block_layout='{m.block_layout}' must be one of {', '.join(BLOCK_LAYOUTS)}")
   if m.reversible and m.block_layout != "pre_ln":
     raise UserError("config.model.reversible=True needs block_layout='pre_ln': a reversible coupling's branches "
                     "normalise their own inputs")
-  if m.activation not in ACTIVATIONS:
-    raise UserError(f"config.model.activation='{m.activation}' must be one of {', '.join(ACTIVATIONS)}")
-  if m.pooling not in ("mean", "cls"):
-    raise UserError(f"config.model.pooling='{m.pooling}' must be mean or cls")
   if m.pooling == "cls" and m.ff_chunk_size and (m.max_len + 1) % m.ff_chunk_size:
     raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must divide max_len + 1 = {m.max_len + 1} "
                     "(pooling='cls' adds a position)")
-  if not 0 < m.norm_eps < 1:
-    raise UserError(f"config.model.norm_eps={m.norm_eps} must be in (0, 1)")
-  if m.ff_chunk_size < 0 or (m.ff_chunk_size and m.max_len % m.ff_chunk_size):
+  if m.ff_chunk_size and m.max_len % m.ff_chunk_size:
     raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
   spec.check(dict(config.mixer), m.d_model, m.causal)
   if task.max_len and m.max_len > task.max_len:
@@ -197,8 +168,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if d.batch_size < 1 or d.batch_size % num_devices:
     raise UserError(f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
                     f"{num_devices} devices it is sharded over")
-  if m.init_std < 0:
-    raise UserError(f"config.model.init_std={m.init_std} must be >= 0 (0: flax's default initialisation)")
   if d.eval_examples < 0:
     raise UserError(f"config.data.eval_examples={d.eval_examples} must be >= 0 (0: the whole split)")
   if o.learning_rate <= 0 or o.warmup_steps < 0 or o.weight_decay < 0 or o.grad_clip < 0:
@@ -206,3 +175,18 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   for name in ("total_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     if config[name] < 1:
       raise UserError(f"config.{name}={config[name]} must be a positive integer")
+
+
+def describe_model_fields() -> str:
+  """config.model's fields, two lines each: `name = default  (allowed values)`, then the meaning."""
+  lines = ["config.model (declared in efftx/model.py: CONFIG_FIELDS)"]
+  for name, field in model_lib.CONFIG_FIELDS.items():
+    allowed = field.allowed()
+    lines += [f"  {name} = {field.default!r}" + (f"  ({allowed})" if allowed else ""), f"      {field.help}"]
+  lines.append("config.mixer: the chosen mixer's options (python -m efftx.mixers); config.data, config.optim, "
+               "config.mesh and the top-level fields: efftx/config.py, default_config")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  print(describe_model_fields())

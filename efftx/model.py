@@ -1,12 +1,14 @@
 """The Transformer around a token mixer: embeddings → pre-LN blocks (mixer, feed-forward) → final norm → head.
 
 `build_model(config, head)` picks the mixer by name from `efftx.mixers.MIXERS` with the options in
-`config.mixer`; the head comes from the objective (`efftx.objectives`: e.g. `OBJECTIVES["lm"].head(vocab, 0)`).
-The model knows nothing of data or objectives beyond that function. Applied as
+`config.mixer` and copies the fields of `config.model`, each declared once here (CONFIG_FIELDS: default, meaning,
+allowed values; `python -m efftx.config` lists them); the head comes from the objective (`efftx.objectives`: e.g.
+`OBJECTIVES["lm"].head(vocab, 0)`). The model knows nothing of data or objectives beyond that function. Applied as
 `model.apply(variables, tokens_BxL, mask=mask_BxL, deterministic=True)`.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 import zlib
@@ -17,17 +19,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from efftx.errors import UserError
 from efftx.mixers import MIXERS
 from efftx.reversible import ReversibleStack
 
 
 @jax.custom_vjp
 def gelu_erf(x: jax.Array) -> jax.Array:
-  """Exact GELU, x·Φ(x) = x·(1 + erf(x/√2))/2, computed in float32, with the derivative Φ(x) + x·φ(x) written out:
-  the same function as nn.gelu(approximate=False), whose autodiff backward pass is slower on a 2-core CPU: one
-  feed-forward layer (8192 tokens, 256 → 1024 → 256, forward and backward) 220 → 190 ms, a whole training step
-  of the peer benchmark's shape 1.01–1.05× faster (experiments/performance/gelu_ab.py, the two steps alternated in one
-  process), 1.10× with the backward pass's barrier below (2 CPU devices, a 2-core Xeon)."""
+  """Exact GELU, x·Φ(x) = x·(1 + erf(x/√2))/2, computed in float32 and returned in x's dtype: the same function as
+  nn.gelu(approximate=False), with its derivative Φ(x) + x·φ(x) written out as the backward pass, which is faster
+  than autodiff's on XLA:CPU (experiments/performance/DECISIONS.md: gelu-erf-written-out-backward)."""
   x32 = x.astype(jnp.float32)
   return (x32 * (0.5 + 0.5 * jax.lax.erf(x32 * np.float32(np.sqrt(0.5))))).astype(x.dtype)
 
@@ -37,9 +38,8 @@ def _gelu_erf_fwd(x):
 
 
 def _gelu_erf_bwd(x, g):
-  # The barrier keeps XLA from sharing erf(x/√2) with the forward pass, which wrote it out as one more B×L×F array
-  # and read it twice (for GELU's output and here) instead of recomputing it: the training step 1.02-1.07x faster
-  # without that (2 CPU devices, a 2-core Xeon; python experiments/performance/gelu_ab.py 1024 identity shared).
+  # The barrier makes XLA recompute erf(x/√2) here instead of keeping the forward pass's B×L×F copy of it, which
+  # is faster on XLA:CPU (experiments/performance/DECISIONS.md: gelu-erf-recomputed-in-backward).
   x32 = jax.lax.optimization_barrier(x).astype(jnp.float32)
   cdf = 0.5 + 0.5 * jax.lax.erf(x32 * np.float32(np.sqrt(0.5)))
   pdf = np.float32(1 / np.sqrt(2 * np.pi)) * jnp.exp(-0.5 * x32 * x32)
@@ -151,29 +151,81 @@ class Block(nn.Module):
             x_BxLxD, deterministic))
 
 
+@dataclasses.dataclass(frozen=True)
+class ConfigField:
+  """A field of config.model: its default, meaning and allowed values, declared once. A Transformer field declares
+  itself with `declared(...)`; CONFIG_FIELDS (below the class) lists them all, and efftx.config builds config.model
+  and its per-field checks from it."""
+
+  default: Any
+  help: str                               # one line: meaning and unit
+  choices: tuple[Any, ...] | None = None  # allowed values, if a fixed set
+  at_least: float | None = None           # smallest allowed value
+  above: float | None = None              # values must be strictly larger
+  below: float | None = None              # values must be strictly smaller
+
+  def allowed(self) -> str:
+    """The allowed values in words ("one of a, b", "in [0, 1)", "≥ 0", ...; "" when any value is)."""
+    if self.choices is not None:
+      return "one of " + ", ".join(map(str, self.choices))
+    low = (f"[{self.at_least:g}" if self.at_least is not None else
+           f"({self.above:g}" if self.above is not None else None)
+    if low and self.below is not None:
+      return f"in {low}, {self.below:g})"
+    if self.at_least == 1 and type(self.default) is int:  # pylint: disable=unidiomatic-typecheck
+      return "a positive integer"
+    if self.at_least is not None:
+      return f"≥ {self.at_least:g}"
+    if self.above is not None:
+      return f"> {self.above:g}"
+    return f"< {self.below:g}" if self.below is not None else ""
+
+  def check(self, name: str, value: Any) -> None:
+    """Raises UserError naming config.model.<name>, its value and the allowed values."""
+    if ((self.choices is not None and value not in self.choices)
+        or (self.at_least is not None and value < self.at_least)
+        or (self.above is not None and value <= self.above)
+        or (self.below is not None and value >= self.below)):
+      raise UserError(f"config.model.{name}={value!r} must be {self.allowed()}")
+
+
+def declared(default: Any, help: str, **allowed: Any) -> Any:  # pylint: disable=redefined-builtin
+  """A Transformer field that is also a config.model field: its default, one-line help and allowed values
+  (ConfigField's choices, at_least, above, below)."""
+  return dataclasses.field(default=default, metadata={"config": ConfigField(default, help, **allowed)})
+
+
 class Transformer(nn.Module):
+  """The whole model. Its fields from d_model on are config.model's (build_model copies them), each declared once
+  here with its default, meaning and allowed values."""
+
   make_mixer: Callable[..., nn.Module]  # (name=...) → the mixer module
   # (final states x_BxLxD in float32, mask_BxL) → logits; its parameters are created in this module's scope
   head: Callable[[jax.Array, jax.Array], jax.Array]
   vocab_size: int
-  d_model: int
-  num_layers: int
-  d_ff: int
-  max_len: int
-  dropout: float
-  dtype: str = "float32"  # compute dtype; parameters stay float32, logits are float32
-  reversible: bool = False  # RevNet couplings with a recomputing backward pass (efftx.reversible)
-  ff_chunk_size: int = 0    # feed-forward over sequence chunks of this many positions (0: whole sequence)
-  # "pre_ln" (a final LayerNorm after the blocks) or "post_ln" (BERT / published FNet: the embeddings are
-  # normalised, each block ends with a LayerNorm, no final one)
-  block_layout: str = "pre_ln"
-  embed_projection: bool = False  # FNet: a dense D→D layer after the embedding LayerNorm
-  norm_eps: float = 1e-6          # LayerNorm epsilon (HF BERT / FNet: 1e-12)
-  activation: str = "gelu_tanh"   # feed-forward nonlinearity, a key of ACTIVATIONS
-  cls_token: bool = False         # a learned [CLS] vector before the tokens (position 0; LRA: initialised to 0)
-  # 0: flax's default initialisation of dense kernels (LeCun normal, std 1/√fan-in); > 0: every dense kernel
-  # drawn from N(0, init_std²) instead (GPT-2, BERT, Zoology: 0.02), by `initialize`
-  init_std: float = 0.0
+  cls_token: bool = False  # a learned [CLS] vector before the tokens (position 0, initialised to 0; config: pooling)
+  d_model: int = declared(128, "width of the residual stream (features per position)", at_least=1)
+  num_layers: int = declared(2, "blocks (mixer sublayer + feed-forward sublayer)", at_least=1)
+  d_ff: int = declared(512, "hidden width of the feed-forward sublayer (features)", at_least=1)
+  max_len: int = declared(128, "sequence length every example is padded to (tokens)", at_least=1)
+  dropout: float = declared(0.1, "dropout rate on the embeddings, the residual branches and the feed-forward "
+                                 "hidden layer (a probability)", at_least=0, below=1)
+  dtype: str = declared("float32", "compute dtype; parameters and logits stay float32",
+                        choices=("float32", "bfloat16"))
+  reversible: bool = declared(False, "reversible (RevNet) couplings whose backward pass recomputes the activations "
+                                     "(efftx.reversible): activation memory independent of num_layers")
+  ff_chunk_size: int = declared(0, "feed-forward over chunks of this many positions, the same result with a lower "
+                                   "peak memory (0: all at once)", at_least=0)
+  block_layout: str = declared("pre_ln", '"pre_ln": x + F(LN x), a final LN; "post_ln": LN(x + F(x)), LN on the '
+                                         "embeddings, no final LN (BERT's and the published FNet's layout)",
+                               choices=BLOCK_LAYOUTS)
+  embed_projection: bool = declared(False, "a dense D→D layer on the (normalised) embeddings (published FNet)")
+  norm_eps: float = declared(1e-6, "LayerNorm epsilon (HF BERT and FNet checkpoints: 1e-12)", above=0, below=1)
+  init_std: float = declared(0.0, "0: flax's LeCun-normal dense kernels (std 1/√fan-in); > 0: every dense kernel "
+                                  "drawn from N(0, init_std²) by `initialize` (GPT-2, BERT, Zoology: 0.02; MQAR "
+                                  "needs it, configs/mqar.py)", at_least=0)
+  activation: str = declared("gelu_tanh", 'feed-forward GELU: "gelu_tanh" (the tanh approximation; HF FNet) or '
+                                          '"gelu" (erf; BERT)', choices=tuple(ACTIVATIONS))
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
@@ -237,6 +289,23 @@ class Transformer(nn.Module):
     return self.head(x_BxLxD, mask_BxL)  # the heads run in float32
 
 
+# The Transformer fields that are config.model fields (build_model copies them).
+_DECLARED = {f.name: f.metadata["config"] for f in dataclasses.fields(Transformer) if "config" in f.metadata}
+
+# Every field of config.model, in its order: the Transformer's declared fields, and three that build_model maps
+# instead of copying (mixer and causal → make_mixer, pooling → cls_token).
+CONFIG_FIELDS: dict[str, ConfigField] = {
+    "mixer": ConfigField("attention", "token mixer, a key of efftx.mixers.MIXERS; its options are config.mixer "
+                                      "(python -m efftx.mixers)", choices=tuple(MIXERS)),
+    "causal": ConfigField(False, "causal mixing: position t sees positions ≤ t only (required by LM objectives; "
+                                 "FNet cannot be causal)"),
+    **_DECLARED,
+    "pooling": ConfigField("mean", 'classification: "mean" of the real tokens\' final states, or "cls": a learned '
+                                   "[CLS] vector is put before the tokens (position 0, LRA's way) and its final state "
+                                   "is pooled", choices=("mean", "cls")),
+}
+
+
 def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, jax.Array], jax.Array],
                 vocab_size: int) -> Transformer:
   """The model of a run config (config.model, and config.mixer: the options of config.model.mixer) with the
@@ -246,12 +315,8 @@ def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, ja
   options = dict(config.mixer)
   spec.check(options, m.d_model, m.causal)
   extra = {"max_len": m.max_len + (m.pooling == "cls")} if spec.takes_max_len else {}
-  return Transformer(
-      make_mixer=functools.partial(spec.module, causal=m.causal, **extra, **options), head=head,
-      vocab_size=vocab_size, d_model=m.d_model, num_layers=m.num_layers, d_ff=m.d_ff, max_len=m.max_len,
-      dropout=m.dropout, dtype=m.dtype, reversible=m.reversible, ff_chunk_size=m.ff_chunk_size,
-      block_layout=m.block_layout, embed_projection=m.embed_projection, norm_eps=m.norm_eps, activation=m.activation,
-      cls_token=m.pooling == "cls", init_std=m.init_std)
+  return Transformer(make_mixer=functools.partial(spec.module, causal=m.causal, **extra, **options), head=head,
+                     vocab_size=vocab_size, cls_token=m.pooling == "cls", **{name: m[name] for name in _DECLARED})
 
 
 def initialize(model: Transformer, key: jax.Array) -> Any:

@@ -11,8 +11,10 @@ import tensorflow_datasets as tfds
 
 from conftest import REPO
 from efftx import config as config_lib
+from efftx import model as model_lib
 from efftx import train
 from efftx.data import TASKS
+from efftx.mixers import MIXERS
 
 CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.py")) if not p.endswith("__init__.py"))
 
@@ -32,6 +34,50 @@ def test_config_builds_validates_and_trains_a_step(path, data_dir, tmp_path):
   task = TASKS[config.data.task]
   if config.data.objective in ("", "lm") and task.objective == "lm" and task.token_unit:  # bits/byte, bits/dim
     assert result[f"eval_bits_per_{task.token_unit}"] == pytest.approx(result["eval_loss"] / np.log(2), rel=1e-5)
+
+
+def _another_value(field):
+  """A valid value of a declared field other than its default."""
+  if field.choices is not None:
+    return next(c for c in field.choices if c != field.default)
+  if isinstance(field.default, bool):
+    return not field.default
+  return field.default * 2 or (1 if isinstance(field.default, int) else 0.5)
+
+
+def test_each_model_field_is_declared_once_and_reaches_the_model():
+  """config.model, its checks, `python -m efftx.config` and build_model's arguments all come from CONFIG_FIELDS."""
+  assert config_lib.default_config("fnet").model.to_dict() == {
+      **{name: field.default for name, field in model_lib.CONFIG_FIELDS.items()}, "mixer": "fnet"}
+  described = config_lib.describe_model_fields()
+  config = config_lib.default_config("attention")
+  for name, field in model_lib.CONFIG_FIELDS.items():
+    assert f"  {name} = {field.default!r}" in described and field.help in described
+    if name not in ("mixer", "causal", "pooling"):
+      config.model[name] = _another_value(field)
+  config.model.update(causal=True, pooling="cls")
+  model = model_lib.build_model(config, head=lambda x_BxLxD, mask_BxL: x_BxLxD, vocab_size=16)
+  for name in model_lib.CONFIG_FIELDS:
+    if name not in ("mixer", "causal", "pooling"):
+      assert getattr(model, name) == config.model[name] != model_lib.CONFIG_FIELDS[name].default, name
+  assert model.cls_token and model.make_mixer.keywords["causal"]
+  assert model.make_mixer.func is MIXERS["attention"].module
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("d_model", 0, "config.model.d_model=0 must be a positive integer"),
+    ("dropout", 1.0, "config.model.dropout=1.0 must be in [0, 1)"),
+    ("norm_eps", 0.0, "config.model.norm_eps=0.0 must be in (0, 1)"),
+    ("init_std", -0.02, "config.model.init_std=-0.02 must be ≥ 0"),
+    ("block_layout", "post", "config.model.block_layout='post' must be one of pre_ln, post_ln"),
+    ("mixer", "fnett", "config.model.mixer='fnett' must be one of attention, fnet, "),
+])
+def test_a_model_field_out_of_its_declared_range_is_refused_in_one_line(name, value, message):
+  config = config_lib.default_config()
+  config.model[name] = value
+  with pytest.raises(config_lib.UserError) as error:
+    config_lib.validate(config, 8)
+  assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
 def test_parse_arg():
