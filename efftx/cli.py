@@ -8,6 +8,7 @@ import importlib.util
 import os
 import runpy
 import sys
+import traceback
 
 import ml_collections
 
@@ -16,8 +17,9 @@ from efftx.errors import UserError
 def explain_flag_error(argv: list[str], error: Exception) -> str:
   """One line for an error raised while parsing --config and its overrides.
 
-  For a mistyped override key (`--config.model.mixerr=...`), names the field and the valid fields beside it;
-  otherwise the first line of the error.
+  For a config file that fails to load or whose get_config raises, the error and the file's line it came from; for
+  a mistyped override key (`--config.model.mixerr=...`), the field and the valid fields beside it; otherwise the
+  first line of the error.
   """
   config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), default_config_file())
   overrides = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--config.")]
@@ -27,12 +29,17 @@ def explain_flag_error(argv: list[str], error: Exception) -> str:
       return f"--config={config_arg}: no such config file"
     try:
       module = runpy.run_path(path)
-      if "get_config" not in module:
-        return (f"--config={config_arg}: the file has no get_config function (a config file defines "
-                "get_config(arg=None) returning its ConfigDict)")
+    except Exception as e:  # pylint: disable=broad-except
+      return f"--config={config_arg}: " + _raised_by(path, "loading the file", e)
+    if "get_config" not in module:
+      return (f"--config={config_arg}: the file has no get_config function (a config file defines "
+              "get_config(arg=None) returning its ConfigDict)")
+    try:
       config = module["get_config"](*([arg] if arg else []))
     except Exception as e:  # pylint: disable=broad-except
-      return f"--config={config_arg}: {_first_line(e)}"
+      return f"--config={config_arg}: " + _raised_by(path, "get_config", e)
+    if not isinstance(config, ml_collections.ConfigDict):
+      return f"--config={config_arg}: get_config returned {type(config).__name__}, not a ConfigDict"
     for key in overrides:
       node, parts = config, key.split(".")[1:]
       for depth, part in enumerate(parts):
@@ -61,8 +68,23 @@ def _missing_field(config: ml_collections.ConfigDict, parent: str, node: ml_coll
   return f"{parent} has no field '{part}'{hint}; fields of {parent}: {', '.join(sorted(node.keys()))}"
 
 
+def _raised_by(path: str, what: str, error: Exception) -> str:
+  """What a config file's error says, in one line: a UserError's message as it is; a syntax error, or anything else
+  `what` (loading the file, get_config) raised, with its type, message and the line of the config file it came
+  from (the innermost, when the error was raised in code the file calls)."""
+  if isinstance(error, UserError):
+    return _first_line(error)
+  if isinstance(error, SyntaxError):  # the file (or a module it imports) does not parse
+    return f"{type(error).__name__}: {error.msg} ({error.filename}, line {error.lineno})"
+  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+           if os.path.realpath(frame.filename) == os.path.realpath(path)]
+  where = f" ({path}, line {lines[-1]})" if lines else ""
+  return f"{what} raised {type(error).__name__}: {_first_line(error)}{where}"
+
+
 def _first_line(error: Exception) -> str:
-  lines = str(error).strip().strip("'\"").splitlines()
+  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)  # KeyError: no repr quotes
+  lines = text.strip().splitlines()
   return lines[0] if lines else type(error).__name__
 
 

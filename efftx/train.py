@@ -301,7 +301,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     rest = flags.FLAGS(argv)
     _CONFIG.value.model  # a config file that failed to load raises here  # pylint: disable=pointless-statement
     return rest
-  except (flags.Error, AttributeError, KeyError, ValueError, TypeError, OSError) as e:  # the config file's own
+  except Exception as e:  # pylint: disable=broad-except  # flags.Error, or whatever the config file raised
     cli.exit_with("efftx.train", cli.explain_flag_error(argv, e))
 
 
@@ -322,6 +322,6 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
   try:  # ml_collections loads the default config and applies --config.* overrides while defining the flag
     _define_flags()
-  except (AttributeError, KeyError, ValueError, TypeError, OSError) as e:
+  except Exception as e:  # pylint: disable=broad-except  # whatever the default config file raised
     cli.exit_with("efftx.train", cli.explain_flag_error(sys.argv, e))
   app.run(main, flags_parser=_parse_flags)

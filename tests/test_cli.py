@@ -64,6 +64,12 @@ TRAIN_CASES = [
       "--config.data.data_dir={data_dir}"], ["config.init_from", "encoders must match", "d_model=32"]),
     (["--config={tmp}/raises.py"], ["raises.py", "no such corpus"]),
     (["--config={tmp}/no_get_config.py"], ["no_get_config.py: the file has no get_config function"]),
+    # A config file that raises, at import or in get_config, or does not parse: the error and the file's line.
+    (["--config={tmp}/get_config_raises.py"],
+     ["get_config raised RuntimeError: boom", "get_config_raises.py, line 2)"]),
+    (["--config={tmp}/raises_on_import.py"],
+     ["loading the file raised KeyError: EFFTX_NO_SUCH_VARIABLE", "raises_on_import.py, line 3)"]),
+    (["--config={tmp}/syntax_error.py"], ["SyntaxError: invalid syntax", "syntax_error.py, line 3)"]),
 ]
 
 OTHER_CASES = [  # (program, arguments, words)
@@ -119,6 +125,9 @@ def _make_inputs(tmp, finished_run):
       "  config.mixer.attention_dropout = 0.1  # fnet has no attention probabilities\n  return config\n")
   (tmp / "raises.py").write_text("def get_config():\n  raise FileNotFoundError('no such corpus: /data/x')\n")
   (tmp / "no_get_config.py").write_text("def config():\n  return None\n")
+  (tmp / "get_config_raises.py").write_text("def get_config(arg=None):\n  raise RuntimeError('boom')\n")
+  (tmp / "raises_on_import.py").write_text("import os\n\nVALUE = os.environ['EFFTX_NO_SUCH_VARIABLE']\n")
+  (tmp / "syntax_error.py").write_text("def get_config(arg=None):\n  x = 1\n  return x +\n")
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +169,23 @@ def test_bad_input_exits_with_one_clear_line(case, bad_input_runs):
   for word in words:
     assert word in lines[-1], lines[-1]
   assert after == before  # the workdir as it was (absent if it was)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("bad_input")
+@pytest.mark.parametrize("name,error,line", [
+    ("get_config_raises.py", "get_config raised RuntimeError: boom", 2),
+    ("raises_on_import.py", "loading the file raised KeyError: EFFTX_NO_SUCH_VARIABLE", 3),
+    ("syntax_error.py", "SyntaxError: invalid syntax", 3),
+])
+def test_a_config_file_that_raises_is_one_line_naming_its_line(name, error, line, bad_input_runs):
+  """Exit code 2 and exactly the line `efftx.train: error: --config=FILE: ERROR (FILE, line N)`."""
+  case = next(i for i, (_, args, _) in enumerate(CASES) if args == [f"--config={{tmp}}/{name}"])
+  proc = bad_input_runs[case][0]
+  path = next(a for a in proc.args if a.startswith("--config=")).split("=", 1)[1]
+  assert os.path.basename(path) == name
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr.splitlines() == [f"efftx.train: error: --config={path}: {error} ({path}, line {line})"]
 
 
 @pytest.mark.slow
