@@ -118,52 +118,6 @@ def test_bench_flops_per_token_is_the_dense_matmuls_plus_the_mixing():
   assert bench.flops_per_token(config, params["params"]) == 6 * weights + 3 * layers * 4 * L * d
 
 
-def test_peer_factories_build_the_peers_shape_through_the_model_builder():
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  import pathlib  # pylint: disable=g-import-not-at-top
-  path = pathlib.Path(__file__).parents[1] / "experiments" / "peers" / "factories.py"
-  spec = importlib.util.spec_from_file_location("peer_factories", path)
-  factories = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(factories)
-  cfg = dict(d=32, layers=2, heads=4, ff=64, vocab=50, tokens=64, lr=1e-4)
-  ids = jnp.zeros((2, 16), jnp.int32)
-  for name in ("fnet", "attention", "aft_simple", "aft_local", "linear", "identity", "fnet_one_device",
-               "attention_one_device", "identity_one_device"):
-    factory = getattr(factories, name)
-    model = factory(cfg, 16)
-    variables = jax.eval_shape(model.init, jax.random.key(0), ids)
-    assert jax.eval_shape(model.apply, variables, ids).shape == (2, 16, 50), name
-    transformer = getattr(model, "model", model)  # inside the data-parallel wrapper
-    assert transformer.block_layout == "post_ln" and transformer.activation == "gelu", name
-    assert transformer.norm_eps == 1e-12, name
-    assert factory.mixer_flops_per_token(cfg, 16) >= 0, name
-  assert factories.attention.mixer_flops_per_token(cfg, 16) == 3 * 2 * 4 * 16 * 32
-
-
-def test_peer_data_parallel_factory_is_the_same_model_split_over_the_devices():
-  """The harness's efftx rows split the batch over every device (8 fake ones here): same parameters (names and
-  values), the same logits and gradients as the one-device model, and the logits really laid out over the devices."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  import pathlib  # pylint: disable=g-import-not-at-top
-  path = pathlib.Path(__file__).parents[1] / "experiments" / "peers" / "factories.py"
-  spec = importlib.util.spec_from_file_location("peer_factories", path)
-  factories = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(factories)
-  cfg = dict(d=32, layers=2, heads=4, ff=64, vocab=50, tokens=256, lr=1e-4)
-  ids = jax.random.randint(jax.random.key(1), (16, 16), 0, 50)
-  split, whole = factories.attention(cfg, 16), factories.attention_one_device(cfg, 16)
-  params = jax.jit(whole.init)(jax.random.key(0), ids)
-  same = jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), jax.jit(split.init)(jax.random.key(0), ids), params)
-  assert all(jax.tree.leaves(same))
-  loss = lambda model: jax.jit(jax.value_and_grad(lambda p: (model.apply(p, ids) ** 2).mean()))
-  (a, grad_a), (b, grad_b) = loss(split)(params), loss(whole)(params)
-  np.testing.assert_allclose(a, b, rtol=1e-5)
-  for ga, gb in zip(jax.tree.leaves(grad_a), jax.tree.leaves(grad_b)):
-    np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-6)
-  logits = jax.jit(split.apply)(params, ids)
-  assert len(logits.sharding.device_set) == jax.device_count() == 8
-
-
 @pytest.mark.slow
 def test_bench_times_the_step_split_over_the_devices_as_train_does(tmp_path):
   """`python -m efftx.bench` (mixers mode) splits each step's batch over as many devices as divide it, as

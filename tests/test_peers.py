@@ -1,0 +1,74 @@
+"""efftx.peers: the JAX peers at the tiny shape end to end (JSON, markdown, plot); a torch peer without torch says
+how to install it, in one line. No timing is asserted."""
+import importlib.util
+import json
+
+import pytest
+
+from efftx import peers
+from efftx.errors import UserError
+
+HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
+
+
+@pytest.mark.slow
+def test_the_jax_peers_run_end_to_end_at_the_tiny_shape(tmp_path, capsys):
+  """flax-fnet and efftx-fnet at one length, each in its own process: rows, ratios, MFU, the three files."""
+  peers.main(["--tiny", "--peers=flax-fnet,efftx-fnet", "--seqs=64", "--warmup=1", "--steps=2",
+              "--ratio_to=flax-fnet", f"--out={tmp_path}"])
+  run = json.loads((tmp_path / "peers.json").read_text())
+  rows = {r["peer"]: r for r in run["results"]}
+  assert set(rows) == {"flax-fnet", "efftx-fnet"} and all("error" not in r for r in rows.values()), rows
+  for r in rows.values():
+    assert r["seq"] == 64 and r["batch"] == 256 // 64 and len(r["step_times_s"]) == 2
+    assert r["tokens_per_s"] == pytest.approx(r["batch"] * 64 / r["median_step_s"])
+    assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / 1e9 / run["meta"]["peak_gflops"])
+    assert 0 < r["mfu"] < 1 and r["loss_first"] > 0
+  assert rows["efftx-fnet"]["devices"] == 4  # the batch of 4 split over the tests' 8 devices, as efftx.train does
+  table = (tmp_path / "peers.md").read_text()
+  ratio = rows["efftx-fnet"]["tokens_per_s"] / rows["flax-fnet"]["tokens_per_s"]
+  assert "| 64 | flax-fnet | 4 | 1 |" in table and "| 64 | efftx-fnet | 4 | 4 |" in table
+  assert f"| 64 | 1.00 | {ratio:.2f} |" in table
+  assert (tmp_path / "peers.png").stat().st_size > 0
+  assert "efftx-fnet" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(HAS_TORCH, reason="torch is installed")
+def test_a_torch_peer_without_torch_gives_the_install_hint(tmp_path):
+  with pytest.raises(UserError, match=r"pip install -e '\.\[peers\]'") as error:
+    peers.main(["--peers=flax-fnet,hf-fnet", f"--out={tmp_path}"])
+  assert "\n" not in str(error.value) and not list(tmp_path.iterdir())  # refused before anything ran
+  with pytest.raises(UserError, match=r"pip install -e '\.\[peers\]'"):  # the row's own process says the same
+    peers.main(["--worker=hf-bert-sdpa", "--seq=64", "--tiny"])
+
+
+def test_bad_peers_are_refused_in_one_line(tmp_path):
+  for argv, words in ((["--peers=flax-fnett"], "flax-fnett: choose from"),
+                      (["--peers=flax-fnet", "--ratio_to=hf-fnet"], "--ratio_to=hf-fnet is not one of --peers")):
+    with pytest.raises(UserError, match=words):
+      peers.main(argv + [f"--out={tmp_path}"])
+  with pytest.raises(UserError, match="'nomixer' is not a mixer"):
+    peers.main(["--worker=efftx-nomixer", "--seq=64", "--tiny"])
+
+
+def test_efftx_rows_are_the_flax_peers_block_built_by_efftx():
+  """efftx-fnet and efftx-attention rows: post-LN, exact GELU, epsilon 1e-12, FNet's embedding projection, and the
+  same matmul weights as the plain-flax peers (so the same dense FLOPs)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from efftx import ab  # pylint: disable=g-import-not-at-top
+  from efftx import model as model_lib  # pylint: disable=g-import-not-at-top
+  from efftx.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
+  c = peers.SHAPES["tiny"]
+  kernels = lambda params: sum(x.size for p, x in jax.tree_util.tree_leaves_with_path(params) if p[-1].key == "kernel")
+  ids = jax.numpy.zeros((1, 64), int)
+  for mixer, flax_mixer in (("fnet", "fft"), ("attention", "attn")):
+    config, _ = ab.load_config(peers.efftx_variant(mixer, c, 64))
+    m = config.model
+    assert (m.d_model, m.num_layers, m.d_ff, m.max_len, config.data.batch_size) == (32, 1, 64, 64, 4)
+    assert (m.block_layout, m.activation, m.norm_eps, m.embed_projection, m.dropout) == (
+        "post_ln", "gelu", 1e-12, mixer == "fnet", 0.0)
+    model = model_lib.build_model(config, OBJECTIVES["lm"].head(256, 0), 256)
+    ours = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, mask=ids == 0, deterministic=True))["params"]
+    flax_model = peers._flax_encoder(c, flax_mixer, 512)  # pylint: disable=protected-access
+    theirs = jax.eval_shape(flax_model.init, jax.random.key(0), ids)["params"]
+    assert kernels(ours) == kernels(theirs), mixer
