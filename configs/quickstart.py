@@ -4,11 +4,12 @@
     python -m efftx.train --config=configs/quickstart.py:mixer=fnet --workdir=/tmp/efftx/quickstart-fnet
 
 Arguments: mixer=<name> (a key of efftx.mixers.MIXERS; default attention), smoke (a few steps, for tests).
-Expected (2-core CPU, one run each, seed 0; majority class 15 %, chance 10 %; a fresh data dir adds ~35 s):
-  attention: validation accuracy 42.3 % after 1,500 steps, 2 min 28 s (2026-12-01, one XLA device per core, the
-             CPU default; on one device: 42.7 %, 3 min 02 s; the two layouts are not bit-identical)
-  fnet:      validation accuracy 42.8 % after 1,500 steps, 1 min 40 s
-  every other mixer: 40.3–44.8 %, 3–5 min on one device (experiments/quickstart/README.md)
+Expected (2-core x86-64 CPU, one run each, seed 0, data prepared; majority class 15 %, chance 10 %; preparing the
+data first adds ~30 s):
+  attention: validation accuracy 42.6 % after 1,500 steps, 2 min 14 s (the batch split over one XLA device per
+             core, efftx.train's CPU default; runs are bit-identical on one machine and layout, not across them)
+  fnet:      validation accuracy 42.8 % after 1,500 steps, 1 min 34 s
+  every other mixer: 40.3–44.8 % (experiments/quickstart/README.md)
 """
 from efftx import config as config_lib
 

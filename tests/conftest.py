@@ -4,7 +4,7 @@ import os
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 # LLVM's optimisation of the generated CPU code off: the tests' programs are small and run a few times, so compiling
-# them is most of the suite (a 1-layer training step on 8 devices: 5.8 s to compile, 3.9 s with this). XLA's own
+# them is most of the suite (experiments/performance/DECISIONS.md: tests-llvm-opt-level-0). XLA's own
 # HLO passes still run — the algebraic rewrite that once made causal AFT nan under jit shows with it too — and LLVM
 # keeps floating point semantics at every level (no fast math).
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
