@@ -14,11 +14,13 @@ import ml_collections
 
 from efftx.errors import UserError
 
-def explain_flag_error(argv: list[str], error: Exception) -> str:
-  """One line for an error raised while parsing --config and its overrides.
 
-  For a config file that fails to load or whose get_config raises, the error and the file's line it came from; for
-  a mistyped override key (`--config.model.mixerr=...`), the field and the valid fields beside it; otherwise the
+def explain_flag_error(argv: list[str], error: Exception) -> str | None:
+  """One line for an error raised while parsing --config and its overrides, or None for a bug (keep its traceback).
+
+  For a config file that fails to load or whose get_config raises, the error and the file's line it came from (None
+  when the error was raised in efftx's or a library's code, and is not a UserError: a bug, not the file's); for a
+  mistyped override key (`--config.model.mixerr=...`), the field and the valid fields beside it; otherwise the
   first line of the error.
   """
   config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), default_config_file())
@@ -30,14 +32,16 @@ def explain_flag_error(argv: list[str], error: Exception) -> str:
     try:
       module = runpy.run_path(path)
     except Exception as e:  # pylint: disable=broad-except
-      return f"--config={config_arg}: " + _raised_by(path, "loading the file", e)
+      message = raised_by(path, "loading the file", e)
+      return message and f"--config={config_arg}: {message}"
     if "get_config" not in module:
       return (f"--config={config_arg}: the file has no get_config function (a config file defines "
               "get_config(arg=None) returning its ConfigDict)")
     try:
       config = module["get_config"](*([arg] if arg else []))
     except Exception as e:  # pylint: disable=broad-except
-      return f"--config={config_arg}: " + _raised_by(path, "get_config", e)
+      message = raised_by(path, "get_config", e)
+      return message and f"--config={config_arg}: {message}"
     if not isinstance(config, ml_collections.ConfigDict):
       return f"--config={config_arg}: get_config returned {type(config).__name__}, not a ConfigDict"
     for key in overrides:
@@ -68,24 +72,35 @@ def _missing_field(config: ml_collections.ConfigDict, parent: str, node: ml_coll
   return f"{parent} has no field '{part}'{hint}; fields of {parent}: {', '.join(sorted(node.keys()))}"
 
 
-def _raised_by(path: str, what: str, error: Exception) -> str:
-  """What a config file's error says, in one line: a UserError's message as it is; a syntax error, or anything else
-  `what` (loading the file, get_config) raised, with its type, message and the line of the config file it came
-  from (the innermost, when the error was raised in code the file calls)."""
+def raised_by(path: str, what: str, error: Exception) -> str | None:
+  """What a config file's error says, in one line: a UserError's message as it is; a syntax error; or an error
+  raised while `what` (loading the file, get_config) ran — by the file's own code or by a library it called
+  (ml_collections on a mistyped section, ...) — with its type, message and the file's innermost line in the
+  traceback. None for an error that efftx's own code raised and that is not a UserError: a bug, whose traceback
+  is kept."""
   if isinstance(error, UserError):
     return _first_line(error)
   if isinstance(error, SyntaxError):  # the file (or a module it imports) does not parse
     return f"{type(error).__name__}: {error.msg} ({error.filename}, line {error.lineno})"
-  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
-           if os.path.realpath(frame.filename) == os.path.realpath(path)]
+  frames = traceback.extract_tb(error.__traceback__)
+  package = os.path.dirname(os.path.realpath(__file__)) + os.sep
+  if frames and os.path.realpath(frames[-1].filename).startswith(package):
+    return None
+  lines = [f.lineno for f in frames if os.path.realpath(f.filename) == os.path.realpath(path)]
   where = f" ({path}, line {lines[-1]})" if lines else ""
   return f"{what} raised {type(error).__name__}: {_first_line(error)}{where}"
 
 
 def _first_line(error: Exception) -> str:
-  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)  # KeyError: no repr quotes
-  lines = text.strip().splitlines()
-  return lines[0] if lines else type(error).__name__
+  """The error's message as one line: its message argument without repr quotes (KeyError, ml_collections'
+  AttributeError), the first line, or its lines joined where the first is only a quoted name."""
+  while len(error.args) == 1 and isinstance(error.args[0], Exception):  # AttributeError(KeyError(...))
+    error = error.args[0]
+  text = error.args[0] if len(error.args) == 1 and isinstance(error.args[0], str) else str(error)
+  lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+  if not lines:
+    return type(error).__name__
+  return "; ".join(lines) if len(lines[0]) < 24 and len(lines) > 1 else lines[0]
 
 
 def default_config_file() -> str:

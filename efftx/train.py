@@ -302,7 +302,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _CONFIG.value.model  # a config file that failed to load raises here  # pylint: disable=pointless-statement
     return rest
   except Exception as e:  # pylint: disable=broad-except  # flags.Error, or whatever the config file raised
-    cli.exit_with("efftx.train", cli.explain_flag_error(argv, e))
+    message = cli.explain_flag_error(argv, e)
+    if message is None:  # a bug in code the config file calls: its traceback
+      raise
+    cli.exit_with("efftx.train", message)
 
 
 def main(argv: list[str]) -> None:
@@ -323,5 +326,8 @@ if __name__ == "__main__":
   try:  # ml_collections loads the default config and applies --config.* overrides while defining the flag
     _define_flags()
   except Exception as e:  # pylint: disable=broad-except  # whatever the default config file raised
-    cli.exit_with("efftx.train", cli.explain_flag_error(sys.argv, e))
+    message = cli.explain_flag_error(sys.argv, e)
+    if message is None:  # a bug in code the config file calls: its traceback
+      raise
+    cli.exit_with("efftx.train", message)
   app.run(main, flags_parser=_parse_flags)

@@ -213,3 +213,18 @@ def test_a_bug_keeps_its_traceback(tmp_path):
   assert proc.returncode != 0
   assert "Traceback" in proc.stderr and "an internal error" in proc.stderr
   assert "efftx.train: error:" not in proc.stderr
+
+
+def test_an_error_inside_efftx_reached_from_get_config_is_a_bug_and_keeps_its_traceback(tmp_path):
+  """explain_flag_error: an error the config file's own code raises, or a library it calls (ml_collections on a
+  mistyped section), is one line naming the file's line; one raised inside efftx's code (not a UserError) is a
+  bug: None, so efftx.train re-raises it with its traceback."""
+  from efftx import cli  # pylint: disable=g-import-not-at-top
+  (tmp_path / "typo.py").write_text("from efftx import config as config_lib\n\n\ndef get_config(arg=None):\n"
+                                    "  c = config_lib.default_config()\n  c.mdoel.d_model = 3\n  return c\n")
+  (tmp_path / "misuse.py").write_text("from efftx import config as config_lib\n\n\ndef get_config(arg=None):\n"
+                                      "  config_lib.set_where_declared(None, window=3)\n")
+  typo = cli.explain_flag_error([f"--config={tmp_path / 'typo.py'}"], RuntimeError("flags"))
+  assert typo == (f"--config={tmp_path / 'typo.py'}: get_config raised AttributeError: 'mdoel'; Did you mean "
+                  f"\"model\" instead of \"mdoel\"? ({tmp_path / 'typo.py'}, line 6)")
+  assert cli.explain_flag_error([f"--config={tmp_path / 'misuse.py'}"], RuntimeError("flags")) is None
