@@ -269,9 +269,9 @@ class Transformer(nn.Module):
       if decode:
         raise ValueError("decoding is not supported with reversible=True (train reversibly, decode without)")
       x_BxLxD = ReversibleStack(
-          make_f=lambda: MixingSublayer(self.make_mixer, self.dropout, parent=None),
-          make_g=lambda: FeedForwardSublayer(self.d_ff, self.dropout, self.ff_chunk_size, activation=self.activation,
-                                         parent=None),
+          make_f=lambda: MixingSublayer(self.make_mixer, self.dropout, norm_eps=self.norm_eps, parent=None),
+          make_g=lambda: FeedForwardSublayer(self.d_ff, self.dropout, self.ff_chunk_size, norm_eps=self.norm_eps,
+                                             activation=self.activation, parent=None),
           num_layers=self.num_layers, name="reversible")(x_BxLxD, mask_BxL, deterministic)
     else:
       for i in range(self.num_layers):
