@@ -20,8 +20,9 @@ Each step is jitted as efftx.train jits it (state and batch shardings, donated s
 random batch of the objective's keys, compiled once, then run --rounds times --steps steps, B first in every other
 round, the first round left out. Reported: each variant's median step time and B's speed-up, the median over the
 rounds of A's time over B's in the same round (paired: the machine's drift over minutes cancels), with its min and
-max; each variant's first loss; and whether the two compiled programs are the same (source locations aside), which
-catches an override that changes nothing.
+max; each variant's first loss; and whether the two compiled programs (XLA's optimised HLO, source locations aside) are
+the same, which catches an override that changes nothing (an XLA option that acts only in code generation may leave
+the HLO unchanged).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
 from typing import Callable
 
 from absl import app
@@ -132,8 +134,14 @@ def load_config(spec: dict) -> tuple[ml_collections.ConfigDict, int]:
       raise UserError(f"--config={spec['config']}: no such config file")
     try:
       config = runpy.run_path(path)["get_config"](*([arg] if arg else []))
+    except UserError:
+      raise
     except Exception as e:  # pylint: disable=broad-except  (the config file's own error, in one line)
-      raise UserError(f"--config={spec['config']}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
+      lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
+               if os.path.realpath(f.filename) == os.path.realpath(path)]
+      first = (str(e).strip().splitlines() or [""])[0]
+      raise UserError(f"--config={spec['config']}: {type(e).__name__}: {first}"
+                      + (f" ({path}, line {lines[-1]})" if lines else "")) from None
   else:  # efftx.bench's mixers mode shape (bench._model_config)
     config = config_lib.default_config(spec["mixer"])
     config.model.update(d_model=256, num_layers=4, d_ff=1024, max_len=1024, dropout=0.0)
@@ -279,7 +287,10 @@ def _extract(rev: str, folder: pathlib.Path) -> pathlib.Path:
   archive = git("archive", sha.stdout.decode().strip())
   folder.mkdir(parents=True)
   with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-    tar.extractall(folder, filter="data")
+    if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: refuse members that would land outside the folder
+      tar.extractall(folder, filter="data")
+    else:
+      tar.extractall(folder)  # git's own archive of a commit: paths inside the tree
   return folder
 
 
@@ -295,11 +306,18 @@ class _Worker:
     self.proc = subprocess.Popen([sys.executable, "-c", boot], cwd=tree, env=env, stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
     path, colon, arg = spec["config"].partition(":")
-    if path and not (tree / path).exists():  # not in the commit's tree (relative paths are read there): this one
-      spec = {**spec, "config": os.path.abspath(path) + colon + arg}
-    self.info = self._ask(spec)
-    if not pathlib.Path(self.info["efftx"]).is_relative_to(tree):
-      raise RuntimeError(f"variant {label}'s worker imported efftx from {self.info['efftx']}, not from {tree}")
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    if path and pathlib.Path(path).is_absolute() and pathlib.Path(path).resolve().is_relative_to(repo):
+      path = str(pathlib.Path(path).resolve().relative_to(repo))  # a file of this checkout: read the commit's
+    if path:  # read from the commit's tree where it has the file, else from here
+      spec = {**spec, "config": (path if (tree / path).exists() else os.path.abspath(path)) + colon + arg}
+    try:
+      self.info = self._ask(spec)
+      if not pathlib.Path(self.info["efftx"]).is_relative_to(tree):
+        raise RuntimeError(f"variant {label}'s worker imported efftx from {self.info['efftx']}, not from {tree}")
+    except BaseException:
+      self.close()
+      raise
 
   def __call__(self, steps: int) -> float:
     return self._ask(steps)["seconds"]

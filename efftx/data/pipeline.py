@@ -112,7 +112,9 @@ _DEFAULT_PORTS = {"http": 80, "https": 443, "ftp": 21}
 def _download_targets(builder: tfds.core.DatasetBuilder) -> list[tuple[str, int]]:
   """The (host, port) pairs TFDS's download of builder's dataset connects to first: the hosts of the URLs in its
   checksums file (every builder config's), or the proxy the environment sets for a URL (TFDS downloads with
-  requests, which reads the same variables). Empty when TFDS lists no URLs for the dataset."""
+  requests, which reads the same variables). Empty when TFDS lists no URLs for the dataset. The checksums file
+  covers all of a dataset's configs (GLUE's eight tasks), so where one of their hosts answers and this config's does
+  not, the probe passes and TFDS's own retries decide, as without it."""
   proxies = urllib.request.getproxies()
   targets = set()
   for url in builder.url_infos or ():
