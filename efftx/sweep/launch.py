@@ -66,7 +66,6 @@ def state(folder: epath.Path) -> str:
   return "unfinished" if rows or config else "pending"
 
 
-
 _RUNNING: set[subprocess.Popen] = set()  # the points running now (launcher local), for stop()
 _RUNNING_LOCK = threading.Lock()
 
@@ -113,7 +112,6 @@ def run_point(command: list[str], folder: str) -> dict:
           f"; its last output: {lines[-1][:300]}" if lines else "")
   (folder / POINT_FILE).write_text(json.dumps(outcome, indent=2))
   return outcome
-
 
 
 # ---------------------------------------------------------------------------------------------- Launchers
@@ -268,7 +266,6 @@ def _run_slurm(study, workdir, launch, commands, todo, status) -> dict[str, str]
   return status.states
 
 
-
 def collect(study: Study, workdir: str) -> list[dict]:
   """One row per point: group, seed, learning rate, state, the last logged value of its metric ("value") and of
   each of study.metrics ("values"), and its seconds."""
@@ -283,4 +280,3 @@ def collect(study: Study, workdir: str) -> list[dict]:
                  "values": {m: last[m] for m in study.metrics}, "seconds": outcome.get("total_seconds"),
                  "error": outcome.get("error")})
   return rows
-

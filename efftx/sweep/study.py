@@ -76,7 +76,6 @@ def grid(groups: dict[str, dict[str, Any]], seeds=(0,), learning_rates=(None,)) 
   return points
 
 
-
 @dataclasses.dataclass
 class Study:
   """A sweep file, loaded."""
@@ -149,4 +148,3 @@ def load(path: str, scale: str = "cpu") -> Study:
   return Study(path, config, points, module["METRIC"], module["GOAL"], module.get("__doc__") or "",
                module.get("PAPER", {}), module.get("SOURCE", ""), module.get("X"), module.get("claim"),
                tuple(module.get("METRICS", ())), baseline, module.get("SERIES", {}), module.get("XSCALE", ""))
-
