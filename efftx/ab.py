@@ -224,6 +224,9 @@ def prepare(spec: dict) -> tuple[Callable[[int], float], dict]:
     return (time.perf_counter() - start) / n
 
   run(1)
+  # For a profile of the step (efftx.profiling): the compiled program and the paths of its dense layers.
+  run.program_text = compiled.as_text()
+  run.params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), holder["state"].params)
   return run, {**info, "first_loss": holder["loss"]}
 
 

@@ -24,22 +24,20 @@ other processes took meanwhile (above a few per cent, repeat the run). MFU: achi
 FLOPs per token are 6 × the matmul weights (head included, embeddings not) plus the mixer's: attention 12·L·d·S,
 FFT 10·L·d·log2(S·d) (efftx rows: MixerSpec.train_flops). --ratio_to=PEER adds each row's tokens/s over PEER's.
 Writes peers.json, peers.md and peers.png to --out; --profile also writes a trace per row under --out/profile
-(JAX: jax.profiler's, for TensorBoard or Perfetto, and the ms per XLA kernel kind; torch: a Chrome trace and the
+(JAX: jax.profiler's, for TensorBoard or Perfetto, and the ms per XLA kernel kind, for efftx rows also per category
+of what the kernels compute, efftx.profiling: matmuls, mixer core, LayerNorm, GELU, ...; torch: a Chrome trace and the
 ops' self-time table).
 torch and transformers are needed for the hf-* peers only: pip install -e '.[peers]'.
 """
 from __future__ import annotations
 
 import argparse
-import collections
-import gzip
 import importlib.util
 import json
 import math
 import os
 import pathlib
 import platform
-import re
 import resource
 import statistics
 import subprocess
@@ -229,32 +227,33 @@ def _efftx_row(mixer: str, c: dict, seq: int, a) -> dict:
   config, _ = ab.load_config(spec)
   mixing = c["layers"] * MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False)
   a.warmup = max(0, a.warmup - 1)
+  profiled = dict(program=run.program_text, params=run.params, devices=info["devices"]) if a.profile else None
   return dict(batch=info["batch"], devices=info["devices"], compile_s=info["compile_s"], loss_first=info["first_loss"],
-              **_jax_timed(lambda: run(1), a), flops_per_token=6 * info["matmul_params"] + mixing,
+              **_jax_timed(lambda: run(1), a, profiled), flops_per_token=6 * info["matmul_params"] + mixing,
               n_params=info["params"])
 
 
-def _jax_timed(step, a) -> dict:
+def _jax_timed(step, a, profiled: dict | None = None) -> dict:
+  """Times `step`; with --profile also traces 3 steps and writes the ms a step per XLA kernel kind, and (`profiled`:
+  an efftx row's compiled program, parameters and device count) per category of what the kernels compute."""
   times, foreign = _timed(step, a.warmup, a.steps)
+  out = dict(step_times_s=times, foreign_cpu_frac=foreign)
   if a.profile:
     import jax  # pylint: disable=g-import-not-at-top
+    from efftx import profiling  # pylint: disable=g-import-not-at-top
     with jax.profiler.trace(a.profile):
       for _ in range(3):
         step()
-    _kernel_table(a.profile)
-  return dict(step_times_s=times, foreign_cpu_frac=foreign)
-
-
-def _kernel_table(folder: str) -> None:
-  """folder.txt: ms a step per XLA kernel kind (a fusion's name without its number) from the trace in folder;
-  kernels on several threads overlap, so the sums can exceed the step."""
-  trace = json.load(gzip.open(sorted(pathlib.Path(folder).glob("**/*.trace.json.gz"))[-1]))
-  ms = collections.Counter()
-  for e in trace["traceEvents"] if isinstance(trace, dict) else trace:
-    if e.get("ph") == "X" and "dur" in e and re.fullmatch(r"[a-z][\w\-]*(\.\d+)?", e["name"]):  # HLO names only
-      ms[re.sub(r"\.\d+$", "", e["name"])] += e["dur"] / 1e3 / 3
-  pathlib.Path(f"{folder}.txt").write_text("ms a step, summed per kernel kind (they overlap on several threads)\n"
-                                           + "".join(f"{v:9.2f}  {k}\n" for k, v in ms.most_common(40)))
+    program = profiling.instructions(profiled["program"]) if profiled else {}
+    dense = profiling.dense_modules(profiled["params"]) if profiled else set()
+    summary = profiling.summarize(a.profile, program, dense, steps=3, devices=profiled["devices"] if profiled else 1)
+    lines = ["ms a step (per device), summed over kernels, which overlap on several threads"]
+    if profiled:
+      lines += ["by what they compute:"] + [f"{v:9.2f}  {k}" for k, v in summary["categories"].items()]
+    lines += ["by XLA kernel kind:"] + [f"{v:9.2f}  {k}" for k, v in summary["kinds"].items()]
+    pathlib.Path(f"{a.profile}.txt").write_text("\n".join(lines) + "\n")
+    out["profile_ms"] = summary["categories"] if profiled else summary["kinds"]
+  return out
 
 
 def _peak(framework: str, n: int, threads: int) -> dict:

@@ -72,3 +72,26 @@ def test_efftx_rows_are_the_flax_peers_block_built_by_efftx():
     flax_model = peers._flax_encoder(c, flax_mixer, 512)  # pylint: disable=protected-access
     theirs = jax.eval_shape(flax_model.init, jax.random.key(0), ids)["params"]
     assert kernels(ours) == kernels(theirs), mixer
+
+
+def test_a_profile_of_an_efftx_step_puts_its_kernels_in_the_categories_of_what_they_compute(tmp_path):
+  """efftx.profiling on efftx-attention's real compiled step (tiny shape): every kernel of the trace is an
+  instruction of the program, and the model's parts — the dense layers' matmuls, attention's core, LayerNorm, GELU,
+  the embedding, the loss, the optimizer — each get time; "other" is a small share."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from efftx import ab  # pylint: disable=g-import-not-at-top
+  from efftx import profiling  # pylint: disable=g-import-not-at-top
+  run, info = ab.prepare(peers.efftx_variant("attention", peers.SHAPES["tiny"], 64))
+  program, dense = profiling.instructions(run.program_text), profiling.dense_modules(run.params)
+  assert {"block_0/mixing/mixer/qkv", "block_0/feed_forward/ff/up", "lm_head"} <= dense
+  with jax.profiler.trace(str(tmp_path)):
+    for _ in range(2):
+      run(1)
+  summary = profiling.summarize(str(tmp_path), program, dense, steps=2, devices=info["devices"])
+  ms = summary["categories"]
+  assert "(not in the program)" not in ms, ms
+  for part in ("matmul", "mixer core", "layernorm", "gelu", "embedding", "loss", "optimizer, metrics"):
+    assert ms.get(part, 0) > 0, (part, ms)
+  assert ms.get("other", 0) < 0.5 * sum(ms.values()), ms
+  assert sum(ms.values()) == pytest.approx(sum(summary["kinds"].values()), rel=0.05)  # kinds: the top 40 only
+  assert profiling.category("all-reduce.3", "", False, dense) == "all-reduce"
