@@ -211,8 +211,9 @@ def prepare(spec: dict) -> tuple[Callable[[int], float], dict]:
                                if getattr(path[-1], "key", None) == "kernel"),
           "efftx": str(pathlib.Path(config_lib.__file__).parent)}  # where the variant's code came from
   # The program without its source locations (metadata and the stack-frame tables), which differ between commits.
+  program_text = compiled.as_text()
   program = re.sub(r"(?m), metadata=\{[^}]*\}|^(\d+ [{\"].*|FileNames|FunctionNames|FileLocations|StackFrames)\n", "",
-                   compiled.as_text())
+                   program_text)
   info["program_sha1"] = hashlib.sha1(program.encode()).hexdigest()[:12]
   holder = {"state": state}
 
@@ -225,7 +226,7 @@ def prepare(spec: dict) -> tuple[Callable[[int], float], dict]:
 
   run(1)
   # For a profile of the step (efftx.profiling): the compiled program and the paths of its dense layers.
-  run.program_text = compiled.as_text()
+  run.program_text = program_text
   run.params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), holder["state"].params)
   return run, {**info, "first_loss": holder["loss"]}
 
