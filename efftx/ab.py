@@ -124,6 +124,17 @@ def _set(config: ml_collections.ConfigDict, path: str, text: str) -> None:
   node[name] = _typed(path, node[name], text)
 
 
+def peer_shape(mixer: str, length: int) -> ml_collections.ConfigDict:
+  """The shape efftx.bench and efftx.peers time a mixer at: width 256, 4 layers, 4 heads, FF 1024, dropout 0,
+  AdamW without clipping (the peers' step). Here, not in bench, because a --commits worker runs this file against
+  an older tree."""
+  config = config_lib.default_config(mixer)
+  config.model.update(d_model=256, num_layers=4, d_ff=1024, max_len=length, dropout=0.0)
+  config_lib.set_where_declared(config.mixer, num_heads=4)
+  config.optim.grad_clip = 0.0
+  return config
+
+
 def load_config(spec: dict) -> tuple[ml_collections.ConfigDict, int]:
   """(the variant's config, its device count: 0 for as many as divide the batch)."""
   if bool(spec["config"]) == bool(spec["mixer"]):
@@ -142,11 +153,8 @@ def load_config(spec: dict) -> tuple[ml_collections.ConfigDict, int]:
       first = (str(e).strip().splitlines() or [""])[0]
       raise UserError(f"--config={spec['config']}: {type(e).__name__}: {first}"
                       + (f" ({path}, line {lines[-1]})" if lines else "")) from None
-  else:  # efftx.bench's mixers mode shape (bench._model_config)
-    config = config_lib.default_config(spec["mixer"])
-    config.model.update(d_model=256, num_layers=4, d_ff=1024, max_len=1024, dropout=0.0)
-    config_lib.set_where_declared(config.mixer, num_heads=4)
-    config.optim.grad_clip = 0.0
+  else:
+    config = peer_shape(spec["mixer"], 1024)
   config.model.max_len = spec["length"] or config.model.max_len
   devices = 0
   for path, text in sorted(spec["set"].items(), key=lambda kv: kv[0] != "model.mixer"):  # the mixer first

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from efftx import ab
 from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import model as model_lib
@@ -80,11 +81,8 @@ _TIME_DEPTHS = flags.DEFINE_list("time_depths", ["2", "8", "24"],
 
 
 def _model_config(mixer: str, length: int) -> ml_collections.ConfigDict:
-  config = config_lib.default_config(mixer)
-  config.model.update(d_model=256, num_layers=4, d_ff=1024, max_len=length, dropout=0.0, causal=_CAUSAL.value,
-                      dtype=_DTYPE.value)
-  config_lib.set_where_declared(config.mixer, num_heads=4)
-  config.optim.grad_clip = 0.0  # the peers' step is AdamW alone
+  config = ab.peer_shape(mixer, length)
+  config.model.update(causal=_CAUSAL.value, dtype=_DTYPE.value)
   for item in _OVERRIDES.value:
     key, value = item.split("=", 1)
     section = config.model if key in config.model else config.mixer if key in config.mixer else None
