@@ -192,7 +192,13 @@ def prepare(spec: dict) -> tuple[Callable[[int], float], dict]:
     raise UserError(f"devices={devices}: there are {jax.device_count()} devices and the batch of {batch_size} "
                     "must split evenly over the ones used")
   if spec["mixer"]:  # a next-token head at every position, vocabulary 256, as efftx.bench's mixers mode
-    MIXERS[config.model.mixer].check(dict(config.mixer), config.model.d_model, config.model.causal)
+    m = config.model
+    try:
+      from efftx import patterns  # pylint: disable=g-import-not-at-top
+    except ImportError:  # a --commits tree from before layer patterns: one mixer per model
+      MIXERS[m.mixer].check(dict(config.mixer), m.d_model, m.causal)
+    else:
+      patterns.check(m.mixer, config.mixer, m.num_layers, m.d_model, m.causal)
     objective = objectives.OBJECTIVES["lm"]
     model = model_lib.build_model(config, objective.head(256, 0), 256)
   else:

@@ -51,6 +51,7 @@ from efftx import sharding
 from efftx import trainer
 from efftx.data import TASKS
 from efftx.errors import UserError
+from efftx import patterns
 from efftx.mixers import MIXERS
 
 _MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "attention", "reversible", "pipeline", "sharding"],
@@ -85,12 +86,15 @@ def _model_config(mixer: str, length: int) -> ml_collections.ConfigDict:
   config.model.update(causal=_CAUSAL.value, dtype=_DTYPE.value)
   for item in _OVERRIDES.value:
     key, value = item.split("=", 1)
-    section = config.model if key in config.model else config.mixer if key in config.mixer else None
-    if section is None:
+    sections = [config.model] if key in config.model else [
+        s for s in ([config.mixer] if len(patterns.mixer_names(config.model.mixer)) == 1 else config.mixer.values())
+        if key in s]
+    if not sections:
       if not any(key in s.options for s in MIXERS.values()):
         raise UserError(f"--set {key}: neither a config.model field nor an option of any mixer")
       continue  # an option of other mixers: this row's mixer is measured without it
-    section[key] = type(section[key])(value) if not isinstance(section[key], bool) else value == "true"
+    for section in sections:  # with a layer pattern, every mixer of it that has the option
+      section[key] = type(section[key])(value) if not isinstance(section[key], bool) else value == "true"
   return config
 
 
@@ -99,16 +103,20 @@ def lm_model(config: ml_collections.ConfigDict, vocab_size: int = 256) -> model_
   return model_lib.build_model(config, objectives.OBJECTIVES["lm"].head(vocab_size, 0), vocab_size)
 
 
-def flops_per_token(config: ml_collections.ConfigDict, params) -> float:
+def flops_per_token(config: ml_collections.ConfigDict, params, grid: tuple[int, int] | None = None) -> float:
   """Training FLOPs per token, forward and backward: 6 × every matmul weight (the Dense kernels, head included;
   embeddings are lookups; AFT-conv's H×S kernel, also named "kernel", adds a negligible 6·H·S), plus layers × the
-  mixer's mixing (MixerSpec.train_flops: 3 × forward, FNet's 2 ×). Recomputation (remat, reversible layers,
-  chunked and flash attention's backward passes) is not counted, as usual for MFU."""
+  mixer's mixing (MixerSpec.train_flops: 3 × forward, FNet's 2 ×), summed over the layers' mixers. Recomputation (remat, reversible layers,
+  chunked and flash attention's backward passes) is not counted, as usual for MFU. With grid (an image's patches:
+  model.grid), per position the mixers see: the grid's cells and a [CLS] position if pooled."""
   matmul_weights = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
                        if getattr(path[-1], "key", None) == "kernel")
   m = config.model
-  mixing = MIXERS[m.mixer].train_flops(dict(config.mixer), m.max_len, m.d_model, m.causal)
-  return 6 * matmul_weights + m.num_layers * mixing
+  options = patterns.sections(m.mixer, config.mixer)
+  length = grid[0] * grid[1] + (m.pooling == "cls") if grid else m.max_len
+  mixing = sum(MIXERS[name].train_flops(options[name], length, m.d_model, m.causal, grid)
+               for name in patterns.layer_mixers(m.mixer, m.num_layers))
+  return 6 * matmul_weights + mixing
 
 
 def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, min_seconds: float = 1.0, devices=None) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ml_collections
 
 from efftx import model as model_lib
+from efftx import patterns
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
@@ -67,19 +68,30 @@ def default_config(mixer: str = model_lib.CONFIG_FIELDS["mixer"].default) -> ml_
 
 
 def mixer_options(mixer: str) -> ml_collections.ConfigDict:
-  """The declared options of `mixer` at their defaults (raises UserError for an unknown mixer)."""
-  if mixer not in MIXERS:
-    raise UserError(f"mixer '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
-  return ml_collections.ConfigDict(MIXERS[mixer].defaults())
+  """The declared options of `mixer` at their defaults — `mixer` a mixer name or a layer pattern
+  (efftx/patterns.py): flat for one mixer, one section per mixer (config.mixer.<name>.<option>) for several.
+  Raises UserError for an unknown mixer or a pattern that does not parse."""
+  names = patterns.mixer_names(mixer)
+  if len(names) == 1:
+    return ml_collections.ConfigDict(MIXERS[names[0]].defaults())
+  return ml_collections.ConfigDict({name: MIXERS[name].defaults() for name in names})
+
+
+def _is_sectioned(mixer_config: ml_collections.ConfigDict) -> bool:
+  """config.mixer holds one section per mixer (a pattern of several mixers), not one mixer's options."""
+  return bool(mixer_config) and all(name in MIXERS and isinstance(value, ml_collections.ConfigDict)
+                                    for name, value in mixer_config.items())
 
 
 def set_where_declared(mixer_config: ml_collections.ConfigDict, **options) -> None:
   """Sets each option the chosen mixer declares, and skips the others — for a config file that gives one
   setting to every mixer that has it (LRA: 8 heads and attention dropout 0.1 wherever there are heads and
-  attention probabilities). Command-line overrides never go through here: there a missing option is an error."""
-  for name, value in options.items():
-    if name in mixer_config:
-      mixer_config[name] = value
+  attention probabilities); with a layer pattern of several mixers, in each mixer's section that declares it.
+  Command-line overrides never go through here: there a missing option is an error."""
+  for section in mixer_config.values() if _is_sectioned(mixer_config) else [mixer_config]:
+    for name, value in options.items():
+      if name in section:
+        section[name] = value
 
 
 def smoke_schedule(config: ml_collections.ConfigDict) -> None:
@@ -124,15 +136,15 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   m, d, o = config.model, config.data, config.optim
   for name, field in model_lib.CONFIG_FIELDS.items():  # each field's declared values (efftx/model.py)
     field.check(name, m[name])
-  spec = MIXERS[m.mixer]
   if "mixer" not in config:
     raise UserError("the config has no config.mixer section: build it with config_lib.default_config(mixer)")
-  declared, present = set(spec.options), set(config.mixer.keys())
-  other = next((n for n, s in MIXERS.items() if present != declared and present == set(s.options)), None)
-  if other:  # e.g. --config.model.mixer=fnet on a config file built for attention
-    raise UserError(f"config.mixer holds the options of mixer '{other}', not of '{m.mixer}': choose the mixer "
-                    f"in the config argument (--config=FILE:mixer={m.mixer}), which fills config.mixer with its "
-                    "options")
+  names = patterns.mixer_names(m.mixer)  # raises for a pattern that does not parse
+  built_for = _built_for(config.mixer)
+  if built_for is not None and set(built_for) != set(names):  # --config.model.mixer=fnet on an attention config
+    held = f"mixer '{built_for[0]}'" if len(built_for) == 1 else "mixers " + ", ".join(built_for)
+    raise UserError(f"config.mixer holds the options of {held}, not of '{m.mixer}': choose the "
+                    f"mixer in the config argument (--config=FILE:mixer={m.mixer}), which fills config.mixer with "
+                    "its options")
   if d.task not in TASKS:
     raise UserError(f"config.data.task='{d.task}' is not a task; choose from: {', '.join(TASKS)}")
   if "://" in (d.data_dir or ""):  # google/array_record#120: its reader is riegeli's FdReader
@@ -152,7 +164,18 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
                     "(pooling='cls' adds a position)")
   if m.ff_chunk_size and m.max_len % m.ff_chunk_size:
     raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
-  spec.check(dict(config.mixer), m.d_model, m.causal)
+  patterns.check(m.mixer, config.mixer, m.num_layers, m.d_model, m.causal)
+  if m.patch_size:
+    shape = task.image_shape
+    if shape is None:
+      raise UserError(f"config.model.patch_size={m.patch_size}: task '{d.task}' is not an image task; tasks whose "
+                      f"tokens are pixels: {', '.join(n for n, t in TASKS.items() if t.image_shape)}")
+    if shape[0] % m.patch_size or shape[1] % m.patch_size:
+      raise UserError(f"config.model.patch_size={m.patch_size} must divide the {shape[0]}×{shape[1]} images of "
+                      f"task '{d.task}'")
+    if m.max_len != shape[0] * shape[1] * shape[2]:
+      raise UserError(f"config.model.max_len={m.max_len}: an image of task '{d.task}' is "
+                      f"{shape[0]}×{shape[1]}×{shape[2]} = {shape[0] * shape[1] * shape[2]} pixel tokens")
   if task.max_len and m.max_len > task.max_len:
     raise UserError(f"config.model.max_len={m.max_len}: task '{d.task}' examples hold at most "
                     f"{task.max_len} tokens")
@@ -175,6 +198,16 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   for name in ("total_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     if config[name] < 1:
       raise UserError(f"config.{name}={config[name]} must be a positive integer")
+
+
+def _built_for(mixer_config: ml_collections.ConfigDict) -> tuple[str, ...] | None:
+  """The mixers whose options config.mixer holds: its sections' names, or the one mixer whose declared options
+  are exactly its keys (None where that is not decidable: several mixers declare the same options)."""
+  if _is_sectioned(mixer_config):
+    return tuple(mixer_config.keys())
+  present = set(mixer_config.keys())
+  matches = [n for n, s in MIXERS.items() if set(s.options) == present]
+  return (matches[0],) if len(matches) == 1 else None
 
 
 def describe_model_fields() -> str:

@@ -1,6 +1,7 @@
 """The Transformer around a token mixer: embeddings → pre-LN blocks (mixer, feed-forward) → final norm → head.
 
-`build_model(config, head)` picks the mixer by name from `efftx.mixers.MIXERS` with the options in
+`build_model(config, head)` picks each layer's mixer by name from `efftx.mixers.MIXERS` — config.model.mixer is a
+mixer name or a layer pattern (efftx/patterns.py: local*3+attention, fnet+attention*2@top) — with the options in
 `config.mixer` and copies the fields of `config.model`, each declared once here (CONFIG_FIELDS: default, meaning,
 allowed values; `python -m efftx.config` lists them); the head comes from the objective (`efftx.objectives`: e.g.
 `OBJECTIVES["lm"].head(vocab, 0)`). The model knows nothing of data or objectives beyond that function. Applied as
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Any, Callable
 import zlib
 
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from efftx import patterns
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 from efftx.reversible import ReversibleStack
@@ -199,11 +202,15 @@ class Transformer(nn.Module):
   """The whole model. Its fields from d_model on are config.model's (build_model copies them), each declared once
   here with its default, meaning and allowed values."""
 
-  make_mixer: Callable[..., nn.Module]  # (name=...) → the mixer module
+  # (name=...) → the mixer module: one for every layer, or a tuple with one per layer (a layer pattern)
+  make_mixer: Callable[..., nn.Module] | tuple[Callable[..., nn.Module], ...]
   # (final states x_BxLxD in float32, mask_BxL) → logits; its parameters are created in this module's scope
   head: Callable[[jax.Array, jax.Array], jax.Array]
   vocab_size: int
   cls_token: bool = False  # a learned [CLS] vector before the tokens (position 0, initialised to 0; config: pooling)
+  # (height, width, channels) of the image whose pixels the tokens are (raster order, values 0–255), from the
+  # task; with patch_size > 0 the model embeds its patches instead of its tokens
+  image_shape: tuple[int, int, int] | None = None
   d_model: int = declared(128, "width of the residual stream (features per position)", at_least=1)
   num_layers: int = declared(2, "blocks (mixer sublayer + feed-forward sublayer)", at_least=1)
   d_ff: int = declared(512, "hidden width of the feed-forward sublayer (features)", at_least=1)
@@ -224,6 +231,9 @@ class Transformer(nn.Module):
   init_std: float = declared(0.0, "0: flax's LeCun-normal dense kernels (std 1/√fan-in); > 0: every dense kernel "
                                   "drawn from N(0, init_std²) by `initialize` (GPT-2, BERT, Zoology: 0.02; MQAR "
                                   "needs it, configs/mqar.py)", at_least=0)
+  patch_size: int = declared(0, "images (tasks with an image_shape): the tokens are the image's pixels, cut into "
+                                 "patch_size × patch_size patches, each embedded by a dense layer (ViT/DeiT) with a "
+                                 "learned position per patch of the grid; 0: every token is embedded", at_least=0)
   activation: str = declared("gelu_tanh", 'feed-forward GELU: "gelu_tanh" (the tanh approximation; HF FNet) or '
                                           '"gelu" (erf; BERT)', choices=tuple(ACTIVATIONS))
 
@@ -241,8 +251,14 @@ class Transformer(nn.Module):
     mask_BxL = jnp.ones(tokens_BxL.shape, bool) if mask is None else mask.astype(bool)
 
     dtype = jnp.dtype(self.dtype)
-    x_BxLxD = nn.Embed(self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02), dtype=dtype,
-                       name="embed")(tokens_BxL)
+    if self.patch_size:  # from here on the positions are the image's patches (raster order over the grid)
+      if decode or positions is not None:
+        raise ValueError("patch embeddings are for classification: no decoding, no per-position logits")
+      x_BxLxD, mask_BxL = self._embed_patches(tokens_BxL, mask_BxL, dtype)
+      L = x_BxLxD.shape[1]
+    else:
+      x_BxLxD = nn.Embed(self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02), dtype=dtype,
+                         name="embed")(tokens_BxL)
     if self.cls_token:  # then every later step sees L + 1 positions, the first one the [CLS] vector
       if decode:
         raise ValueError("decoding is not supported with a [CLS] position (pooling='cls' is for classification)")
@@ -250,7 +266,8 @@ class Transformer(nn.Module):
       x_BxLxD = jnp.concatenate([jnp.broadcast_to(cls_1x1xD, (len(x_BxLxD), 1, self.d_model)), x_BxLxD], axis=1)
       mask_BxL = jnp.concatenate([jnp.ones_like(mask_BxL[:, :1]), mask_BxL], axis=1)
       L += 1
-    pos_MxD = self.param("pos_embed", nn.initializers.normal(0.02), (self.max_len + self.cls_token, self.d_model))
+    positions_kept = self.num_patches if self.patch_size else self.max_len
+    pos_MxD = self.param("pos_embed", nn.initializers.normal(0.02), (positions_kept + self.cls_token, self.d_model))
     pos_LxD = pos_MxD[:L]
     if decode:
       decoding = self.has_variable("cache", "position")
@@ -268,14 +285,20 @@ class Transformer(nn.Module):
     if self.reversible:
       if decode:
         raise ValueError("decoding is not supported with reversible=True (train reversibly, decode without)")
+      # Consecutive layers with the same mixer form a segment, its parameters stacked (one segment: all layers).
+      segments = [(maker, len(list(run)))
+                  for maker, run in itertools.groupby(map(self.mixer_of, range(self.num_layers)))]
+      make_fs = tuple(functools.partial(lambda maker: MixingSublayer(maker, self.dropout, norm_eps=self.norm_eps,
+                                                                     parent=None), maker) for maker, _ in segments)
       x_BxLxD = ReversibleStack(
-          make_f=lambda: MixingSublayer(self.make_mixer, self.dropout, norm_eps=self.norm_eps, parent=None),
+          make_f=make_fs[0] if len(make_fs) == 1 else make_fs,
           make_g=lambda: FeedForwardSublayer(self.d_ff, self.dropout, self.ff_chunk_size, norm_eps=self.norm_eps,
                                              activation=self.activation, parent=None),
-          num_layers=self.num_layers, name="reversible")(x_BxLxD, mask_BxL, deterministic)
+          num_layers=self.num_layers, segment_sizes=tuple(n for _, n in segments) if len(segments) > 1 else (),
+          name="reversible")(x_BxLxD, mask_BxL, deterministic)
     else:
       for i in range(self.num_layers):
-        x_BxLxD = Block(self.make_mixer, self.d_ff, self.dropout, self.ff_chunk_size, self.block_layout,
+        x_BxLxD = Block(self.mixer_of(i), self.d_ff, self.dropout, self.ff_chunk_size, self.block_layout,
                         self.norm_eps, self.activation, name=f"block_{i}")(x_BxLxD, mask_BxL, deterministic, decode)
     if post_ln:  # each block ended with a LayerNorm already
       x_BxLxD = x_BxLxD.astype(jnp.float32)
@@ -288,6 +311,42 @@ class Transformer(nn.Module):
       mask_BxL = jnp.take_along_axis(mask_BxL, positions, axis=1)
     return self.head(x_BxLxD, mask_BxL)  # the heads run in float32
 
+  def mixer_of(self, layer: int) -> Callable[..., nn.Module]:
+    """The mixer maker of a layer (0-based)."""
+    return self.make_mixer[layer] if isinstance(self.make_mixer, tuple) else self.make_mixer
+
+  @property
+  def grid(self) -> tuple[int, int] | None:
+    """(rows, columns) of the patch grid, None without patches."""
+    if not self.patch_size:
+      return None
+    H, W, _ = self.image_shape
+    return H // self.patch_size, W // self.patch_size
+
+  @property
+  def num_patches(self) -> int:
+    rows, cols = self.grid
+    return rows * cols
+
+  def _embed_patches(self, tokens_BxL: jax.Array, mask_BxL: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """ViT/DeiT patch embedding: the pixel tokens (raster order, 0–255) as an image scaled to [−1, 1], cut into
+    non-overlapping p×p patches, each flattened (p·p·C values) and mapped to d_model by one dense layer (the same
+    as a p×p convolution with stride p). Returns x_BxNxD over the N patches in raster order of the grid, and
+    their mask (a patch is real if any of its pixels is)."""
+    if self.image_shape is None:
+      raise ValueError("patch_size > 0 needs an image task (one whose tokens are pixels: Task.image_shape)")
+    B, L = tokens_BxL.shape
+    H, W, C = self.image_shape
+    p = self.patch_size
+    if L != H * W * C:
+      raise ValueError(f"an image of {H}×{W}×{C} is {H * W * C} pixel tokens, not {L}")
+    rows, cols = self.grid
+    image_BxRxpxCxpxC = (tokens_BxL.astype(jnp.float32) / 127.5 - 1.0).reshape(B, rows, p, cols, p, C)
+    patches_BxNxP = image_BxRxpxCxpxC.transpose(0, 1, 3, 2, 4, 5).reshape(B, rows * cols, p * p * C)
+    x_BxNxD = nn.Dense(self.d_model, dtype=dtype, name="patch_embed")(patches_BxNxP.astype(dtype))
+    mask_BxN = mask_BxL.reshape(B, rows, p, cols, p, C).any(axis=(2, 4, 5)).reshape(B, rows * cols)
+    return x_BxNxD, mask_BxN
+
 
 # The Transformer fields that are config.model fields (build_model copies them).
 _DECLARED = {f.name: f.metadata["config"] for f in dataclasses.fields(Transformer) if "config" in f.metadata}
@@ -295,8 +354,9 @@ _DECLARED = {f.name: f.metadata["config"] for f in dataclasses.fields(Transforme
 # Every field of config.model, in its order: the Transformer's declared fields, and three that build_model maps
 # instead of copying (mixer and causal → make_mixer, pooling → cls_token).
 CONFIG_FIELDS: dict[str, ConfigField] = {
-    "mixer": ConfigField("attention", "token mixer, a key of efftx.mixers.MIXERS; its options are config.mixer "
-                                      "(python -m efftx.mixers)", choices=tuple(MIXERS)),
+    "mixer": ConfigField("attention", "token mixer, a key of efftx.mixers.MIXERS, or a layer pattern: a mixer per "
+                                      "layer (efftx/patterns.py: local*3+attention, fnet+attention*2@top, "
+                                      "fnet_hybrid); its options are config.mixer (python -m efftx.mixers)"),
     "causal": ConfigField(False, "causal mixing: position t sees positions ≤ t only (required by LM objectives; "
                                  "FNet cannot be causal)"),
     **_DECLARED,
@@ -307,16 +367,37 @@ CONFIG_FIELDS: dict[str, ConfigField] = {
 
 
 def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, jax.Array], jax.Array],
-                vocab_size: int) -> Transformer:
-  """The model of a run config (config.model, and config.mixer: the options of config.model.mixer) with the
-  objective's head over a vocabulary of vocab_size tokens. Checks the mixer options (raises UserError)."""
+                vocab_size: int, image_shape: tuple[int, int, int] | None = None) -> Transformer:
+  """The model of a run config (config.model, and config.mixer: the options of config.model.mixer's mixers) with
+  the objective's head over a vocabulary of vocab_size tokens; image_shape (the task's) where the tokens are an
+  image's pixels. Checks the mixer options and the patch size (raises UserError)."""
   m = config.model
-  spec = MIXERS[m.mixer]
-  options = dict(config.mixer)
-  spec.check(options, m.d_model, m.causal)
-  extra = {"max_len": m.max_len + (m.pooling == "cls")} if spec.takes_max_len else {}
-  return Transformer(make_mixer=functools.partial(spec.module, causal=m.causal, **extra, **options), head=head,
-                     vocab_size=vocab_size, cls_token=m.pooling == "cls", **{name: m[name] for name in _DECLARED})
+  grid = None
+  if m.patch_size:
+    if image_shape is None:
+      raise UserError(f"config.model.patch_size={m.patch_size}: task '{config.data.task}' is not an image task "
+                      "(its tokens are not an image's pixels)")
+    H, W, _ = image_shape
+    if H % m.patch_size or W % m.patch_size:
+      raise UserError(f"config.model.patch_size={m.patch_size} must divide the image's height {H} and width {W}")
+    grid = (H // m.patch_size, W // m.patch_size)
+  positions = (grid[0] * grid[1] if grid else m.max_len) + (m.pooling == "cls")  # what the mixers see
+  makers = {}
+  for name, options in patterns.sections(m.mixer, config.mixer).items():
+    spec = MIXERS[name]
+    spec.check(options, m.d_model, m.causal)
+    extra = {"max_len": positions} if spec.takes_max_len else {}
+    if spec.takes_grid and grid:
+      if m.causal:
+        raise UserError(f"mixer '{name}' mixes an image's patch grid in both directions: set config.model.causal="
+                        "False for patches")
+      extra["grid"] = grid
+    makers[name] = functools.partial(spec.module, causal=m.causal, **extra, **options)
+  layers = tuple(makers[name] for name in patterns.layer_mixers(m.mixer, m.num_layers))
+  make_mixer = layers[0] if len(makers) == 1 else layers
+  return Transformer(make_mixer=make_mixer, head=head, vocab_size=vocab_size, cls_token=m.pooling == "cls",
+                     image_shape=tuple(image_shape) if m.patch_size else None,
+                     **{name: m[name] for name in _DECLARED})
 
 
 def initialize(model: Transformer, key: jax.Array) -> Any:

@@ -33,7 +33,7 @@ def parts(config: ml_collections.ConfigDict) -> Parts:
   objective = objectives.for_run(config, task)
   vocab_size = task.vocab(config.data.variant)
   head = objective.head(vocab_size, task.classes(config.data.variant), config.model.pooling)
-  return Parts(task, objective, model_lib.build_model(config, head, vocab_size))
+  return Parts(task, objective, model_lib.build_model(config, head, vocab_size, task.image_shape))
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -48,9 +48,10 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, o.learning_rate, warmup_steps=o.warmup_steps, decay_steps=max(config.total_steps, o.warmup_steps + 1))
   # Decay weight matrices and embeddings only, not biases, norm scales or position biases — chosen by name: shapes
-  # do not tell (DenseGeneral biases are 3-D; the reversible stack adds a layer axis to every leaf).
+  # do not tell (DenseGeneral biases are 3-D; the reversible stack adds a layer axis to every leaf). linear_mixing's
+  # learned mixing matrices are weight matrices too.
   decay_mask = lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding"), params)
+      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding", "w_seq", "w_hidden"), params)
   tx = optax.chain(
       optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity(),
       optax.adamw(schedule, weight_decay=o.weight_decay, mask=decay_mask))

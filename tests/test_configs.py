@@ -56,7 +56,7 @@ def test_each_model_field_is_declared_once_and_reaches_the_model():
     if name not in ("mixer", "causal", "pooling"):
       config.model[name] = _another_value(field)
   config.model.update(causal=True, pooling="cls")
-  model = model_lib.build_model(config, head=lambda x_BxLxD, mask_BxL: x_BxLxD, vocab_size=16)
+  model = model_lib.build_model(config, head=lambda x_BxLxD, mask_BxL: x_BxLxD, vocab_size=16, image_shape=(4, 4, 1))
   for name in model_lib.CONFIG_FIELDS:
     if name not in ("mixer", "causal", "pooling"):
       assert getattr(model, name) == config.model[name] != model_lib.CONFIG_FIELDS[name].default, name
@@ -93,7 +93,7 @@ def test_norm_eps_reaches_every_layer_norm(reversible, layout):
     ("norm_eps", 0.0, "config.model.norm_eps=0.0 must be in (0, 1)"),
     ("init_std", -0.02, "config.model.init_std=-0.02 must be ≥ 0"),
     ("block_layout", "post", "config.model.block_layout='post' must be one of pre_ln, post_ln"),
-    ("mixer", "fnett", "config.model.mixer='fnett' must be one of attention, fnet, "),
+    ("mixer", "fnett", "config.model.mixer='fnett': 'fnett' is not a mixer; choose from: attention, fnet, "),
 ])
 def test_a_model_field_out_of_its_declared_range_is_refused_in_one_line(name, value, message):
   config = config_lib.default_config()

@@ -57,11 +57,14 @@ def test_weight_decay_applies_to_weight_matrices_only(smoke_config):
   config.optim.update(warmup_steps=0, weight_decay=0.5)
   tx, _ = trainer.make_optimizer(config)
   params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((3, 2, 2))}, "norm": {"scale": jnp.ones((2, 2))},
-            "embed": {"embedding": jnp.ones((4, 2))}}
+            "embed": {"embedding": jnp.ones((4, 2))}, "linear_mixing": {"w_seq": jnp.ones((3, 3)),
+                                                                      "w_hidden": jnp.ones((2, 2))},
+            "aft": {"bias": {"u": jnp.ones((3, 2))}}}
   zero_grads = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zero_grads, tx.init(params), params)
   moved = jax.tree.map(lambda u: bool(jnp.any(u != 0)), updates)
-  assert moved == {"dense": {"kernel": True, "bias": False}, "norm": {"scale": False}, "embed": {"embedding": True}}
+  assert moved == {"dense": {"kernel": True, "bias": False}, "norm": {"scale": False}, "embed": {"embedding": True},
+                   "linear_mixing": {"w_seq": True, "w_hidden": True}, "aft": {"bias": {"u": False}}}
 
 
 def test_sharded_and_single_device_steps_agree(smoke_config):

@@ -46,6 +46,9 @@ class Task:
   token_unit: str | None = None      # next-token LM metrics are bits per <token_unit>
   max_len: int | None = None         # the longest sequence an example holds, if the task has such a limit
   module: str | None = None          # a TFDS module to import before building a registered dataset
+  # images whose tokens are their pixels: (height, width, channels), the tokens in raster order (channels
+  # interleaved: token (W·y + x)·C + c is channel c of pixel (y, x)), H·W·C of them; None for other tasks
+  image_shape: tuple[int, int, int] | None = None
 
   @property
   def local(self) -> bool:
@@ -121,6 +124,16 @@ def _pixels_classify(example, max_len, truncate):
   return images.encode_classify(example, max_len)
 
 
+def _pixels_classify_rgb(example, max_len, truncate):
+  del truncate
+  return images.encode_classify_rgb(example, max_len)
+
+
+def _imagenet(example, max_len, truncate):
+  del truncate
+  return images.encode_imagenet(example, max_len)
+
+
 def _pixels_autoregressive(example, max_len, truncate):
   del truncate
   return images.encode_autoregressive(example, max_len)
@@ -141,7 +154,7 @@ TASKS = {
                   encode=_byte_lm, tokenize=byte_text.tokenize, detokenize=byte_text.decode_tokens,
                   token_unit="byte", max_len=byte_text.RECORD_LEN, **_BYTE_MLM),
     "fashion_mnist": Task(images.FashionMnistIdx, vocab_size=images.PIXEL_VOCAB, num_classes=10,
-                          objective="classify", encode=_pixels_classify),
+                          objective="classify", encode=_pixels_classify, image_shape=(28, 28, 1)),
     "fashion_mnist_ar": Task(images.FashionMnistIdx, vocab_size=images.AR_VOCAB, num_classes=0, objective="lm",
                              encode=_pixels_autoregressive, token_unit="dim"),
     # LRA Text: IMDb reviews as bytes, cut at max_len (LRA: 1,000 in its configs, 4K in the paper); LRA
@@ -151,7 +164,18 @@ TASKS = {
                        splits=("train", "test"), **_BYTE_MLM),
     # LRA Image: CIFAR-10 in grey, 1,024 tokens; LRA trains on train[:90%] and validates on train[90%:].
     "cifar10_grey": Task("cifar10", vocab_size=images.PIXEL_VOCAB, num_classes=10, objective="classify",
-                         encode=_pixels_classify, variants=("default",), splits=("train[:90%]", "train[90%:]")),
+                         encode=_pixels_classify, variants=("default",), splits=("train[:90%]", "train[90%:]"),
+                         image_shape=(32, 32, 1)),
+    # CIFAR-10 in colour for patch models (ViT): RGB sub-pixels interleaved, 3,072 tokens; cifar10_grey's splits.
+    "cifar10": Task("cifar10", vocab_size=images.PIXEL_VOCAB, num_classes=10, objective="classify",
+                    encode=_pixels_classify_rgb, variants=("default",), splits=("train[:90%]", "train[90%:]"),
+                    image_shape=(32, 32, 3)),
+    # ImageNet-1k (ILSVRC 2012) through DeiT's evaluation transform on every split: 224·224·3 = 150,528 tokens (no
+    # training augmentation: efftx.data.images.encode_imagenet). Its two tar files are downloaded by hand into
+    # <data_dir>/downloads/manual (TFDS's manual_dir); papers report the validation split (no public test labels).
+    "imagenet": Task("imagenet2012", vocab_size=images.PIXEL_VOCAB, num_classes=1000, objective="classify",
+                     encode=_imagenet, variants=("default",), splits=("train", "validation"), test_split=None,
+                     image_shape=(images.IMAGENET_CROP, images.IMAGENET_CROP, 3)),
     # AFT's CIFAR-10 density estimation: RGB sub-pixels, 3,072 tokens, bits per dim on the test split.
     "cifar10_ar": Task("cifar10", vocab_size=images.AR_VOCAB, num_classes=0, objective="lm",
                        encode=_pixels_autoregressive, variants=("default",), splits=("train", "test"),

@@ -1,13 +1,19 @@
-"""Images as pixel sequences: LRA-style classification and autoregressive pixel modelling (bits per dim).
+"""Images as pixel sequences: LRA-style classification, classification through patches (ViT), and autoregressive
+pixel modelling (bits per dim).
 
 Fashion-MNIST is read from its idx .gz files (Debian's `dataset-fashion-mnist` puts them in
 /usr/share/datasets/fashion-mnist; any folder holding the four files works, as config.data.corpus_dir) by a local
 TFDS builder: train = the first 55,000 training images, validation = the last 5,000, test = the 10,000 test
-images. CIFAR-10 comes from the registered TFDS dataset (`tfds build cifar10 --file_format=array_record`).
+images. CIFAR-10 comes from the registered TFDS dataset (`tfds build cifar10 --file_format=array_record`), and
+ImageNet-1k from TFDS's imagenet2012, whose two tar files must be downloaded by hand first (see `encode_imagenet`).
 
 Encodings (every pixel is a token, raster order, values 0–255; images have no padding):
   - classify: grey pixels, vocab 256 — LRA's Image task (CIFAR-10 converted to grey, 1,024 tokens;
     Fashion-MNIST is grey already, 784 tokens);
+  - classify_rgb: the sub-pixels as they are, (height, width, channel) raster order with R, G, B interleaved
+    (token 3·(W·y + x) + c is channel c of pixel (y, x)), vocab 256 — CIFAR-10: 32·32·3 = 3,072 tokens; ImageNet
+    after `deit_eval_crop`: 224·224·3 = 150,528 tokens. A model that cuts them into patches (ViT) reshapes the
+    tokens to the task's image_shape (efftx.data.Task);
   - autoregressive: a start token (256, vocab 257) then the pixels, each predicting the next; CIFAR-10 keeps its
     RGB channels interleaved (32·32·3 = 3,072 tokens, the AFT/Image-Transformer protocol). Report bits per dim:
     the mean negative log2-likelihood per sub-pixel.
@@ -19,6 +25,7 @@ import gzip
 import os
 
 import numpy as np
+from PIL import Image
 import tensorflow_datasets as tfds
 
 from efftx.data.sequence import pad_to
@@ -34,6 +41,8 @@ FASHION_MNIST_FILES = {
 }
 FASHION_MNIST_VALIDATION = 5_000
 _IDX_UBYTE = 0x08
+IMAGENET_RESIZE = 256  # DeiT's evaluation transform: the shorter side before the crop (int(224 / 0.875))
+IMAGENET_CROP = 224    # ... and the centre crop's side: images of 224 × 224 × 3
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -69,6 +78,43 @@ def encode_classify(example: dict, max_len: int) -> dict[str, np.ndarray]:
   pixels = grey(np.asarray(example["image"])).reshape(-1)
   tokens_L, mask_L = pad_to(pixels, max_len, truncate=None, what="an image")
   return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(example["label"])}
+
+
+def encode_classify_rgb(example: dict, max_len: int) -> dict[str, np.ndarray]:
+  pixels = np.asarray(example["image"]).reshape(-1)  # (h, w, c) raster order, channels interleaved
+  tokens_L, mask_L = pad_to(pixels, max_len, truncate=None, what="an image")
+  return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(example["label"])}
+
+
+def deit_eval_crop(image_HxWx3: np.ndarray) -> np.ndarray:
+  """DeiT's evaluation transform on uint8 RGB pixels: a bicubic resize (Pillow's, antialiased when shrinking)
+  that makes the shorter side 256 and the longer int(256 · longer / shorter), then the centre 224 × 224 crop, from
+  row round((h' − 224) / 2) and column round((w' − 224) / 2) of the resized h' × w' image. This is what
+  torchvision's Resize(256, interpolation=3) and CenterCrop(224) compute on a PIL image (deit/datasets.py:
+  build_transform). Bicubic, not bilinear, because DeiT's is; its JPEGs are decoded by PIL, TFDS's by OpenCV
+  where that is installed (else PIL), which can differ by a level here and there."""
+  if image_HxWx3.ndim != 3 or image_HxWx3.shape[2] != 3:
+    raise UserError(f"an ImageNet image of shape {image_HxWx3.shape} is not height × width × 3 (RGB)")
+  h, w = image_HxWx3.shape[:2]
+  longer = int(IMAGENET_RESIZE * max(h, w) / min(h, w))  # float, then truncated: torchvision's arithmetic
+  new_h, new_w = (IMAGENET_RESIZE, longer) if h <= w else (longer, IMAGENET_RESIZE)
+  resized = np.asarray(Image.fromarray(np.asarray(image_HxWx3, np.uint8)).resize(
+      (new_w, new_h), Image.Resampling.BICUBIC))
+  top, left = int(round((new_h - IMAGENET_CROP) / 2)), int(round((new_w - IMAGENET_CROP) / 2))
+  return resized[top:top + IMAGENET_CROP, left:left + IMAGENET_CROP]
+
+
+def encode_imagenet(example: dict, max_len: int) -> dict[str, np.ndarray]:
+  """An ImageNet example as 224 × 224 × 3 = 150,528 RGB sub-pixel tokens (`deit_eval_crop`, then raster order).
+
+  Every split gets the same deterministic centre crop. DeiT's training augmentations — random-resized crop,
+  horizontal flip, RandAugment, mixup and cutmix, random erasing, repeated augmentation — are not implemented, so a
+  DeiT recipe trained on these examples sees each training image the same way every epoch. The tokens are the
+  crop's integer values 0–255: DeiT's normalisation by ImageNet's channel means (0.485, 0.456, 0.406) and standard
+  deviations (0.229, 0.224, 0.225) of the pixels scaled to [0, 1] is left to the model.
+  """
+  return encode_classify_rgb({"image": deit_eval_crop(np.asarray(example["image"])), "label": example["label"]},
+                             max_len)
 
 
 def encode_autoregressive(example: dict, max_len: int) -> dict[str, np.ndarray]:

@@ -65,8 +65,16 @@ def _prepare(config: ml_collections.ConfigDict) -> None:
     if builder.is_prepared():
       return
     build = f"tfds build {name} --file_format=array_record --data_dir={data_dir(config)}"
-    targets = _download_targets(builder)
-    if targets and not _download_is_mocked(builder) and not _reachable(targets, PROBE_S):
+    mocked = _download_is_mocked(builder)
+    # A dataset TFDS cannot download (ImageNet) is built from files a user puts in its manual_dir; its URLs are
+    # never fetched, so they are not probed either.
+    instructions = " ".join((builder.MANUAL_DOWNLOAD_INSTRUCTIONS or "").split())
+    manual_dir = os.path.join(data_dir(config), "downloads", "manual")
+    if instructions and not mocked and not (os.path.isdir(manual_dir) and os.listdir(manual_dir)):
+      raise UserError(f"{name} is not prepared in {data_dir(config)}, and TFDS cannot download it: put its files in "
+                      f"{manual_dir} ({instructions}), then run again, or prepare it with: {build}")
+    targets = [] if instructions else _download_targets(builder)
+    if targets and not mocked and not _reachable(targets, PROBE_S):
       hosts = ("host " if len(targets) == 1 else "hosts ") + ", ".join(f"{host}:{port}" for host, port in targets)
       raise UserError(f"{name} is not prepared in {data_dir(config)}, and its download {hosts} cannot be "
                       f"reached from this machine; where the network reaches, efftx downloads and prepares it "

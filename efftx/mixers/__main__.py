@@ -15,7 +15,9 @@ def table() -> str:
     options = "<br>".join(f"`{n}` ({defaults[n]!r}): {cell(o.help)}" for n, o in spec.options.items()) or "—"
     rows.append(f"| `{name}` | {cell(spec.summary)} | {'yes' if spec.can_be_causal else 'no'} | "
                 f"{'yes' if spec.can_decode else 'no'} | {options} |")
-  return "\n".join(rows)
+  # Layer patterns by name (efftx/patterns.py); any pattern can be written out in config.model.mixer.
+  from efftx import patterns  # pylint: disable=g-import-not-at-top
+  return "\n".join(rows + [""] + patterns.describe())
 
 
 if __name__ == "__main__":

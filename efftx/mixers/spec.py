@@ -8,8 +8,9 @@ Each mixer file ends with a `SPEC = MixerSpec(...)`; `efftx.mixers.MIXERS` maps 
   - tests, bench and README read `can_be_causal`, `can_decode` and `has_heads` instead of keeping lists;
   - `efftx.bench` counts the model's FLOPs (and so its MFU) with `spec.train_flops(...)`.
 
-Besides its options, a mixer module may have the fields `causal` (every mixer has it) and `max_len` (mixers with
-per-position parameters); the model fills those from `config.model`.
+Besides its options, a mixer module may have the fields `causal` (every mixer has it), `max_len` (mixers with
+per-position parameters) and `grid` (mixers that know a 2-D layout of the positions: (rows, columns) of an image's
+patches, None for sequences); the model fills those from `config.model` and the task.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import flax.linen as nn
 
 from efftx.errors import UserError
 
-MODEL_FIELDS = ("causal", "max_len")  # module fields filled from config.model, not options
+MODEL_FIELDS = ("causal", "max_len", "grid")  # module fields filled from the model, not options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,9 @@ class MixerSpec:
   # (activations × activations, or learned weights); 2 where one operand is a constant (FNet's DFT: the backward
   # pass is one more transform of the same size, as the PyTorch comparison counts it).
   train_factor: float = 3.0
+  # Grid-aware mixers: the forward FLOPs per token on an image's patch grid, (every option, length L, d_model,
+  # cells of the grid) → as `flops` (L − cells leading positions, a [CLS], take no part in the grid's terms).
+  flops_grid: Callable[[dict[str, Any], int, int, int], float] | None = None
 
   def __post_init__(self):
     fields = {f.name: f for f in dataclasses.fields(self.module)}
@@ -89,6 +93,10 @@ class MixerSpec:
   def takes_max_len(self) -> bool:
     return any(f.name == "max_len" for f in dataclasses.fields(self.module))
 
+  @property
+  def takes_grid(self) -> bool:
+    return any(f.name == "grid" for f in dataclasses.fields(self.module))
+
   def defaults(self) -> dict[str, Any]:
     """Every option at its default (the module field's default)."""
     fields = {f.name: f.default for f in dataclasses.fields(self.module)}
@@ -98,8 +106,13 @@ class MixerSpec:
     """`flops` with the options not given at their defaults."""
     return float(self.flops({**self.defaults(), **options}, length, d_model, causal))
 
-  def train_flops(self, options: dict[str, Any], length: int, d_model: int, causal: bool) -> float:
-    """Forward and backward FLOPs of the mixing per token of one layer: forward_flops × train_factor."""
+  def train_flops(self, options: dict[str, Any], length: int, d_model: int, causal: bool,
+                  grid: tuple[int, int] | None = None) -> float:
+    """Forward and backward FLOPs of the mixing per token of one layer: forward_flops × train_factor (on an image's
+    patch grid, flops_grid's count where the mixer knows the grid)."""
+    if grid is not None and self.flops_grid is not None:
+      return self.train_factor * float(self.flops_grid({**self.defaults(), **options}, length, d_model,
+                                                       grid[0] * grid[1]))
     return self.train_factor * self.forward_flops(options, length, d_model, causal)
 
   def describe(self) -> str:
@@ -130,11 +143,13 @@ class MixerSpec:
       self.relations(resolved, d_model, causal)
 
   def __call__(self, *, causal: bool = False, max_len: int | None = None, d_model: int | None = None,
-               **options) -> nn.Module:
+               grid: tuple[int, int] | None = None, **options) -> nn.Module:
     """The module with these options (the rest at their defaults), after `check`. `d_model`, if given, is
-    checked against num_heads; `max_len` goes to mixers with per-position parameters."""
+    checked against num_heads; `max_len` goes to mixers with per-position parameters, `grid` to grid-aware ones."""
     self.check(options, d_model, causal)
     extra = {"max_len": max_len} if max_len is not None and self.takes_max_len else {}
+    if grid is not None and self.takes_grid:
+      extra["grid"] = grid
     return self.module(causal=causal, **extra, **options)
 
 
