@@ -14,15 +14,21 @@ mixers, capabilities and options that README.md shows.
 from efftx.mixers import aft
 from efftx.mixers import attention
 from efftx.mixers import block_local
+from efftx.mixers import ff_only
 from efftx.mixers import fourier
 from efftx.mixers import linear
+from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
+from efftx.mixers import random_mixing
 from efftx.mixers.spec import MixerSpec
 
 MIXERS: dict[str, MixerSpec] = {
     "attention": attention.SPEC,
     "fnet": fourier.SPEC,
+    "linear_mixing": linear_mixing.SPEC,
+    "random": random_mixing.SPEC,
+    "ff_only": ff_only.SPEC,
     "aft_full": aft.SPEC_FULL,
     "aft_simple": aft.SPEC_SIMPLE,
     "aft_local": aft.SPEC_LOCAL,
