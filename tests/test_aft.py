@@ -357,3 +357,119 @@ def test_bidirectional_gradients_stay_finite_when_padding_holds_huge_keys(name):
   variables = jax.jit(module.init)(jax.random.key(0), x)
   grads = jax.jit(jax.grad(lambda v, x: module.apply(v, x, mask=mask).sum(), argnums=(0, 1)))(variables, x)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
+# causal_sums: "global" (one maximum of K per sequence and channel, plain masked matmuls), "stable" (each row's
+# prefix maximum) and "auto" (global when the keys' spread plus the bias range is within Δ(L), else stable). Which
+# branch "auto" took shows as bit-for-bit equality with that setting's output; the two settings' outputs differ in
+# their last bits wherever rows mix several terms, which each test checks so that the comparison can fail.
+
+CAUSAL_SUMS_VARIANTS = ["aft_full", "aft_local"]
+
+
+def _outputs_and_grads(module, variables, x, mask):
+  """{setting: (output, gradients)} for the three causal_sums settings."""
+  return {s: (np.asarray(jax.jit(module.clone(causal_sums=s).apply)(variables, x, mask=mask)),
+              _grads(module.clone(causal_sums=s), variables, x, mask)) for s in ("auto", "global", "stable")}
+
+
+def _bit_equal(a, b) -> bool:
+  return all(np.array_equal(p, q) for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+@pytest.mark.parametrize("name", CAUSAL_SUMS_VARIANTS)
+def test_causal_auto_takes_the_global_path_for_ordinary_keys_and_matches_the_formula(name):
+  """Keys of order 1 (the initial projection), a position bias of range ~±5: auto is the global path bit for bit
+  (values, gradients, and in bfloat16), and both equal the formula — values against numpy float64, gradients
+  against autodiff through the dense jax.numpy formula."""
+  module, variables, x, mask = _wide_keys(name, "random")
+  variables["params"]["key"] = jax.jit(module.init)(jax.random.key(1), x)["params"]["key"]
+  runs = _outputs_and_grads(module, variables, x, mask)
+  assert _bit_equal(runs["auto"], runs["global"])
+  assert not np.array_equal(runs["auto"][0], runs["stable"][0])  # the paths differ in rounding: the check can fail
+  window = OPTIONS[name].get("window")
+  want = _reference(name, x, mask, variables["params"], causal=True, window=window)
+  np.testing.assert_allclose(runs["auto"][0][mask], want[mask], rtol=1e-4, atol=1e-5)
+
+  weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
+  formula = lambda p, x: _formula(x, mask, p, True, _position_bias(name, p, x.shape[1], True, jnp, window), jnp)
+  want_grads = jax.jit(jax.grad(lambda p, x: (formula(p, x) * weights).sum(), argnums=(0, 1)))(variables["params"], x)
+  got_grads = runs["auto"][1]
+  assert np.abs(got_grads[0]["key"].pop("bias")).max() < 1e-4 * np.abs(want_grads[0]["key"]["kernel"]).max()
+  want_grads[0]["key"].pop("bias")  # a constant added to a channel's keys cancels: its true gradient is 0
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(b).max()), got_grads,
+               want_grads)
+
+  x16 = jnp.asarray(x, jnp.bfloat16)
+  auto16, global16 = (jax.jit(module.clone(causal_sums=s).apply)(variables, x16, mask=mask) for s in ("auto", "global"))
+  assert auto16.dtype == jnp.bfloat16
+  assert np.array_equal(np.asarray(auto16, np.float32), np.asarray(global16, np.float32))
+  np.testing.assert_allclose(np.asarray(auto16, np.float32)[mask], want[mask], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("name", CAUSAL_SUMS_VARIANTS)
+def test_causal_auto_takes_the_stable_path_when_keys_span_a_thousand(name):
+  """Keys spanning ~1e3: auto is the stable path bit for bit (values and gradients) and equals the formula; the
+  global path, which auto declined, does not (its early rows underflow)."""
+  module, variables, x, mask = _wide_keys(name, "random")
+  runs = _outputs_and_grads(module, variables, x, mask)
+  assert _bit_equal(runs["auto"], runs["stable"])
+  assert _all_finite(runs["auto"][1])
+  want = _reference(name, x, mask, variables["params"], causal=True, window=OPTIONS[name].get("window"))
+  np.testing.assert_allclose(runs["auto"][0][mask], want[mask], rtol=1e-4, atol=1e-5)
+  assert np.abs(runs["global"][0][mask] - want[mask]).max() > 0.1
+
+
+def _ramp_keys_module(name, keys, values):
+  """Identity query, value and output projections on 2 channels; channel 0's key is x[:, :, 1] (channel 1's is 0),
+  no position bias: x = (values, keys) per position."""
+  x = np.stack([values, keys], axis=-1)[None].astype(np.float32)
+  module = MIXERS[name](causal=True, **OPTIONS[name])
+  params = jax.jit(module.init)(jax.random.key(0), x)["params"]
+  for n in ("query", "value", "out"):
+    params[n] = {"kernel": jnp.eye(2), "bias": jnp.zeros(2)}
+  params["key"] = {"kernel": jnp.array([[0.0, 0.0], [1.0, 0.0]]), "bias": jnp.zeros(2)}
+  params["bias"] = jax.tree.map(jnp.zeros_like, params["bias"])
+  return module, {"params": params}, x
+
+
+@pytest.mark.parametrize("margin", [-0.5, 0.5, 16.0])
+@pytest.mark.parametrize("name", CAUSAL_SUMS_VARIANTS)
+def test_causal_auto_switches_to_the_stable_path_at_the_global_paths_range(name, margin):
+  """Keys 0, −5, then Δ(L) + margin (+ noise) at the later positions, where Δ(L) = ln(2^-24 / (2 L·tiny)) is the
+  global path's range (module docstring): row 1 weighs its two keys 1 : e^-5, which the global path holds as
+  e^-(Δ+margin) : e^-(Δ+margin+5). Below Δ auto takes the global path, above it the stable one; both equal the
+  formula. At Δ + 16 the global path's e^-(Δ+21) < float32's smallest normal is flushed to 0, and row 1 is off
+  by ~e^-5 — the loss the switch guards against."""
+  L = 8
+  delta = float(np.log(2.0 ** -24 / (2 * L * np.finfo(np.float32).tiny)))
+  rng = np.random.default_rng(0)
+  keys = np.concatenate([[0.0, -5.0], delta + margin + rng.uniform(-0.5, 0.0, size=L - 2)])
+  values = np.concatenate([[1.0, 0.0], rng.normal(size=L - 2)])
+  module, variables, x = _ramp_keys_module(name, keys, values)
+  got = {s: np.asarray(jax.jit(module.clone(causal_sums=s).apply)(variables, x)) for s in ("auto", "global", "stable")}
+  assert not np.array_equal(got["global"], got["stable"])
+  assert np.array_equal(got["auto"], got["global" if margin < 0 else "stable"])
+  want = _reference(name, x, np.ones((1, L), bool), variables["params"], causal=True,
+                    window=OPTIONS[name].get("window"))
+  np.testing.assert_allclose(got["auto"], want, rtol=1e-5, atol=1e-6)
+  if margin < 0:
+    np.testing.assert_allclose(got["global"], want, rtol=1e-5, atol=1e-6)
+  elif margin > 10:
+    sigmoid_0 = 0.5  # row 1: q = x_1 = (0, −5); the value channel 0 weighs v_0 = 1 by 1 / (1 + e^-5)
+    np.testing.assert_allclose(want[0, 1, 0], sigmoid_0 / (1 + np.exp(-5.0)), rtol=1e-6)
+    np.testing.assert_allclose(got["global"][0, 1, 0], sigmoid_0, rtol=1e-6)  # the e^-5 term flushed to 0
+
+
+@pytest.mark.parametrize("name", CAUSAL_SUMS_VARIANTS)
+def test_causal_global_sums_read_zero_for_a_prefix_far_below_a_later_key(name):
+  """The documented failure of causal_sums="global": keys 0, 0, 0, 200 — rows 0 … 2 see only keys 200 below the
+  sequence's maximum, e^-200 is 0 in float32, and they read 0 where the formula (and auto) give σ(1)·1 at row 0."""
+  module, variables, x = _ramp_keys_module(name, np.array([0.0, 0.0, 0.0, 200.0]), np.array([1.0, 0.0, 0.0, 0.0]))
+  want = _reference(name, x, np.ones((1, 4), bool), variables["params"], causal=True,
+                    window=OPTIONS[name].get("window"))
+  got_global = np.asarray(jax.jit(module.clone(causal_sums="global").apply)(variables, x))
+  got_auto = np.asarray(jax.jit(module.apply)(variables, x))
+  np.testing.assert_allclose(want[0, 0, 0], 1 / (1 + np.exp(-1.0)), rtol=1e-6)
+  np.testing.assert_array_equal(got_global[0, :3], 0.0)
+  np.testing.assert_allclose(got_auto, want, rtol=1e-5, atol=1e-7)

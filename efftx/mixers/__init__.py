@@ -12,6 +12,7 @@ Adding a mixer: its file (module + SPEC) and one line below. `python -m efftx.mi
 mixers, capabilities and options that README.md shows.
 """
 from efftx.mixers import aft
+from efftx.mixers import aft_conv
 from efftx.mixers import attention
 from efftx.mixers import block_local
 from efftx.mixers import ff_only
@@ -32,7 +33,7 @@ MIXERS: dict[str, MixerSpec] = {
     "aft_full": aft.SPEC_FULL,
     "aft_simple": aft.SPEC_SIMPLE,
     "aft_local": aft.SPEC_LOCAL,
-    "aft_conv": aft.SPEC_CONV,
+    "aft_conv": aft_conv.SPEC,
     "local": local.SPEC,
     "block_local": block_local.SPEC,
     "linear": linear.SPEC,

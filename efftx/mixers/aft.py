@@ -1,4 +1,5 @@
-"""The Attention Free Transformer (Zhai et al., 2021): AFT-full, -local, -simple and -conv.
+"""The Attention Free Transformer (Zhai et al., 2021): AFT-full, -local, -simple and -conv
+(AFT-conv's module is in efftx/mixers/aft_conv.py; the machinery all four share is here).
 
 All four compute, per channel, a weighted average of V over positions with weights exp(K_t' + w_{t,t'}), gated
 by sigmoid(Q_t):
@@ -26,14 +27,41 @@ denominator is at least e^-(range of w) (the ratio's gradient is taken as 1/den,
 _ratio). The remaining limit: a position bias (or conv kernel) whose range within one row exceeds ~80, since the
 reference ignores w — the bidirectional path has the same limit.
 
+The hierarchy costs time and memory that plain masked matmuls do not, and most sequences do not need it. The
+global path (AFT-full, AFT-local: causal_sums="global") takes one reference per sequence and key channel, the
+largest real key M, and sums as the bidirectional path does: e^{K_t' − M} X_t' under the lower triangle of e^w
+(AFT-full), or a running sum plus a band (AFT-local). Row t's terms are then the stable path's times
+e^{−(M − m_t)}. A term (or its product with V or a bias weight) below float32's smallest normal, tiny = 2^-126 ≈
+e^-87.3, is flushed to 0 (XLA flushes subnormals; kept, they would lose less), so a row of n terms loses at most
+n·tiny from its denominator and n·tiny·max|V| from its numerator, while its denominator is at least its largest
+key's term: e^{−(M − m_t)} times a bias weight ≥ e^{−ρ} (ρ: the range of the row's bias entries; AFT-local's 0
+outside the window counts). The output then moves by at most 2 n·tiny·max|V|·e^{(M − m_t) + ρ}, which is at most
+2^-24·max|V|, half a float32 rounding of the largest value, as long as
+
+    (M − m_t) + ρ ≤ Δ(n) = ln(2^-24 / (2 n·tiny)) ≈ 70.0 − ln n    (61.7 at n = 4,096; 56.2 at n = 10^6).
+
+With M − m_t = 0 this is the stable path's own bound, so within Δ the global path loses nothing float32 keeps;
+beyond it, it loses more, up to reading 0 once M − m_t ≳ 87. Over the rows of a sequence that see a real key,
+max_t (M − m_t) = M − (its first real key), since m_t ≥ the first real key and equals it at the first real row;
+rows before that (padding at the start) see no key and read 0 on either path. causal_sums="auto" (the default)
+takes that spread's maximum over the batch and key channels, adds the largest row's ρ (a few reductions) and runs
+the global path when the sum is ≤ Δ(L), else the stable one: one jax.lax.cond for the whole batch, since a choice
+per sequence or channel would be a select that computes both. Its gradient is the taken branch's. jax keeps, for
+the backward pass of a cond, every residual of either branch (those of equal shape shared); so each branch is
+recomputed there, and what is kept is the operands both take: K, V and, for AFT-full, the bias's u and v rather
+than the L×L e^w (the compiled program still holds room for the larger branch's temporaries).
+
 Costs, as the paper claims: AFT-full O(T²d) time but O(Td) memory (two T×T by T×d matmuls, never a T×T×d
 tensor; causal: the hierarchy does the lower triangle only, about half the multiply-adds, plus O(Td) elementwise
 work per level); AFT-simple O(Td) (a sum; causal, a prefix scan); AFT-local and AFT-conv O(Tsd) (a banded block
 matmul, a depthwise convolution; causal, the block before and a hierarchy within a block of ≥ s positions) plus
-the O(Td) global sum. The causal pieces are recomputed in the backward pass (jax.checkpoint), so what a layer
-keeps stays O(Td) where the compiler honours it; XLA:CPU merges the recomputation back, so there a causal
-AFT-full or AFT-local training step keeps more than that
-(experiments/performance/DECISIONS.md: aft-causal-prefix-maximum).
+the O(Td) global sum. The stable causal pieces are recomputed in the backward pass (jax.checkpoint), so what a
+layer keeps stays O(Td) where the compiler honours it; XLA:CPU merges the recomputation back, so there a stable
+causal AFT-full or AFT-local training step keeps more than that, and is slower than the global path
+(experiments/performance/DECISIONS.md: aft-causal-prefix-maximum, aft-causal-global-when-in-range). The global
+path's AFT-full is the square T×T matmul (twice the triangle's multiply-adds, but one large matmul: on XLA:CPU a
+triangle of 256-blocks was no faster), its AFT-local each block of min(s, L) rows against its own block and the
+one before (2·min(s, L) columns).
 """
 from __future__ import annotations
 
@@ -221,6 +249,52 @@ def _next_power_of_two(n: int) -> int:
   return 1 << max(n - 1, 0).bit_length()
 
 
+# The global path and the choice between the two (see the module docstring).
+CAUSAL_SUMS = Option("causal only: stable (each row's sums relative to its prefix maximum of K: any key range), "
+                     "global (relative to the sequence's maximum: plain masked matmuls, faster, but a row whose keys "
+                     "all lie ≳87 below a later key reads 0), auto (global where it loses nothing float32 keeps, "
+                     "else stable)",
+                     choices=("auto", "stable", "global"))
+
+
+def _global_range(n: int) -> float:
+  """Δ(n) = ln(2^-24 / (2 n·tiny)): the largest (M − m_t) + ρ at which the global path's underflow moves an
+  output of n terms by at most 2^-24·max|V| (tiny: float32's smallest normal)."""
+  return float(np.log(2.0 ** -24 / (2 * n * float(np.finfo(np.float32).tiny))))
+
+
+def _key_spread(k_BxLxC: jax.Array, mask_BxL: jax.Array | None) -> jax.Array:
+  """max over sequences and key channels of M − (the first real key) = max_t (M − m_t) over the rows that see a
+  real key; 0 for a sequence of padding only. A scalar, without gradient."""
+  B, L, _ = k_BxLxC.shape
+  valid_BxL = jnp.ones((B, L), bool) if mask_BxL is None else mask_BxL.astype(bool)
+  k_first_BxC = k_BxLxC[jnp.arange(B), jnp.argmax(valid_BxL, axis=1)]
+  k_max_BxC = jnp.max(jnp.where(valid_BxL[:, :, None], k_BxLxC, -jnp.inf), axis=1)
+  spread_BxC = jnp.where(jnp.any(valid_BxL, axis=1, keepdims=True), k_max_BxC - k_first_BxC, 0.0)
+  return jax.lax.stop_gradient(jnp.max(spread_BxC))
+
+
+def _global_terms(k_BxTxC: jax.Array, x_BxTxCxG: jax.Array) -> jax.Array:
+  """e^{K_t' − M} X_t', M the largest key per sequence and key channel (keys from _causal_inputs: 0 at
+  padding; a sequence of padding only has M = _NO_KEY and X = 0)."""
+  k_max_Bx1xC = jax.lax.stop_gradient(jnp.max(k_BxTxC, axis=1, keepdims=True))
+  return jnp.exp(k_BxTxC - k_max_Bx1xC)[..., None] * x_BxTxCxG
+
+
+def _choose_sums(causal_sums: str, spread: jax.Array, rho: jax.Array, n: int, global_sums: Callable,
+                 stable_sums: Callable, *operands):
+  """global_sums(*operands) or stable_sums(*operands) as causal_sums says; "auto": the global path when the key
+  spread plus the bias range ρ is ≤ Δ(n), decided once for the batch by jax.lax.cond (both are compiled)."""
+  if causal_sums == "global":
+    return global_sums(*operands)
+  if causal_sums == "stable":
+    return stable_sums(*operands)
+  # Each branch recomputed in the backward pass: what the cond keeps is then the operands both take, not every
+  # intermediate of either (jax shares only residuals of equal shape between branches).
+  return jax.lax.cond(spread + rho <= _global_range(n), jax.checkpoint(global_sums), jax.checkpoint(stable_sums),
+                      *operands)
+
+
 def _decode(module: nn.Module, q_Bx1xD, k_Bx1xC, v_Bx1xD, bias_row: Callable[[jax.Array, int], jax.Array]):
   """One position against cached K and V: w_{i,t'} for t' ≤ i from bias_row(i, T) (T or T×C). None at init."""
   cached = cache.append(module, cached_key=k_Bx1xC, cached_value=v_Bx1xD)
@@ -254,11 +328,21 @@ class _PositionBias(nn.Module):
     else:
       self.w = self.param("w", init, (self.max_len, self.max_len))
 
+  def parameters(self) -> tuple[jax.Array, ...]:
+    """(u, v) or (w,): what dense_from takes."""
+    return (self.u, self.v) if self.factorized else (self.w,)
+
+  @staticmethod
+  def dense_from(parameters: tuple[jax.Array, ...], L: int) -> jax.Array:
+    """w[:L, :L] from parameters() — a pure function, for use inside jax.lax.cond's branches."""
+    if len(parameters) == 2:
+      u, v = parameters
+      return u[:L] @ v[:L].T
+    return parameters[0][:L, :L]
+
   def dense(self, L: int) -> jax.Array:
     """w[:L, :L]."""
-    if self.factorized:
-      return self.u[:L] @ self.v[:L].T
-    return self.w[:L, :L]
+    return self.dense_from(self.parameters(), L)
 
   def row(self, i: jax.Array, T: int) -> jax.Array:
     """w[i, :T]."""
@@ -287,6 +371,7 @@ class AFTFull(nn.Module):
   max_len: int = 512             # positions the bias covers
   aft_bias_dim: int = 64         # d' of the factorised bias w = u vᵀ
   aft_factorized: bool = True    # False: a full max_len × max_len bias matrix
+  causal_sums: str = "auto"      # causal: "stable", "global" or "auto" (CAUSAL_SUMS)
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
@@ -301,17 +386,30 @@ class AFTFull(nn.Module):
     w_LxL = bias.dense(L)
     allowed_LxL = jnp.tril(jnp.ones((L, L), bool)) if self.causal else jnp.ones((L, L), bool)
     w_max_Lx1 = jax.lax.stop_gradient(jnp.max(jnp.where(allowed_LxL, w_LxL, -jnp.inf), axis=1, keepdims=True))
-    ew_LxL = jnp.where(allowed_LxL, jnp.exp(w_LxL - w_max_Lx1), 0.0)
+    exp_bias = lambda w_LxL: jnp.where(allowed_LxL, jnp.exp(w_LxL - w_max_Lx1), 0.0)
     if self.causal:
-      # The whole lower triangle as one hierarchy of blocks (positions padded to a power of two).
-      T = _next_power_of_two(L)
-      k_BxTxD, x_BxTxDx2 = _causal_inputs(k, v, mask, T)
-      m_BxTxD = jax.lax.cummax(jax.lax.stop_gradient(k_BxTxD), axis=1)
-      ew_TxT = jnp.pad(ew_LxL, [(0, T - L), (0, T - L)])
-      coef = lambda rows_PxR, cols_PxR: ew_TxT[rows_PxR[:, :, None], cols_PxR[:, None, :]]
-      s_BxTxDx2 = _block_triangle_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, T, coef, "pqc,bpckg->bpqkg")
-      return _causal_finish(q, s_BxTxDx2, x_BxLxD.dtype)
+      # The branches take the bias's parameters and form e^w themselves: "auto" recomputes each branch in the
+      # backward pass, and then keeps u and v (max_len × d'), not an L×L array.
+      def global_sums(k_BxLxD, v_BxLxD, parameters):  # the lower triangle of e^w as a square matmul
+        k_BxLxD, x_BxLxDx2 = _causal_inputs(k_BxLxD, v_BxLxD, mask, L)
+        ew_LxL = exp_bias(_PositionBias.dense_from(parameters, L))
+        return jnp.einsum("ts,bscg->btcg", ew_LxL, _global_terms(k_BxLxD, x_BxLxDx2))
 
+      def stable_sums(k_BxLxD, v_BxLxD, parameters):  # one hierarchy of blocks (positions padded to a power of 2)
+        T = _next_power_of_two(L)
+        k_BxTxD, x_BxTxDx2 = _causal_inputs(k_BxLxD, v_BxLxD, mask, T)
+        m_BxTxD = jax.lax.cummax(jax.lax.stop_gradient(k_BxTxD), axis=1)
+        ew_TxT = jnp.pad(exp_bias(_PositionBias.dense_from(parameters, L)), [(0, T - L), (0, T - L)])
+        coef = lambda rows_PxR, cols_PxR: ew_TxT[rows_PxR[:, :, None], cols_PxR[:, None, :]]
+        return _block_triangle_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, T, coef, "pqc,bpckg->bpqkg")[:, :L]
+
+      w_min_Lx1 = jnp.min(jnp.where(allowed_LxL, w_LxL, jnp.inf), axis=1, keepdims=True)
+      rho = jax.lax.stop_gradient(jnp.max(w_max_Lx1 - w_min_Lx1))
+      s_BxLxDx2 = _choose_sums(self.causal_sums, _key_spread(k, mask), rho, L, global_sums, stable_sums,
+                               k, v, bias.parameters())
+      return _causal_finish(q, s_BxLxDx2, x_BxLxD.dtype)
+
+    ew_LxL = exp_bias(w_LxL)
     ek_BxLxD = _exp_keys(k, mask)
     ekv_BxLxD = ek_BxLxD * v
     num_BxLxD = jnp.einsum("ts,bsd->btd", ew_LxL, ekv_BxLxD)
@@ -352,62 +450,72 @@ class AFTSimple(nn.Module):
     return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
 
 
-def _causal_local(q_BxLxD, k_BxLxD, v_BxLxD, mask_BxL, bias: _PositionBias, window: int, out_dtype):
+def _causal_local(q_BxLxD, k_BxLxD, v_BxLxD, mask_BxL, bias: _PositionBias, window: int, causal_sums: str,
+                  out_dtype):
   """Causal AFT-local: e^{-r_t} · (running sums) + Σ_{0 ≤ t − t' < window} (e^{w_tt' − r_t} − e^{-r_t}) · …, with
-  r_t = max(0, the row's w in the window) as in the bidirectional path, all relative to the prefix max m_t.
+  r_t = max(0, the row's w in the window) as in the bidirectional path, relative to the prefix max m_t (stable) or
+  to the sequence's max (global).
 
-  The window's terms: t's own block of b ≥ window positions (the hierarchy) and the block before it (all of it
-  before t). The correction e^{w} − 1 may be negative; the row's total weights e^{w − r}, e^{-r} stay positive.
+  Stable: the window's terms are t's own block of b ≥ window positions (b a power of two; the hierarchy) and the
+  block before it (all of it before t). Global: blocks of min(window, L) rows against their own block and the
+  one before, as one matmul. The correction e^{w} − 1 may be negative; the row's total weights e^{w − r}, e^{-r}
+  stay positive.
   """
-  L = q_BxLxD.shape[1]
+  B, L, D = q_BxLxD.shape
   b = _next_power_of_two(min(window, L))
   T = -(-L // b) * b
-  W = min(window, T)
-  k_BxTxD, x_BxTxDx2 = _causal_inputs(k_BxLxD, v_BxLxD, mask_BxL, T)
-  m_BxTxD, s_BxTxDx2 = _prefix_sums(k_BxTxD, x_BxTxDx2)
+  b_global = min(window, L)
+  T_global = -(-L // b_global) * b_global
+  T_band = max(T, T_global)
+  W = min(window, T_band)
 
-  t_Tx1 = np.arange(T)[:, None]
+  t_Tx1 = np.arange(T_band)[:, None]
   in_band_TxW = t_Tx1 - np.arange(W) >= 0  # entry [t, j] is t' = t − j
-  w_TxW = bias.band(t_Tx1, np.maximum(t_Tx1 - np.arange(W), 0)).reshape(T, W)
+  w_TxW = bias.band(t_Tx1, np.maximum(t_Tx1 - np.arange(W), 0)).reshape(T_band, W)
   r_Tx1 = jax.lax.stop_gradient(jnp.maximum(
       jnp.max(jnp.where(in_band_TxW, w_TxW, -jnp.inf), axis=1, keepdims=True), 0.0))
   a_TxW = jnp.where(in_band_TxW, jnp.exp(w_TxW - r_Tx1) - jnp.exp(-r_Tx1), 0.0)
+  # The range of a row's weights e^{w − r} (in the window) and e^{−r} (outside): r_t − min(0, its smallest w).
+  w_min_Tx1 = jnp.minimum(jnp.min(jnp.where(in_band_TxW, w_TxW, jnp.inf), axis=1, keepdims=True), 0.0)
+  rho = jax.lax.stop_gradient(jnp.max((r_Tx1 - w_min_Tx1)[:L]))
 
-  def coef(rows_PxR, cols_PxR):  # P×R×R
-    j_PxRxR = rows_PxR[:, :, None] - cols_PxR[:, None, :]
-    return jnp.where(j_PxRxR < W, a_TxW[rows_PxR[:, :, None], np.minimum(j_PxRxR, W - 1)], 0.0)
+  def coef(rows_PxR, cols_PxC):  # P×R×C: the band's A(t, t') for t' = t − j, 0 ≤ j < W
+    j_PxRxC = rows_PxR[:, :, None] - cols_PxC[:, None, :]
+    in_band = (j_PxRxC >= 0) & (j_PxRxC < W)
+    return jnp.where(in_band, a_TxW[rows_PxR[:, :, None], np.clip(j_PxRxC, 0, W - 1)], 0.0)
 
   spec = "pqc,bpckg->bpqkg"
-  s_BxTxDx2 = (jnp.exp(-r_Tx1)[:, :, None] * s_BxTxDx2
-               + _block_triangle_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, b, coef, spec))
-  if T > b and W > 1:  # the window reaches into the block before
-    rows_NxB = np.arange(T).reshape(-1, b)
-    s_BxTxDx2 += _previous_block_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, coef(rows_NxB, rows_NxB - b), b, spec)
-  return _causal_finish(q_BxLxD, s_BxTxDx2, out_dtype)
 
+  def global_sums(k_BxLxD, v_BxLxD):
+    k_BxTxD, x_BxTxDx2 = _causal_inputs(k_BxLxD, v_BxLxD, mask_BxL, T_global)
+    y_BxTxDx2 = _global_terms(k_BxTxD, x_BxTxDx2)
+    N = T_global // b_global
+    rows_NxB = np.arange(T_global).reshape(N, b_global)
+    y_BxNxBxDx2 = y_BxTxDx2.reshape(B, N, b_global, D, 2)
+    if N > 1 and W > 1:  # the window reaches into the block before
+      before_BxNxBxDx2 = jnp.concatenate([jnp.zeros_like(y_BxNxBxDx2[:, :1]), y_BxNxBxDx2[:, :-1]], axis=1)
+      y_BxNxCxDx2 = jnp.concatenate([before_BxNxBxDx2, y_BxNxBxDx2], axis=2)
+      cols_NxC = np.concatenate([rows_NxB - b_global, rows_NxB], axis=1)
+    else:
+      y_BxNxCxDx2, cols_NxC = y_BxNxBxDx2, rows_NxB
+    band_BxNxBxDx2 = jnp.einsum(spec, coef(rows_NxB, cols_NxC), y_BxNxCxDx2)
+    s_BxTxDx2 = (jnp.exp(-r_Tx1[:T_global])[:, :, None] * jnp.cumsum(y_BxTxDx2, axis=1)
+                 + band_BxNxBxDx2.reshape(B, T_global, D, 2))
+    return s_BxTxDx2[:, :L]
 
-def _causal_conv(q_BxLxD, k_BxLxH, v_BxLxD, mask_BxL, w_HxS, out_dtype):
-  """Causal AFT-conv: as causal AFT-local with the kernel (offsets t − t' = 0 … S − 1, per head) as the band
-  and r = max(0, max of the head's kernel)."""
-  L, S = q_BxLxD.shape[1], w_HxS.shape[1]
-  b = _next_power_of_two(S)
-  T = -(-L // b) * b
-  k_BxTxH, x_BxTxHxG = _causal_inputs(k_BxLxH, v_BxLxD, mask_BxL, T)
-  m_BxTxH, s_BxTxHxG = _prefix_sums(k_BxTxH, x_BxTxHxG)
-  r_Hx1 = jax.lax.stop_gradient(jnp.maximum(jnp.max(w_HxS, axis=1, keepdims=True), 0.0))
-  c_SxH = (jnp.exp(w_HxS - r_Hx1) - jnp.exp(-r_Hx1)).T
+  def stable_sums(k_BxLxD, v_BxLxD):
+    k_BxTxD, x_BxTxDx2 = _causal_inputs(k_BxLxD, v_BxLxD, mask_BxL, T)
+    m_BxTxD, s_BxTxDx2 = _prefix_sums(k_BxTxD, x_BxTxDx2)
+    s_BxTxDx2 = (jnp.exp(-r_Tx1[:T])[:, :, None] * s_BxTxDx2
+                 + _block_triangle_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, b, coef, spec))
+    if T > b and W > 1:  # the window reaches into the block before
+      rows_NxB = np.arange(T).reshape(-1, b)
+      s_BxTxDx2 += _previous_block_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, coef(rows_NxB, rows_NxB - b), b, spec)
+    return s_BxTxDx2[:, :L]
 
-  def coef(rows_PxR, cols_PxR):  # R×R×H: the same offsets t − t' in every block (a convolution)
-    j_RxR = rows_PxR[0][:, None] - cols_PxR[0][None, :]
-    return jnp.where(j_RxR[..., None] < S, c_SxH[np.minimum(j_RxR, S - 1)], 0.0)
-
-  spec = "qck,bpckg->bpqkg"
-  s_BxTxHxG = (jnp.exp(-r_Hx1)[None, None] * s_BxTxHxG
-               + _block_triangle_sums(k_BxTxH, m_BxTxH, x_BxTxHxG, b, coef, spec))
-  if T > b and S > 1:  # the kernel reaches into the block before
-    rows_NxB = np.arange(T).reshape(-1, b)
-    s_BxTxHxG += _previous_block_sums(k_BxTxH, m_BxTxH, x_BxTxHxG, coef(rows_NxB, rows_NxB - b), b, spec)
-  return _causal_finish(q_BxLxD, s_BxTxHxG, out_dtype)
+  s_BxLxDx2 = _choose_sums(causal_sums, _key_spread(k_BxLxD, mask_BxL), rho, L, global_sums, stable_sums,
+                           k_BxLxD, v_BxLxD)
+  return _causal_finish(q_BxLxD, s_BxLxDx2, out_dtype)
 
 
 class AFTLocal(nn.Module):
@@ -423,6 +531,7 @@ class AFTLocal(nn.Module):
   window: int = 32               # s: the bias applies for |t − t'| < s
   aft_bias_dim: int = 64
   aft_factorized: bool = True
+  causal_sums: str = "auto"      # causal: "stable", "global" or "auto" (CAUSAL_SUMS)
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
@@ -436,7 +545,7 @@ class AFTLocal(nn.Module):
     if decode and (sums := _decode(self, q, k, v, window_row)) is not None:
       return _finish(q, *sums, x_BxLxD.dtype)
     if self.causal:
-      return _causal_local(q, k, v, mask, bias, self.window, x_BxLxD.dtype)
+      return _causal_local(q, k, v, mask, bias, self.window, self.causal_sums, x_BxLxD.dtype)
     ek_BxLxD = _exp_keys(k, mask)
     ekv_BxLxD = ek_BxLxD * v
 
@@ -455,56 +564,6 @@ class AFTLocal(nn.Module):
     return _finish(q, banded_plus_global(ekv_BxLxD), banded_plus_global(ek_BxLxD), x_BxLxD.dtype)
 
 
-class AFTConv(nn.Module):
-  """AFT-conv: h heads, each with one key channel and a learned kernel over t − t' of size s.
-
-  Y = σ(Q) ⊙ (conv(e^K ⊙ V, e^w − 1) + Σ e^K ⊙ V) / (conv(e^K, e^w − 1) + Σ e^K), per head, with the kernel
-  reparameterised w = γ (w − mean w) / std w + β, γ and β initialised to 0 (so training starts from
-  AFT-simple). Bidirectional kernels are centred on t; causal ones cover t − s + 1 … t.
-  """
-
-  causal: bool = False
-  num_heads: int = 4
-  kernel_size: int = 7
-
-  @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
-    del deterministic  # no dropout inside the mixer
-    B, L, D = x_BxLxD.shape
-    H, S = self.num_heads, self.kernel_size
-    q, k_BxLxH, v = _project(x_BxLxD, H)
-    w_HxS = self.param("kernel", nn.initializers.normal(1.0), (H, S))
-    gamma_Hx1 = self.param("gamma", nn.initializers.zeros, (H, 1))
-    beta_Hx1 = self.param("beta", nn.initializers.zeros, (H, 1))
-    w_HxS = gamma_Hx1 * (w_HxS - w_HxS.mean(-1, keepdims=True)) / (w_HxS.std(-1, keepdims=True) + 1e-5) + beta_Hx1
-
-    def kernel_row(i, T):  # w_{i,t'} per head: the kernel at j = i − t', 0 beyond it (causal)
-      j_T = i - jnp.arange(T)
-      return jnp.where((j_T >= 0) & (j_T < S), w_HxS[:, jnp.clip(j_T, 0, S - 1)], 0.0).T
-
-    if decode and (sums := _decode(self, q, k_BxLxH, v, kernel_row)) is not None:
-      return _finish(q, *sums, x_BxLxD.dtype)
-    if self.causal:
-      return _causal_conv(q, k_BxLxH, v, mask, w_HxS, x_BxLxD.dtype)
-    ek_BxLxH = _exp_keys(k_BxLxH, mask)
-    ekv_BxLxD = (ek_BxLxH[..., None] * v.reshape(B, L, H, D // H)).reshape(B, L, D)
-    kernel_HxS = jnp.exp(w_HxS) - 1.0  # kernel[:, j] weighs t' = t + j − (S − 1) // 2
-
-    def conv(x_BxLxC, kernel_CxS):
-      # Depthwise cross-correlation: out[t] = Σ_j in[t + j − left] k[j].
-      left = (S - 1) // 2
-      C = x_BxLxC.shape[-1]
-      return jax.lax.conv_general_dilated(
-          x_BxLxC, kernel_CxS.T[:, None, :], window_strides=(1,), padding=[(left, S - 1 - left)],
-          dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=C)
-
-    num_BxLxD = conv(ekv_BxLxD, jnp.repeat(kernel_HxS, D // H, axis=0)) + _global_sum(ekv_BxLxD)
-    den_BxLxH = conv(ek_BxLxH, kernel_HxS) + _global_sum(ek_BxLxH)
-    den_BxLxD = jnp.repeat(den_BxLxH, D // H, axis=-1)
-    return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
-
-
 def _hierarchy_flops(channels: int, block: int, previous: bool) -> float:
   """Per row, of the causal sums over `channels` columns (_block_triangle_sums over a block, the diagonal, and
   _previous_block_sums if the window reaches the block before): (block − 1)/2 + 1 (+ block) multiply-adds each."""
@@ -512,10 +571,10 @@ def _hierarchy_flops(channels: int, block: int, previous: bool) -> float:
 
 
 def _flops_full(options, L: int, d: int, causal: bool) -> float:
-  """Bidirectional: e^w (L×L) times e^K ⊙ V and times e^K, 2·L·d each per token. Causal: the lower triangle of
-  the power-of-two padded length T, for V and the normaliser."""
-  del options
-  if not causal:
+  """Bidirectional, and causal on the global path (causal_sums "global", and "auto": the path taken unless keys
+  or the bias span ≳60): e^w (L×L) times e^K ⊙ V and times e^K, 2·L·d each per token. Causal, stable: the lower
+  triangle of the power-of-two padded length T, for V and the normaliser."""
+  if not causal or options["causal_sums"] != "stable":
     return 4 * L * d
   T = _next_power_of_two(L)
   return _hierarchy_flops(2 * d, T, previous=False) * T / L
@@ -529,40 +588,30 @@ def _flops_simple(options, L: int, d: int, causal: bool) -> float:
 
 def _flops_local(options, L: int, d: int, causal: bool) -> float:
   """Bidirectional: each block of b = min(s, L) rows against its 3b context positions, for V and the
-  normaliser. Causal: blocks of b = s rounded up to a power of two, the triangle within and the block before."""
+  normaliser. Causal, global path (causal_sums "global", and "auto"): against its own block and the one before
+  (2b; b if there is one block or s = 1). Causal, stable: blocks of b = s rounded up to a power of two, the
+  triangle within and the block before."""
   window = options["window"]
   if not causal:
     b = min(window, L)
     return 12 * b * d * padded(L, b) / L
+  if options["causal_sums"] != "stable":
+    b = min(window, L)
+    T = padded(L, b)
+    return 4 * d * (2 * b if T > b and window > 1 else b) * T / L
   b = _next_power_of_two(min(window, L))
   T = padded(L, b)
   return _hierarchy_flops(2 * d, b, previous=T > b and min(window, T) > 1) * T / L
-
-
-def _flops_conv(options, L: int, d: int, causal: bool) -> float:
-  """Bidirectional: a depthwise convolution of length s over the d value channels and the h key channels.
-  Causal: as AFT-local's, with blocks of s rounded up to a power of two, over d + h columns."""
-  h, s = options["num_heads"], options["kernel_size"]
-  if not causal:
-    return 2 * s * (d + h)
-  b = _next_power_of_two(s)
-  T = padded(L, b)
-  return _hierarchy_flops(d + h, b, previous=T > b and s > 1) * T / L
 
 
 _BIAS = {"aft_bias_dim": Option("d' of the factorised position bias w = u vᵀ", at_least=1),
          "aft_factorized": Option("False learns a full max_len × max_len bias instead of u vᵀ")}
 
 SPEC_FULL = MixerSpec(AFTFull, "AFT with a learned bias per position pair; O(L²d) time, O(Ld) memory",
-                      can_decode=True, options=_BIAS, flops=_flops_full)
+                      can_decode=True, options={**_BIAS, "causal_sums": CAUSAL_SUMS}, flops=_flops_full)
 SPEC_SIMPLE = MixerSpec(AFTSimple, "AFT without bias (softmax of K over positions); O(Ld)", can_decode=True,
                         options={}, flops=_flops_simple)
 SPEC_LOCAL = MixerSpec(
     AFTLocal, "AFT, bias inside a window, 0 outside; O(L·window·d)", can_decode=True, flops=_flops_local,
     options={"window": Option("s: the bias applies for |t − t'| < s, 0 outside (tokens; window 0 is aft_simple)",
-                              at_least=1), **_BIAS})
-SPEC_CONV = MixerSpec(
-    AFTConv, "AFT, a learned kernel over t − t' per head; O(L·kernel·d)", can_decode=True, flops=_flops_conv,
-    options={"num_heads": Option("heads, each with one key channel and its own kernel; must divide d_model",
-                                 at_least=1),
-             "kernel_size": Option("s: kernel length over t − t' per head (tokens)", at_least=1)})
+                              at_least=1), **_BIAS, "causal_sums": CAUSAL_SUMS})
