@@ -58,7 +58,7 @@ matmul, a depthwise convolution; causal, the block before and a hierarchy within
 the O(Td) global sum. The stable causal pieces are recomputed in the backward pass (jax.checkpoint), so what a
 layer keeps stays O(Td) where the compiler honours it; XLA:CPU merges the recomputation back, so there a stable
 causal AFT-full or AFT-local training step keeps more than that, and is slower than the global path
-(experiments/performance/DECISIONS.md: aft-causal-prefix-maximum, aft-causal-global-when-in-range). The global
+(experiments/performance/DECISIONS.md: aft-causal-prefix-maximum, aft-causal-global-when-exact). The global
 path's AFT-full is the square T×T matmul (twice the triangle's multiply-adds, but one large matmul: on XLA:CPU a
 triangle of 256-blocks was no faster), its AFT-local each block of min(s, L) rows against its own block and the
 one before (2·min(s, L) columns).
