@@ -98,11 +98,11 @@ def fashion_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mixer", ["aft_conv", "fnet+attention*1@top"])
-def test_the_vision_config_trains_on_fashion_mnist_patches(mixer, fashion_dir, data_dir, tmp_path):
+def test_the_vision_config_trains_on_fashion_mnist_patches(mixer, fashion_dir, tmp_path):
   from configs import vision  # pylint: disable=g-import-not-at-top
   from efftx import train  # pylint: disable=g-import-not-at-top
   config = vision.get_config(f"smoke,mixer={mixer}")
-  config.data.update(data_dir=data_dir, corpus_dir=fashion_dir)
+  config.data.update(data_dir=str(tmp_path / "tfds"), corpus_dir=fashion_dir)  # not the session's: another corpus
   model = trainer.parts(config).model
   assert model.patch_size and model.grid == (28 // config.model.patch_size,) * 2
   metrics = train.train_and_evaluate(config, str(tmp_path))

@@ -2,7 +2,7 @@
 Linear, Random, FF-only, and the hybrids with attention in 2 of the layers at the bottom, middle, top or mixed.
 
     python -m efftx.sweep experiments/fnet_model_set/sweep.py --workdir=/tmp/efftx/fnet_model_set --parallel=2
-    python -m efftx.sweep experiments/fnet_model_set/sweep.py --workdir=DIR --scale=lra     # accelerators
+    python -m efftx.sweep experiments/fnet_model_set/sweep.py --workdir=DIR --scale=paper     # accelerators
 
 Claim tested (the paper's GLUE ordering, Base models): attention > FNet-Hybrid (attention in the last two layers)
 > FNet ≈ Linear > Random > FF-only — attention's accuracy is mostly recovered by two attention layers, and
@@ -12,7 +12,7 @@ NOT the paper's regime and the verdict at them is "untested at this scale" whate
 
 Scale "cpu" (a first run, smoke scale): ListOps-small (configs/quickstart.py: expressions of 11–127 tokens),
 4 layers of width 64, 600 steps of batch 32, seed 0 only; the hybrids put attention in 2 of the 4 layers
-(bottom: 0, 1; middle: 1, 2; top: 2, 3; mixed: 0, 2). Scale "lra": LRA ListOps (configs/lra_listops.py, 6 layers,
+(bottom: 0, 1; middle: 1, 2; top: 2, 3; mixed: 0, 2). Scale "paper": LRA ListOps (configs/lra_listops.py, 6 layers,
 width 512, lengths up to 2000), hybrids with 2 attention layers of 6, 3 seeds. Metric: validation accuracy at the
 last step.
 """
@@ -29,7 +29,7 @@ LAYOUTS = ("bottom", "middle", "top", "mixed")
 SCALES = {  # scale -> (config file, config argument prefix, overrides, seeds)
     "cpu": ("configs/quickstart.py", "", {"model.num_layers": 4, "total_steps": 600, "eval_every": 600,
                                           "checkpoint_every": 300}, (0,)),
-    "lra": ("configs/lra_listops.py", "", {}, (0, 1, 2)),
+    "paper": ("configs/lra_listops.py", "", {}, (0, 1, 2)),
 }
 
 
