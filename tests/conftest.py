@@ -184,3 +184,26 @@ def _jit_call(fn, args, kwargs):
               **traced_kwargs)
 
   return jax.jit(call)(traced_args, traced_kwargs)
+
+
+def write_idx(path, array):
+  """An idx file (the MNIST format) written from the format's definition, independent of images.read_idx."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  import struct  # pylint: disable=g-import-not-at-top
+  header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + b"".join(struct.pack(">i", d) for d in array.shape)
+  with gzip.open(path, "wb") as f:
+    f.write(header + array.astype("uint8").tobytes())
+
+
+def assert_decodes_like_forward(model, tokens_BxL, atol: float = 1e-4):
+  """Token-by-token decoding with the cache gives the causal forward pass's logits at every position."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  variables = compiled(model).init(jax.random.key(0), tokens_BxL)
+  full = np.asarray(compiled(model).apply(variables, tokens_BxL))
+  cache = compiled(model).init(jax.random.key(0), tokens_BxL, decode=True)["cache"]
+  step = jax.jit(lambda cache, token: model.apply({**variables, "cache": cache}, token, decode=True, mutable=["cache"]))
+  for t in range(tokens_BxL.shape[1]):
+    logits, mutated = step(cache, tokens_BxL[:, t:t + 1])
+    cache = mutated["cache"]
+    np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], rtol=atol, atol=atol)

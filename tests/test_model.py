@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compiled, lm_model, mixer_config
+from conftest import assert_decodes_like_forward, compiled, lm_model, mixer_config
 from efftx import model as model_lib
 from efftx import trainer
 from efftx.mixers import MIXERS
@@ -88,14 +88,7 @@ def test_model_decoding_token_by_token_equals_the_causal_forward_pass(mixer):
                         dropout=0.0)
   model = lm_model(config)
   tokens, _ = _tokens_and_mask()
-  variables = compiled(model).init(jax.random.key(0), tokens)
-  full = np.asarray(compiled(model).apply(variables, tokens))
-  cache = compiled(model).init(jax.random.key(0), tokens, decode=True)["cache"]
-  step = jax.jit(lambda cache, token: model.apply({**variables, "cache": cache}, token, decode=True, mutable=["cache"]))
-  for t in range(L):
-    logits, mutated = step(cache, tokens[:, t:t + 1])
-    cache = mutated["cache"]
-    np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], rtol=1e-4, atol=1e-4)
+  assert_decodes_like_forward(model, tokens)
 
 
 @pytest.mark.slow

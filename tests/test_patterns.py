@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compiled, lm_model, mixer_config
+from conftest import assert_decodes_like_forward, lm_model
 from efftx import bench
 from efftx import config as config_lib
 from efftx import patterns
@@ -124,14 +124,7 @@ def test_a_causal_hybrid_of_decodable_mixers_decodes_equal_to_its_forward_pass()
   model = lm_model(config)
   assert [m.func for m in model.make_mixer] == [MIXERS["aft_local"].module] * 2 + [MIXERS["attention"].module]
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 16, (2, L)), jnp.int32)
-  variables = compiled(model).init(jax.random.key(0), tokens)
-  full = np.asarray(compiled(model).apply(variables, tokens))
-  cache = compiled(model).init(jax.random.key(0), tokens, decode=True)["cache"]
-  step = jax.jit(lambda cache, token: model.apply({**variables, "cache": cache}, token, decode=True, mutable=["cache"]))
-  for t in range(L):
-    logits, mutated = step(cache, tokens[:, t:t + 1])
-    cache = mutated["cache"]
-    np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], rtol=1e-4, atol=1e-4)
+  assert_decodes_like_forward(model, tokens)
 
 
 def test_reversible_segments_give_the_gradients_of_plain_autodiff():

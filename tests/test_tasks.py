@@ -1,8 +1,6 @@
 """The tasks and the pipeline: generators against independent checkers, splits, determinism, sharding over
 processes, iterator state, images from idx files, masked-LM corruption, registered TFDS tasks (mocked)."""
-import gzip
 import os
-import struct
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from conftest import write_idx
 from efftx import config as config_lib
 from efftx import train
 from efftx import trainer
@@ -224,13 +223,6 @@ def test_mlm_eval_corruption_is_the_same_on_every_pass_and_for_any_process_count
 
 
 # ------------------------------------------------------------------------------------------------ images
-def _write_idx(path, array):
-  """An idx file written from the format's definition (independent of images.read_idx)."""
-  header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + b"".join(struct.pack(">i", d) for d in array.shape)
-  with gzip.open(path, "wb") as f:
-    f.write(header + array.astype(np.uint8).tobytes())
-
-
 @pytest.fixture(scope="module")
 def fashion_dir(tmp_path_factory):
   """Synthetic Fashion-MNIST idx files: 5,300 training and 300 test images whose label is readable from the
@@ -241,8 +233,8 @@ def fashion_dir(tmp_path_factory):
     labels = rng.integers(0, 10, size=n).astype(np.uint8)
     pixels = rng.integers(0, 256, size=(n, 28, 28)).astype(np.uint8)
     pixels[:, 0, 0] = labels * 25
-    _write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", pixels)
-    _write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", pixels)
+    write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
   return str(folder)
 
 

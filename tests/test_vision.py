@@ -1,14 +1,12 @@
 """The vision path: patch embedding against a numpy loop, the grid reaching grid-aware mixers, its checks, and
 image classification from configs/vision.py on synthetic Fashion-MNIST files."""
-import gzip
-import struct
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compiled
+from conftest import compiled, write_idx
 from efftx import bench
 from efftx import config as config_lib
 from efftx import model as model_lib
@@ -75,12 +73,6 @@ def test_a_patch_size_that_does_not_fit_the_task_is_refused(task, patch, max_len
   assert str(error.value).startswith(message)
 
 
-def _write_idx(path, array):
-  header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + b"".join(struct.pack(">i", d) for d in array.shape)
-  with gzip.open(path, "wb") as f:
-    f.write(header + array.astype(np.uint8).tobytes())
-
-
 @pytest.fixture(scope="module")
 def fashion_dir(tmp_path_factory):
   """Synthetic Fashion-MNIST files whose label is a bright 7×7 block at one of ten places of the image."""
@@ -92,8 +84,8 @@ def fashion_dir(tmp_path_factory):
     for i, label in enumerate(labels):
       r, c = divmod(int(label), 4)
       pixels[i, 7 * r:7 * r + 7, 7 * c:7 * c + 7] = 255
-    _write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", pixels)
-    _write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", pixels)
+    write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
   return str(folder)
 
 
