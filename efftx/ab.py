@@ -214,16 +214,20 @@ def prepare(spec: dict) -> tuple[Callable[[int], float], dict]:
   train_options = getattr(sharding, "step_compiler_options", lambda *_: {})(batch_size, mesh)  # older trees: none
   options = {**train_options, **{k: _xla_value(v) for k, v in spec["compiler"].items()}}
   start = time.perf_counter()
-  compiled = jax.jit(trainer.make_train_step(model, objective, tx, schedule, dropout_key),
-                     in_shardings=(state_sharding, sharding.batch(mesh)),
-                     out_shardings=(state_sharding, sharding.replicated(mesh)), donate_argnums=0,
-                     compiler_options=options).lower(state, batch).compile()
+  with jax.set_mesh(mesh):  # as efftx.train lowers its step: per-device kernels (splash attention) split by it
+    compiled = jax.jit(trainer.make_train_step(model, objective, tx, schedule, dropout_key),
+                       in_shardings=(state_sharding, sharding.batch(mesh)),
+                       out_shardings=(state_sharding, sharding.replicated(mesh)), donate_argnums=0,
+                       compiler_options=options).lower(state, batch).compile()
   info = {"overrides": spec["set"], "mixer": config.model.mixer, "batch": batch_size, "length": length,
           "devices": devices, "compiler_options": options, "compile_s": time.perf_counter() - start,
           "params": sum(x.size for x in jax.tree.leaves(state.params)),
           "matmul_params": sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(state.params)
                                if getattr(path[-1], "key", None) == "kernel"),
           "efftx": str(pathlib.Path(config_lib.__file__).parent)}  # where the variant's code came from
+  memory = compiled.memory_analysis()  # per device; None where the backend gives none
+  if memory is not None:
+    info.update(temp_bytes=memory.temp_size_in_bytes, argument_bytes=memory.argument_size_in_bytes)
   # The program without its source locations (metadata and the stack-frame tables), which differ between commits.
   program_text = compiled.as_text()
   program = re.sub(r"(?m), metadata=\{[^}]*\}|^(\d+ [{\"].*|FileNames|FunctionNames|FileLocations|StackFrames)\n", "",

@@ -32,10 +32,13 @@ from efftx import cli
 from efftx import config as config_lib
 from efftx import distributed
 from efftx import metrics as metrics_lib
+from efftx import patterns
+from efftx import profiling
 from efftx import sharding
 from efftx import trainer
 from efftx.data import pipeline
 from efftx.errors import UserError
+from efftx.mixers import MIXERS
 
 
 def _define_flags() -> None:
@@ -89,22 +92,65 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path) -> dict[str, 
   train_iter = pipeline.train_iterator(config, pipeline.source(config, "train"), start_step)
 
   # ---------------------------------------------------------------------------------------------- Steps
-  train_step = jax.jit(
-      trainer.make_train_step(parts.model, parts.objective, tx, schedule, dropout_key, parts.task.token_unit),
-      in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, replicated), donate_argnums=0,
-      compiler_options=sharding.step_compiler_options(config.data.batch_size, mesh))
+  # Compiled ahead of the first step, from its batch, so that the log can say which kernels the step calls.
+  train_step = build_train_step(config, mesh, parts, tx, schedule, dropout_key, state_sharding)
+  compiled_step = None
+
+  def step(state):
+    nonlocal compiled_step
+    batch = _to_global(batch_sharding, next(train_iter))
+    if compiled_step is None:
+      with jax.set_mesh(mesh):
+        compiled_step = train_step.lower(state, batch).compile()
+      report_kernels(config, compiled_step.as_text())
+    return compiled_step(state, batch)
+
   evaluate = make_evaluator(config, parts, mesh, state_sharding.params, "eval", config.data.eval_examples)
 
   # ----------------------------------------------------------------------------------------------- Loop
   try:
-    return _loop(config, workdir, state, start_step,
-                 lambda state: train_step(state, _to_global(batch_sharding, next(train_iter))),
+    return _loop(config, workdir, state, start_step, step,
                  lambda params: evaluate(params, prefix="eval_"),
                  lambda step, state: checkpoints_lib.save(checkpoints, step, state))
   finally:
     checkpoints.wait_until_finished()
     checkpoints_lib.record_sizes(checkpoints)
     checkpoints.close()
+
+
+def build_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, parts: trainer.Parts, tx,
+                     schedule, dropout_key: jax.Array, state_sharding):
+  """The jitted training step as a run compiles it: (state, batch) → (state, metrics), the state laid out as
+  state_sharding (and donated), the batch split over the mesh, the metrics replicated. Lower it under
+  `jax.set_mesh(mesh)`: mixers that run per-device kernels (splash attention) split their work by that mesh."""
+  return jax.jit(
+      trainer.make_train_step(parts.model, parts.objective, tx, schedule, dropout_key, parts.task.token_unit),
+      in_shardings=(state_sharding, sharding.batch(mesh)), out_shardings=(state_sharding, sharding.replicated(mesh)),
+      donate_argnums=0, compiler_options=sharding.step_compiler_options(config.data.batch_size, mesh))
+
+
+def report_kernels(config: ml_collections.ConfigDict, program_text: str,
+                   platform: str | None = None) -> list[str]:
+  """Logs which kernels beyond XLA's own code the compiled step calls (efftx.profiling.KERNELS), and warns for each
+  mixer of the model whose expected kernel on `platform` (default: this backend) is missing, e.g. attention in
+  bfloat16 on a GPU whose cuDNN refused the shape and fell back to XLA's attention. Returns the warnings."""
+  platform = platform or jax.default_backend()
+  found = profiling.kernels(program_text)
+  m = config.model
+  options = {name: {**MIXERS[name].defaults(), **section}
+             for name, section in patterns.sections(m.mixer, config.mixer).items()}
+  dropout = any(options[name].get("attention_dropout", 0) > 0 for name in options)
+  expected = {name: MIXERS[name].kernel(options[name], m.max_len, jnp.dtype(m.dtype), platform, dropout)
+              for name in options if MIXERS[name].kernel}
+  paths = ", ".join(f"{name} → {kernel or 'XLA'}" for name, kernel in expected.items())
+  logging.info("compiled train step (%s): kernels %s%s", platform,
+               ", ".join(f"{k} ×{n}" for k, n in found.items()) or "none beyond XLA's",
+               f"; expected {paths}" if paths else "")
+  warnings = [f"{name}: expected {kernel} on {platform}, but the compiled step does not call it (XLA's code runs "
+              "instead)" for name, kernel in expected.items() if kernel and kernel not in found]
+  for warning in warnings:
+    logging.warning("%s", warning)
+  return warnings
 
 
 def _to_global(batch_sharding: NamedSharding, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -126,7 +172,8 @@ def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh
   def evaluate(params, prefix: str) -> dict[str, float]:
     totals = None
     for batch in pipeline.eval_batches(config, source, examples=examples):
-      sums = eval_step(params, _to_global(batch_sharding, batch))
+      with jax.set_mesh(mesh):  # traced here on the first batch (see build_train_step)
+        sums = eval_step(params, _to_global(batch_sharding, batch))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     metrics = parts.objective.summarize(totals, parts.task.token_unit, prefix=prefix)
     return {k: float(v) for k, v in jax.device_get(metrics).items()}

@@ -136,15 +136,19 @@ def test_fused_and_flash_attention_refuse_dropout_in_training(impl):
     compiled(module).apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": jax.random.key(1)})
 
 
-def test_auto_on_gpu_is_fused_without_dropout_and_chunked_with_it(monkeypatch):
+@pytest.mark.parametrize("dtype,want", [(jnp.bfloat16, "fused"), (jnp.float32, "flash")])
+def test_auto_on_gpu_is_fused_in_16_bit_flash_in_float32_and_chunked_with_dropout(monkeypatch, dtype, want):
+  """What the GPU branch of auto's platform_dependent computes, run here: platform_dependent replaced by the
+  choice the lowering makes for CUDA ("fused" runs XLA's kernel here: no cuDNN)."""
   x, mask = _inputs()
+  x = x.astype(dtype)
   make = lambda impl: Attention(num_heads=H, attention_impl=impl, attention_chunk=3, attention_dropout=RATE)
   variables = compiled(make("auto")).init(jax.random.key(0), x)
   apply = lambda impl, deterministic: np.asarray(compiled(make(impl)).apply(
-      variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}))
-  want_fused, want_chunked = apply("fused", True), apply("chunked", False)
-  monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")  # float32: "fused" still runs XLA's kernel
-  np.testing.assert_array_equal(apply("auto", True), want_fused)
+      variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}), np.float32)
+  expected, want_chunked = apply(want, True), apply("chunked", False)
+  monkeypatch.setattr(attention.jax.lax, "platform_dependent", lambda *args, **branches: branches["cuda"](*args))
+  np.testing.assert_array_equal(apply("auto", True), expected)
   np.testing.assert_array_equal(apply("auto", False), want_chunked)
 
 

@@ -1,6 +1,6 @@
 """Multi-head softmax attention: the baseline every other mixer is compared with.
 
-Five implementations of the same function (config `attention_impl`):
+Six implementations of the same function (config `attention_impl`):
   - "plain":   the B×H×L×L score tensor, softmax, weighted sum — O(L²) memory;
   - "chunked": queries and keys in blocks of `attention_chunk` with a running max and normaliser (online softmax),
                each query block rematerialised in the backward pass — O(L·chunk) memory ("Self-attention does not
@@ -9,13 +9,27 @@ Five implementations of the same function (config `attention_impl`):
                hand-written backward pass that recomputes a block's probabilities from its saved log-sum-exp
                (FlashAttention's recipe, Dao et al. 2022) — O(L·chunk) memory, no stored probabilities. No dropout:
                training with `attention_dropout` > 0 raises;
-  - "fused":   jax.nn.dot_product_attention: cuDNN's fused kernel on GPU for bfloat16/float16 (untested: the
-               tests run on CPU), XLA otherwise. It has no dropout either;
-  - "auto":    on GPU fused, or chunked while attention dropout is active; elsewhere flash, or while attention
-               dropout is active chunked when the sequence spans more than one chunk, else plain.
+  - "fused":   jax.nn.dot_product_attention: cuDNN's fused kernel on GPU for bfloat16/float16, XLA otherwise (and
+               where cuDNN refuses the shape). It has no dropout either;
+  - "splash":  the Pallas TPU splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention, the kernel
+               MaxText runs): causal through the kernel's static mask, padding through segment ids (every query
+               in segment 1, real keys in 1, padded keys in 0: each query sees the real keys), the batch
+               vmapped and, under a mesh, split over the devices by shard_map. On a TPU it compiles to the Mosaic
+               kernel; elsewhere it runs in Pallas's interpret mode (exact, very slow: for tests). No dropout;
+  - "auto":    chosen per platform when the step is lowered (jax.lax.platform_dependent, so that a step exported
+               for a TPU or GPU from a CPU takes that platform's path): with attention dropout active, chunked
+               when the sequence spans more than one chunk, else plain, on every platform; without, on a TPU
+               splash, on a GPU fused for bfloat16/float16 (cuDNN) and flash for float32 (cuDNN has no float32
+               kernel, XLA's unfused attention holds B·H·L² float32 scores where flash holds B·H·L·chunk, and both
+               compute the same float32 softmax; `python -m efftx.bench --mode=attention` times the paths on the
+               GPU at hand), on a CPU flash, the fastest path there (`python -m efftx.bench --mode=attention`;
+               experiments/performance/DECISIONS.md: flash-attention-on-cpu).
 
-Without dropout "auto" takes "flash" on a CPU, the fastest path there (`python -m efftx.bench --mode=attention` times
-them; experiments/performance/DECISIONS.md: flash-attention-on-cpu), and on a TPU, where the choice is not measured.
+Which kernels a compiled step calls is in its program text (efftx.profiling.kernels; efftx.train logs it).
+
+Every path gives the same outputs at every query that has a key to see. A query with none (causal, before a
+sequence's first real key; a sequence of padding only) gets a finite value that differs between paths and that
+nothing reads.
 
 Attention dropout acts on the normalised probabilities in "plain" and "chunked" alike. "chunked" draws each
 (query block, key block) mask from the dropout key folded with the two block indices (`dropout_keep_block`), so the
@@ -27,13 +41,16 @@ import functools
 
 import flax.linen as nn
 import jax
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from efftx.errors import UserError
 from efftx.mixers import cache
 from efftx.mixers.spec import MixerSpec, Option, padded
 
-ATTENTION_IMPLS = ("plain", "chunked", "flash", "fused", "auto")
+ATTENTION_IMPLS = ("plain", "chunked", "flash", "fused", "splash", "auto")
+PLATFORMS = ("cpu", "gpu", "tpu")  # jax.default_backend()'s names; "gpu" covers CUDA and ROCm
 _NEG = jnp.finfo(jnp.float32).min  # not -inf: a row with no allowed key stays finite
 
 
@@ -235,9 +252,10 @@ def _flash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk):
 def _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal):
   attend = functools.partial(jax.nn.dot_product_attention, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
                              mask=key_mask_BxL[:, None, None, :], is_causal=causal)
-  # implementation=None means XLA in current JAX; ask for cuDNN's fused kernel where it can run (GPU, 16-bit),
-  # and fall back to XLA when it refuses the configuration (it raises while tracing).
-  if jax.default_backend() == "gpu" and q_BxLxHxK.dtype in (jnp.bfloat16, jnp.float16):
+  # implementation=None means XLA in current JAX; ask for cuDNN's fused kernel where it can run (16-bit), and fall
+  # back to XLA when it refuses the configuration or finds no cuDNN (it raises while tracing: a step traced on a
+  # CPU for a GPU, by jax.export, gets XLA's attention). Only called where the step is lowered for a GPU.
+  if q_BxLxHxK.dtype in (jnp.bfloat16, jnp.float16):
     try:
       return attend(implementation="cudnn")
     except (ValueError, NotImplementedError, RuntimeError):
@@ -245,14 +263,61 @@ def _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal):
   return attend(implementation="xla")
 
 
-def _resolve(impl: str, L: int, chunk: int, dropout_active: bool) -> str:
-  """The path "auto" takes (see the module docstring); other names unchanged."""
+SPLASH_ALIGN = 128  # the kernel's sequence blocks are multiples of 128 positions (TPU lanes)
+
+
+def _splash_kernel(P: int, num_heads: int, causal: bool, interpret: bool):
+  """A splash-attention kernel for one example (H×P×K queries, keys and values): the static causal or full mask,
+  blocks of the largest of 512, 256, 128 positions that divides P (MaxText's default is 512)."""
+  block = next(b for b in (512, 256, SPLASH_ALIGN) if P % b == 0)
+  mask = splash.MultiHeadMask([splash.CausalMask((P, P)) if causal else splash.FullMask((P, P))] * num_heads)
+  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                            block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+  return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def _splash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, interpret: bool):
+  """Pallas splash attention. The sequence is padded to a multiple of SPLASH_ALIGN. Segment ids: every query 1, a
+  key 1 if it is real, 0 if it is padding (the caller's or the alignment's), so each query sees exactly the real
+  keys (and, causal, those at or before it), as in the other paths. A query that sees no key gets the mean of the
+  values of the key blocks the kernel visits: finite, and read by nothing. The kernel does not scale the logits:
+  the queries are scaled by K^-½ first, as in the other paths."""
+  B, L, H, K = q_BxLxHxK.shape
+  P = padded(L, SPLASH_ALIGN)
+  heads_first = lambda x: jnp.pad(x.transpose(0, 2, 1, 3), [(0, 0), (0, 0), (0, P - L), (0, 0)])
+  key_segment_BxP = jnp.pad(key_mask_BxL.astype(jnp.int32), [(0, 0), (0, P - L)])
+  kernel = _splash_kernel(P, H, causal, interpret)
+
+  def attend(q_BxHxPxK, k_BxHxPxK, v_BxHxPxK, key_segment_BxP):
+    query_segment_P = jnp.ones(key_segment_BxP.shape[1:], jnp.int32)
+    one = lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(q=query_segment_P, kv=s))
+    return jax.vmap(one)(q_BxHxPxK, k_BxHxPxK, v_BxHxPxK, key_segment_BxP)
+
+  # A Pallas kernel is one custom call that XLA's partitioner cannot split: under a mesh (jax.set_mesh, as
+  # efftx.train sets it) each device runs it on its own examples, the batch split over every mesh axis as
+  # efftx.sharding.batch splits it.
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and B % mesh.size == 0:
+    rows = PartitionSpec(tuple(mesh.axis_names))
+    attend = jax.shard_map(attend, mesh=mesh, in_specs=rows, out_specs=rows, check_vma=False)
+  q_BxHxPxK = heads_first(q_BxLxHxK * jnp.asarray(K ** -0.5, q_BxLxHxK.dtype))
+  out_BxHxPxK = attend(q_BxHxPxK, heads_first(k_BxLxHxK), heads_first(v_BxLxHxK), key_segment_BxP)
+  return out_BxHxPxK[:, :, :L].transpose(0, 2, 1, 3).astype(v_BxLxHxK.dtype)
+
+
+def _resolve(impl: str, L: int, chunk: int, dropout_active: bool, platform: str | None = None,
+             dtype=jnp.float32) -> str:
+  """The path "auto" takes on `platform` (one of PLATFORMS; default: jax.default_backend()) for `dtype` (see the
+  module docstring); other names unchanged."""
   if impl != "auto":
     return impl
-  if jax.default_backend() == "gpu":
-    return "chunked" if dropout_active else "fused"
   if dropout_active:
     return "chunked" if L > chunk else "plain"
+  platform = platform or jax.default_backend()
+  if platform == "tpu":
+    return "splash"
+  if platform == "gpu":
+    return "fused" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "flash"
   return "flash"
 
 
@@ -261,15 +326,15 @@ class Attention(nn.Module):
 
   Queries attend to keys where `mask` is True (and, if causal, to keys at or before their own position).
   A query at a padded position still gets an output (it attends to the real keys); the model ignores it. A query
-  with no key it may see at all (a sequence of padding only) gets 0 from "chunked" and "flash" and the mean of V
-  from "plain"; nothing reads it.
+  with no key it may see at all (a sequence of padding only) gets 0 from "chunked" and "flash", the mean of V
+  from "plain", and from "splash" a mean of V over the blocks it visits; nothing reads it.
   With `attention_dropout` > 0 and deterministic=False the normalised probabilities are dropped and rescaled by
-  1 / (1 − rate), drawing from the "dropout" rng stream; "flash" and "fused" cannot, and raise.
+  1 / (1 − rate), drawing from the "dropout" rng stream; "flash", "fused" and "splash" cannot, and raise.
   """
 
   num_heads: int = 4
   causal: bool = False
-  attention_dropout: float = 0.0   # dropout rate on the attention probabilities (not "flash", "fused")
+  attention_dropout: float = 0.0   # dropout rate on the attention probabilities (not "flash", "fused", "splash")
   attention_impl: str = "auto"     # see ATTENTION_IMPLS
   attention_chunk: int = 256       # block size of "chunked" and "flash" (positions)
 
@@ -285,19 +350,41 @@ class Attention(nn.Module):
     impl = _resolve(self.attention_impl, L, self.attention_chunk, dropout_active)
     if dropout_active:
       _check_dropout(impl, self.attention_dropout)
-    if impl == "plain":
+    if dropout_active and impl == "plain":
       dropout = functools.partial(nn.Dropout(self.attention_dropout), deterministic=deterministic)
       out_BxLxHxK = _plain(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, dropout)
-    elif impl == "flash":
-      out_BxLxHxK = _flash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk)
-    elif impl == "chunked":
-      dropout_key = self.make_rng("dropout") if dropout_active else None
+    elif dropout_active:  # chunked
       out_BxLxHxK = _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk,
-                             dropout_key, self.attention_dropout)
+                             self.make_rng("dropout"), self.attention_dropout)
     else:
-      out_BxLxHxK = _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal)
+      paths = {p: _resolve(self.attention_impl, L, self.attention_chunk, False, p, q_BxLxHxK.dtype)
+               for p in PLATFORMS}
+      run = lambda impl: lambda *qkvm: _deterministic(impl, *qkvm, self.causal, self.attention_chunk)
+      qkvm = (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL)
+      if len(set(paths.values())) == 1:
+        out_BxLxHxK = run(paths["cpu"])(*qkvm)
+      else:  # decided when lowered, for the platform lowered for
+        out_BxLxHxK = jax.lax.platform_dependent(*qkvm, cpu=run(paths["cpu"]), cuda=run(paths["gpu"]),
+                                                 rocm=run(paths["gpu"]), tpu=run(paths["tpu"]),
+                                                 default=run(paths.get(jax.default_backend(), paths["cpu"])))
     return merge_heads(out_BxLxHxK)
 
+
+
+def _deterministic(impl: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal: bool, chunk: int):
+  """Attention without dropout by path `impl` (not "auto")."""
+  if impl == "plain":
+    return _plain(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal)
+  if impl == "flash":
+    return _flash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk)
+  if impl == "chunked":
+    return _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk)
+  if impl == "splash":  # the Mosaic kernel where lowered for a TPU, interpret mode where run anywhere else
+    return jax.lax.platform_dependent(
+        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL,
+        tpu=lambda *qkvm: _splash(*qkvm, causal, interpret=False),
+        default=lambda *qkvm: _splash(*qkvm, causal, interpret=True))
+  return _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal)
 
 
 def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, window: int | None = None):
@@ -316,8 +403,8 @@ def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, window: int 
 
 
 def _check_dropout(impl: str, rate: float) -> None:
-  """Raises UserError for a path without dropout (flash, fused) asked for attention dropout."""
-  if impl in ("fused", "flash") and rate:
+  """Raises UserError for a path without dropout (flash, fused, splash) asked for attention dropout."""
+  if impl in ("fused", "flash", "splash") and rate:
     raise UserError(f"mixer 'attention': attention_impl='{impl}' has no dropout, but attention_dropout={rate}; "
                     "use attention_impl='chunked' or 'auto'")
 
@@ -330,14 +417,24 @@ def _attention_relations(options, d_model, causal) -> None:
 def _flops(options, L: int, d: int, causal: bool) -> float:
   """QKᵀ and the weighted sum of V: 2·L·d each per token, causal or not (plain, chunked and flash compute the whole
   square and mask it; cuDNN's causal kernel may skip the upper half, still counted). "chunked" computes L padded
-  to whole chunks, queries and keys; "flash" pads the queries only. "auto" counts the path it takes without
-  dropout (training with dropout may take another)."""
+  to whole chunks, queries and keys; "flash" pads the queries only; "splash" pads both to SPLASH_ALIGN (its causal
+  kernel skips the blocks above the diagonal, still counted). "auto" counts the path it takes on this backend in
+  float32 without dropout (training with dropout, or bfloat16 on a GPU, may take another)."""
   del causal
   chunk = options["attention_chunk"]
   impl = _resolve(options["attention_impl"], L, chunk, dropout_active=False)
-  queries = padded(L, min(chunk, L)) if impl in ("chunked", "flash") else L
-  keys = queries if impl == "chunked" else L
+  queries = padded(L, min(chunk, L)) if impl in ("chunked", "flash") else padded(L, SPLASH_ALIGN) if impl == "splash" else L
+  keys = L if impl in ("flash", "plain", "fused") else queries
   return 4 * d * queries * keys / L
+
+
+def _kernel(options, L: int, dtype, platform: str, dropout_active: bool) -> str | None:
+  impl = _resolve(options["attention_impl"], L, options["attention_chunk"], dropout_active, platform, dtype)
+  if impl == "splash" and platform == "tpu":
+    return "Pallas TPU kernel"
+  if impl == "fused" and platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    return "cuDNN fused attention"
+  return None
 
 
 HEADS = Option("attention heads; must divide d_model", at_least=1)
@@ -345,10 +442,12 @@ ATTENTION_DROPOUT = Option("dropout rate on the attention probabilities (trainin
 
 SPEC = MixerSpec(
     Attention, "multi-head softmax attention; O(L²d) time, O(L²) memory plain, O(L·chunk) chunked and flash",
-    can_decode=True, relations=_attention_relations, flops=_flops,
+    can_decode=True, relations=_attention_relations, flops=_flops, kernel=_kernel,
     options={"num_heads": HEADS, "attention_dropout": ATTENTION_DROPOUT,
              "attention_impl": Option("plain (L×L scores), chunked (online softmax, O(L·chunk) memory), flash "
                                       "(query blocks, recomputing backward pass, O(L·chunk) memory, no dropout), "
-                                      "fused (jax.nn.dot_product_attention: cuDNN on GPU), auto",
+                                      "fused (jax.nn.dot_product_attention: cuDNN on GPU), splash (Pallas TPU "
+                                      "kernel; interpreted off TPU), auto (per platform: TPU splash, GPU cuDNN "
+                                      "for 16-bit, else flash)",
                                       choices=ATTENTION_IMPLS),
              "attention_chunk": Option("block size of the chunked and flash paths (positions)", at_least=1)})

@@ -87,14 +87,19 @@ def _matmul(x_BxLxD: jax.Array) -> jax.Array:
           - mm("bld,de->ble", mm("kl,bld->bkd", sin_LxL, x_BxLxD), sin_DxD))
 
 
+TPU_MATMUL_MAX_LEN = 4096  # the FNet paper's crossover on TPU: DFT matmuls up to here, FFT beyond
+
+
 def _auto(x_BxLxD: jax.Array) -> jax.Array:
-  """Picks the path by backend and length: on a TPU up to L = 4096 the DFT as four matmuls (the FNet paper's choice:
-  MXU matmuls, slow FFTs); elsewhere rfft — on a CPU the fastest of the three (`python -m efftx.bench --mode=fourier`
-  times them; experiments/performance/DECISIONS.md: fnet-rfft-on-cpu), on a GPU cuFFT. The TPU and GPU choices
-  follow the paper and are not measured here."""
-  if jax.default_backend() == "tpu" and x_BxLxD.shape[1] <= 4096:
-    return _matmul(x_BxLxD)
-  return _IMPLS["rfft"](x_BxLxD)
+  """Picks the path for the platform the step is lowered for (jax.lax.platform_dependent, so that a step exported
+  for a TPU from a CPU takes the TPU's path): on a TPU up to L = TPU_MATMUL_MAX_LEN the DFT as four matmuls (the
+  FNet paper's choice: MXU matmuls, slow FFTs on TPU), FFT beyond; elsewhere the FFT as rfft — on a GPU cuFFT (the
+  paper's GPU path), on a CPU the fastest of the three (`python -m efftx.bench --mode=fourier` times them;
+  experiments/performance/DECISIONS.md: fnet-rfft-on-cpu). The TPU and GPU choices follow the paper and are not
+  measured here."""
+  if x_BxLxD.shape[1] > TPU_MATMUL_MAX_LEN:
+    return _IMPLS["rfft"](x_BxLxD)
+  return jax.lax.platform_dependent(x_BxLxD, tpu=_matmul, default=_IMPLS["rfft"])
 
 
 _IMPLS = {"fft": _per_example(_fft), "rfft": _per_example(_rfft), "matmul": _matmul, "auto": _auto}
@@ -141,13 +146,22 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
   up to 4096): four real matmuls, two L×L by L×d and two L×d by d×d."""
   del causal
   impl = options["fourier_impl"]
-  if impl == "matmul" or (impl == "auto" and jax.default_backend() == "tpu" and L <= 4096):
+  if impl == "matmul" or (impl == "auto" and jax.default_backend() == "tpu" and L <= TPU_MATMUL_MAX_LEN):
     return 4 * L * d + 4 * d * d
   return 5 * d * np.log2(L * d)
 
 
+def _kernel(options, L: int, dtype, platform: str, dropout_active: bool) -> str | None:
+  del dtype, dropout_active
+  impl = options["fourier_impl"]
+  if impl == "matmul" or (impl == "auto" and platform == "tpu" and L <= TPU_MATMUL_MAX_LEN):
+    return None
+  return "FFT"
+
+
 SPEC = MixerSpec(
     FNet, "Re(FFT2(x)), no parameters; O(Ld log Ld)", can_be_causal=False, flops=_flops, train_factor=2.0,
+    kernel=_kernel,
     options={"fourier_impl": Option("how Re(FFT2) is computed: fft, rfft (Hermitian symmetry), matmul (DFT "
                                     "matrices), auto (per backend and length)", choices=FOURIER_IMPLS),
              "padding": Option("zero: padded positions are zeroed before the DFT; mix: mixed in as they are "

@@ -69,6 +69,10 @@ class MixerSpec:
   # Grid-aware mixers: the forward FLOPs per token on an image's patch grid, (every option, length L, d_model,
   # cells of the grid) → as `flops` (L − cells leading positions, a [CLS], take no part in the grid's terms).
   flops_grid: Callable[[dict[str, Any], int, int, int], float] | None = None
+  # The kernel a layer of this mixer should compile to, where it is not XLA's own code: (every option, length L,
+  # compute dtype, platform: "cpu", "gpu" or "tpu", dropout active) → a key of efftx.profiling.KERNELS, or None.
+  # efftx.train compares it with what the compiled step calls, and says so.
+  kernel: Callable[[dict[str, Any], int, Any, str, bool], str | None] | None = None
 
   def __post_init__(self):
     fields = {f.name: f for f in dataclasses.fields(self.module)}
