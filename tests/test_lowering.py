@@ -1,0 +1,121 @@
+"""Every mixer's steps lower for a TPU and a GPU from this CPU (efftx.lowering: the training step as efftx.train
+jits it, on a data × fsdp mesh of the 8 fake devices, plain and reversible; the decoding step where the mixers
+decode), with the kernels each platform's "auto" paths promise, and a step that cannot lower is reported."""
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from efftx import config as config_lib
+from efftx import lowering
+from efftx import profiling
+from efftx.mixers import fourier
+from efftx.mixers import MIXERS
+
+
+def _config(mixer: str, causal: bool, **model):
+  config = config_lib.default_config(mixer)
+  config.model.update(d_model=32, num_layers=2, d_ff=64, max_len=256, causal=causal, **model)
+  config_lib.set_where_declared(config.mixer, num_heads=2)
+  config.data.batch_size, config.mesh.fsdp = 8, 2
+  if causal:
+    config.data.update(task="bytes", variant="stdlib", objective="lm")
+  return config
+
+
+@pytest.mark.parametrize("mixer", sorted(MIXERS))
+def test_every_mixers_steps_lower_for_tpu_and_cuda(mixer):
+  """Bidirectional with the plain stack; causal (where the mixer can be) with the reversible stack, and its
+  decoding step where the mixer decodes. Attention's "auto" calls the splash kernel on TPU (forward, dq, dkv; the
+  reversible stack's recomputed forward pass once more), nothing else calls a Pallas kernel."""
+  splash_calls = {False: 3, True: 4}  # by reversible
+  for causal, reversible in [(False, False)] + ([(True, True)] if MIXERS[mixer].can_be_causal else []):
+    rows = lowering.lower_steps(_config(mixer, causal=causal, reversible=reversible))
+    steps = ["train"] + (["decode"] if causal and MIXERS[mixer].can_decode else [])
+    assert [(r.step, r.platform) for r in rows] == [(s, p) for s in steps for p in ("tpu", "cuda")]
+    for row in rows:
+      assert row.stablehlo_chars > 1000
+      tpu_train_attention = mixer == "attention" and row.step == "train" and row.platform == "tpu"
+      assert row.kernels.get("Pallas TPU kernel", 0) == (splash_calls[reversible] if tpu_train_attention else 0)
+
+
+def test_a_hybrid_in_bfloat16_lowers_with_splash_in_its_attention_layers_only():
+  config = _config("fnet+attention*1@top", causal=False, dtype="bfloat16")
+  tpu, cuda = lowering.lower_steps(config)
+  assert tpu.kernels == {"Pallas TPU kernel": 3} and not cuda.kernels
+
+
+BROKEN = {  # an operation that has no lowering for one platform
+    # a nonsymmetric eigendecomposition: CPU and GPU only
+    "tpu": lambda y: y + 0 * jnp.linalg.eig(jax.lax.stop_gradient(y[0, :2, :2]).astype(jnp.float32))[0].real.sum(),
+    # a platform-dependent choice written for CPU and TPU only
+    "cuda": lambda y: jax.lax.platform_dependent(y, cpu=lambda y: y, tpu=lambda y: 2 * y),
+}
+
+
+@pytest.mark.parametrize("platform", sorted(BROKEN))
+def test_a_step_that_cannot_lower_for_a_platform_is_reported(monkeypatch, platform):
+  """aft_simple broken on purpose: its output passes through an operation that `platform` cannot lower."""
+  module = MIXERS["aft_simple"].module
+  original = module.__call__
+  monkeypatch.setattr(module, "__call__", lambda self, x, *args, **kwargs: BROKEN[platform](
+      original(self, x, *args, **kwargs)))
+  config = _config("aft_simple", causal=False)
+  other = {"tpu": "cuda", "cuda": "tpu"}[platform]
+  assert [r.platform for r in lowering.lower_steps(config, platforms=("cpu", other))] == ["cpu", other]
+  with pytest.raises(lowering.LoweringError, match=f"aft_simple: the train step does not lower for {platform}: "
+                     "NotImplementedError"):
+    lowering.lower_steps(config)
+
+
+def _lower(fn, x, platform):
+  return jax.jit(fn).trace(x).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_fnet_auto_is_dft_matmuls_on_tpu_up_to_the_papers_crossover_and_fft_elsewhere(monkeypatch):
+  """The FFT runs per device through custom_partitioning, whose body is lowered only when the step is compiled;
+  here it is replaced by the body itself so that the lowered program shows which transform each platform gets."""
+  assert fourier.TPU_MATMUL_MAX_LEN == 4096  # the paper's crossover; lowered below at a small one (DFT matrices
+  monkeypatch.setattr(fourier, "TPU_MATMUL_MAX_LEN", 16)  # of 4096² entries are 64 MiB of program constants)
+  monkeypatch.setitem(fourier._IMPLS, "rfft", fourier._rfft)  # pylint: disable=protected-access
+  fnet = lambda L: (lambda x: MIXERS["fnet"](causal=False).apply({}, x), jnp.zeros((2, L, 8)))
+  fn, x = fnet(16)
+  assert not profiling.kernels(_lower(fn, x, "tpu")) and "dot_general" in _lower(fn, x, "tpu")
+  assert "FFT" in profiling.kernels(_lower(fn, x, "cuda")) and "dot_general" not in _lower(fn, x, "cuda")
+  assert "FFT" in profiling.kernels(_lower(fn, x, "cpu"))
+  fn, x = fnet(24)
+  assert "FFT" in profiling.kernels(_lower(fn, x, "tpu")) and "dot_general" not in _lower(fn, x, "tpu")
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_fnets_per_device_transforms_lower_for_accelerators(platform):
+  """What custom_partitioning lowers at compile time, each device's FFT, lowers for the platform."""
+  x = jnp.zeros((2, 16, 8))
+  for transform in (fourier._fft, fourier._rfft):  # pylint: disable=protected-access
+    assert "FFT" in profiling.kernels(_lower(transform, x, platform))
+    np.testing.assert_allclose(transform(x + 1.0)[0, 0, 0], 16 * 8)
+
+
+def test_the_training_log_names_the_kernels_and_warns_when_an_expected_one_is_missing(caplog):
+  """efftx.train.report_kernels on compiled programs' text: a bfloat16 attention model on a GPU expects cuDNN's
+  fused attention; the program that calls it passes, one that fell back to XLA's attention is warned about."""
+  from efftx import train  # pylint: disable=import-outside-toplevel
+  caplog.set_level(logging.INFO, logger="absl")
+  config = _config("fnet+attention*1@top", causal=False, dtype="bfloat16")
+  with_cudnn = 'custom-call(%a), custom_call_target="__cudnn$fmhaSoftmax"\n %f = fft(%x), fft_type=FFT'
+  assert train.report_kernels(config, with_cudnn, "gpu") == []
+  assert "cuDNN fused attention ×1, FFT ×1" in caplog.text and "attention → cuDNN fused attention" in caplog.text
+  warnings = train.report_kernels(config, " %f = fft(%x), fft_type=FFT", "gpu")
+  assert warnings == ["attention: expected cuDNN fused attention on gpu, but the compiled step does not call it "
+                      "(XLA's code runs instead)"]
+  assert train.report_kernels(config, "", "tpu") == ["attention: expected Pallas TPU kernel on tpu, but the "
+                                                     "compiled step does not call it (XLA's code runs instead)"]
+  # float32 on a GPU expects no kernel for attention (flash: XLA's code), and the FFT for FNet.
+  config.model.dtype = "float32"
+  assert train.report_kernels(config, "", "gpu") == ["fnet: expected FFT on gpu, but the compiled step does not "
+                                                     "call it (XLA's code runs instead)"]
+  # Attention dropout: the chunked path on every platform, nothing expected of attention.
+  config.mixer.attention.attention_dropout = 0.1
+  assert train.report_kernels(config, "fft(", "tpu") == []
