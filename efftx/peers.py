@@ -94,17 +94,7 @@ def _torch_row(peer: str, c: dict, seq: int, a) -> dict:
   except ImportError:
     raise UserError(INSTALL_HINT) from None
   torch.set_num_threads(a.threads)
-  torch.manual_seed(0)
-  common = dict(vocab_size=c["vocab"], hidden_size=c["d"], num_hidden_layers=c["layers"], intermediate_size=c["ff"],
-                max_position_embeddings=max(512, seq), hidden_dropout_prob=0.0, hidden_act="gelu")
-  if peer == "hf-fnet":
-    base = transformers.FNetModel(transformers.FNetConfig(use_tpu_fourier_optimizations=False, **common),
-                                  add_pooling_layer=False)
-  else:
-    base = transformers.BertModel(transformers.BertConfig(
-        num_attention_heads=c["heads"], attention_probs_dropout_prob=0.0, attn_implementation=peer.split("-")[-1],
-        **common), add_pooling_layer=False)
-  model = torch.nn.ModuleDict(dict(base=base, head=torch.nn.Linear(c["d"], c["vocab"]))).train()
+  model = hf_model(peer, c, seq)
   opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=WEIGHT_DECAY)
   g = torch.Generator().manual_seed(1)
   batch = max(1, c["tokens"] // seq)
@@ -129,12 +119,30 @@ def _torch_row(peer: str, c: dict, seq: int, a) -> dict:
   n_mm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
   mixer = "fft" if peer == "hf-fnet" else "attn"
   return dict(batch=batch, step_times_s=times, foreign_cpu_frac=foreign, loss_first=losses[0], compile_s=None,
-              flops_per_token=6 * n_mm + _mixer_flops(mixer, c, seq),
+              flops_per_token=6 * n_mm + mixer_flops(mixer, c, seq),
               n_params=sum(p.numel() for p in model.parameters()),
               lib=dict(torch=torch.__version__, transformers=transformers.__version__, threads=torch.get_num_threads()))
 
 
-def _mixer_flops(kind: str, c: dict, seq: int) -> float:
+def hf_model(peer: str, c: dict, seq: int):
+  """The torch model of an hf-* peer at shape `c` and length `seq`, float32 on the CPU, in training mode, seeded:
+  the encoder (FNetModel, or BertModel with the peer's attention implementation) and a Linear(d, vocab) head."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  common = dict(vocab_size=c["vocab"], hidden_size=c["d"], num_hidden_layers=c["layers"], intermediate_size=c["ff"],
+                max_position_embeddings=max(512, seq), hidden_dropout_prob=0.0, hidden_act="gelu")
+  if peer == "hf-fnet":
+    base = transformers.FNetModel(transformers.FNetConfig(use_tpu_fourier_optimizations=False, **common),
+                                  add_pooling_layer=False)
+  else:
+    base = transformers.BertModel(transformers.BertConfig(
+        num_attention_heads=c["heads"], attention_probs_dropout_prob=0.0, attn_implementation=peer.split("-")[-1],
+        **common), add_pooling_layer=False)
+  return torch.nn.ModuleDict(dict(base=base, head=torch.nn.Linear(c["d"], c["vocab"]))).train()
+
+
+def mixer_flops(kind: str, c: dict, seq: int) -> float:
   """Training FLOPs per token of the peers' mixers: QKᵀ and AV (2·S·d each forward, ×3), or the 2-D FFT
   (5·d·log2(S·d) a token, forward and its transpose)."""
   return {"attn": 12.0 * c["layers"] * c["d"] * seq, "fft": 10.0 * c["layers"] * c["d"] * math.log2(seq * c["d"])}[kind]
@@ -203,7 +211,7 @@ def _flax_row(peer: str, c: dict, seq: int, a) -> dict:
 
   timed = _jax_timed(step, a)
   return dict(batch=batch, devices=1, compile_s=compile_s, loss_first=losses[0], **timed,
-              flops_per_token=6 * n_mm + _mixer_flops(mixer, c, seq), n_params=n_params)
+              flops_per_token=6 * n_mm + mixer_flops(mixer, c, seq), n_params=n_params)
 
 
 def efftx_variant(mixer: str, c: dict, seq: int) -> dict:
