@@ -21,8 +21,8 @@ Six implementations of the same function (config `attention_impl`):
                when the sequence spans more than one chunk, else plain, on every platform; without, on a TPU
                splash, on a GPU fused for bfloat16/float16 (cuDNN) and flash for float32 (cuDNN has no float32
                kernel, XLA's unfused attention holds B·H·L² float32 scores where flash holds B·H·L·chunk, and both
-               compute the same float32 softmax; `python -m efftx.bench --mode=attention` times the paths on the
-               GPU at hand), on a CPU flash, the fastest path there (`python -m efftx.bench --mode=attention`;
+               compute the same float32 softmax; not yet timed on a GPU: experiments/performance/DECISIONS.md:
+               auto-per-platform-when-lowered), on a CPU flash, the fastest path there (`python -m efftx.bench --mode=attention`;
                experiments/performance/DECISIONS.md: flash-attention-on-cpu).
 
 Which kernels a compiled step calls is in its program text (efftx.profiling.kernels; efftx.train logs it).
