@@ -161,3 +161,15 @@ def test_auto_paths_per_platform_and_dtype():
     assert resolve("auto", 1024, 256, True, platform) == "chunked"
     assert resolve("auto", 200, 256, True, platform) == "plain"
   assert resolve("splash", 10, 256, False, "cpu") == "splash"
+
+
+def test_splash_exports_for_tpu_with_its_kernel():
+  """jax.export exports the gradient of a causal, padded splash attention for TPU, the Mosaic kernel inside (its
+  serialized form needs the flatbuffers package, not a dependency: the module is checked)."""
+  x, mask = _inputs()
+  splash, _ = _modules(True)
+  variables = splash.init(jax.random.key(0), x[:, :8])
+  grad = jax.jit(jax.grad(lambda v, x: splash.apply(v, x, mask=mask).sum(), argnums=(0, 1)))
+  exported = jax.export.export(grad, platforms=["tpu"])(variables, x)
+  assert exported.platforms == ("tpu",)
+  assert profiling.kernels(exported.mlir_module()) == {"Pallas TPU kernel": 3}
