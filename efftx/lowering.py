@@ -3,8 +3,9 @@
     python -m efftx.lowering --config=configs/lra_listops.py:mixer=fnet --platforms=tpu,cuda
     python -m efftx.lowering --config=configs/lm_bytes.py:mixer=aft_local --config.model.reversible=true
 
-Lowers to StableHLO for another platform (jax.jit(...).trace(...).lower(lowering_platforms=...), what jax.export
-does before it serializes), without running or compiling anything and without the hardware, the training step exactly as efftx.train
+Traces for each platform (efftx.mixers.spec.lowering_for: the mixers' "auto" paths are that platform's) and lowers
+to its StableHLO (jax.jit(...).trace(...).lower(lowering_platforms=...), what jax.export does before it
+serializes), without running or compiling anything and without the hardware, the training step exactly as efftx.train
 jits it (model, objective, AdamW, the state's fsdp layout and the batch's split over a (data, fsdp) mesh of this
 machine's devices, under that mesh), and for a causal model whose mixers all decode the one-token decoding step
 efftx.sample runs, for each platform. Prints, per step and platform, the kernels beyond XLA's own code that the
@@ -35,6 +36,7 @@ from efftx import train
 from efftx import trainer
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
+from efftx.mixers import spec as spec_lib
 
 PLATFORMS = ("tpu", "cuda")
 
@@ -63,41 +65,43 @@ def _batch_spec(config: ml_collections.ConfigDict, parts: trainer.Parts) -> dict
 
 def lower_steps(config: ml_collections.ConfigDict, platforms=PLATFORMS, devices=None) -> list[Lowered]:
   """Lowers the run's training step (and, for a causal model whose mixers all decode, its decoding step) for each
-  platform; raises LoweringError naming the step and platform that do not lower. Not serialized: efftx's FFT runs
-  per device through custom_partitioning, whose partitioner is a Python callback that jax.export cannot write."""
+  platform, each traced anew for that platform (efftx.mixers.spec.lowering_for: the mixers' "auto" paths are the
+  platform's); raises LoweringError naming the step and platform that do not lower. Not serialized: efftx's FFT
+  runs per device through custom_partitioning, whose partitioner is a Python callback that jax.export cannot
+  write (and whose body, each device's FFT, is lowered only when the step is compiled)."""
   devices = devices or jax.devices()
   config_lib.validate(config, len(devices))
   mesh = sharding.make_mesh(config.mesh.fsdp, devices=devices)
-  parts = trainer.parts(config)
-  tx, schedule = trainer.make_optimizer(config)
-  init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
-  abstract_state = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, init_key))
-  state_sharding = sharding.shardings(mesh, abstract_state)
-  train_step = train.build_train_step(config, mesh, parts, tx, schedule, dropout_key, state_sharding)
-  place = lambda tree, shardings: jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-  batch = _batch_spec(config, parts)
-  steps = {"train": (train_step, (place(abstract_state, state_sharding),
-                                  place(batch, jax.tree.map(lambda _: sharding.batch(mesh), batch))))}
   names = patterns.layer_mixers(config.model.mixer, config.model.num_layers)
-  if config.model.causal and all(MIXERS[name].can_decode for name in names):
-    # Decoding runs without the reversible stack (efftx.sample refuses it): a model trained reversibly decodes
-    # with the same layers unstacked.
-    decoding = trainer.parts(_unlocked(config, reversible=False)).model
-    steps["decode"] = _decode_step(decoding)
+  decodes = config.model.causal and all(MIXERS[name].can_decode for name in names)
   out = []
-  for step, (fn, args) in steps.items():
+  for step in ("train", "decode") if decodes else ("train",):
     for platform in platforms:
       try:
-        with jax.set_mesh(mesh):
+        with spec_lib.lowering_for(platform), jax.set_mesh(mesh):
+          fn, args = _train_step(config, mesh) if step == "train" else _decode_step(config)
           lowered = fn.trace(*args).lower(lowering_platforms=(platform,))
-      except Exception as e:  # pylint: disable=broad-except  # whatever lowering raised, named
+      except Exception as e:  # pylint: disable=broad-except  # whatever tracing or lowering raised, named
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise LoweringError(f"{config.model.mixer}: the {step} step does not lower for {platform}: "
                             f"{type(e).__name__}: {message}") from e
       text = lowered.as_text()
       out.append(Lowered(step, platform, profiling.kernels(text), len(text)))
   return out
+
+
+def _train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+  """(a fresh jit of the training step as efftx.train builds it, its abstract state and batch, laid out)."""
+  parts = trainer.parts(config)
+  tx, schedule = trainer.make_optimizer(config)
+  init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
+  abstract_state = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, init_key))
+  state_sharding = sharding.shardings(mesh, abstract_state)
+  place = lambda tree, shardings: jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+  batch = _batch_spec(config, parts)
+  return (train.build_train_step(config, mesh, parts, tx, schedule, dropout_key, state_sharding),
+          (place(abstract_state, state_sharding), place(batch, jax.tree.map(lambda _: sharding.batch(mesh), batch))))
 
 
 def _unlocked(config: ml_collections.ConfigDict, **model_fields) -> ml_collections.ConfigDict:
@@ -107,17 +111,19 @@ def _unlocked(config: ml_collections.ConfigDict, **model_fields) -> ml_collectio
   return config
 
 
-def _decode_step(model):
-  """(params, cache, token_1x1) → (logits, cache): one position through the decoding caches, as efftx.sample."""
+def _decode_step(config: ml_collections.ConfigDict):
+  """(a fresh jit of (params, cache, token_1x1) → (logits, cache): one position through the decoding caches, as
+  efftx.sample runs it, and its abstract arguments). Decoding runs without the reversible stack (efftx.sample
+  refuses it): a model trained reversibly decodes with the same layers unstacked."""
+  model = trainer.parts(_unlocked(config, reversible=False)).model
   variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, model.max_len), jnp.int32),
                                                 decode=True))
-  abstract_params, cache = variables["params"], variables["cache"]
 
   def decode(params, cache, token_1x1):
     logits, mutated = model.apply({"params": params, "cache": cache}, token_1x1, decode=True, mutable=["cache"])
     return logits, mutated["cache"]
 
-  return jax.jit(decode), (abstract_params, cache, jax.ShapeDtypeStruct((1, 1), jnp.int32))
+  return jax.jit(decode), (variables["params"], variables["cache"], jax.ShapeDtypeStruct((1, 1), jnp.int32))
 
 
 _PLATFORMS = None

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_close_sums, compiled, padded_inputs
-from efftx.mixers import attention
+from efftx.mixers import spec
 from efftx.mixers.attention import Attention, dropout_keep_block
 from efftx.mixers.local import LocalAttention
 from efftx.mixers.lsh import LSHAttention
@@ -137,9 +137,8 @@ def test_fused_and_flash_attention_refuse_dropout_in_training(impl):
 
 
 @pytest.mark.parametrize("dtype,want", [(jnp.bfloat16, "fused"), (jnp.float32, "flash")])
-def test_auto_on_gpu_is_fused_in_16_bit_flash_in_float32_and_chunked_with_dropout(monkeypatch, dtype, want):
-  """What the GPU branch of auto's platform_dependent computes, run here: platform_dependent replaced by the
-  choice the lowering makes for CUDA ("fused" runs XLA's kernel here: no cuDNN)."""
+def test_auto_on_gpu_is_fused_in_16_bit_flash_in_float32_and_chunked_with_dropout(dtype, want):
+  """Traced for a GPU (spec.lowering_for) and run here: "fused" runs XLA's kernel here (no cuDNN)."""
   x, mask = _inputs()
   x = x.astype(dtype)
   make = lambda impl: Attention(num_heads=H, attention_impl=impl, attention_chunk=3, attention_dropout=RATE)
@@ -147,9 +146,10 @@ def test_auto_on_gpu_is_fused_in_16_bit_flash_in_float32_and_chunked_with_dropou
   apply = lambda impl, deterministic: np.asarray(compiled(make(impl)).apply(
       variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}), np.float32)
   expected, want_chunked = apply(want, True), apply("chunked", False)
-  monkeypatch.setattr(attention.jax.lax, "platform_dependent", lambda *args, **branches: branches["cuda"](*args))
-  np.testing.assert_array_equal(apply("auto", True), expected)
-  np.testing.assert_array_equal(apply("auto", False), want_chunked)
+  with spec.lowering_for("gpu"):
+    np.testing.assert_array_equal(apply("auto", True), expected)
+    np.testing.assert_array_equal(apply("auto", False), want_chunked)
+  assert not np.array_equal(apply("auto", True), expected) or want == "flash"  # on the CPU: flash, not fused
 
 
 def test_auto_off_gpu_is_flash_without_dropout_and_chunked_or_plain_with_it():

@@ -1,9 +1,8 @@
 """The mixers' FLOP counts (MixerSpec.flops, used for MFU by efftx.bench) against the matmuls of their programs.
 
 The reference walks the jaxpr of a mixer's forward pass and adds 2·M·N·K for every dot_general, the same for
-every convolution, 5·N·log2 N for every FFT (the stated convention), multiplying a scan's body by its length, and
-of a per-platform choice (jax.lax.platform_dependent) the branch for this backend; a while loop (unknown trip
-count) or another cond fails the test. Two batch sizes are traced and differenced, so per-sequence work
+every convolution, 5·N·log2 N for every FFT (the stated convention), multiplying a scan's body by its length; a
+while loop (unknown trip count) fails the test. Two batch sizes are traced and differenced, so per-sequence work
 shared by the batch (position-bias tables) cancels; the projections (the mixer's Dense kernels) are subtracted.
 What is left must equal the spec's formula, which is written from the mixer's algorithm, at lengths that are and
 are not multiples of the block sizes.
@@ -37,12 +36,6 @@ def _matmul_flops(jaxpr) -> float:
       n = np.prod(eqn.params["fft_lengths"])
       shape = eqn.invars[0].aval.shape
       total += 5 * np.prod(shape[:len(shape) - len(eqn.params["fft_lengths"])]) * n * math.log2(n)
-    elif name == "cond" and eqn.params.get("branches_platforms"):  # platform_dependent: this backend's branch
-      here = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
-      platforms = eqn.params["branches_platforms"]
-      branch = next(i for i, names in enumerate(platforms) if names is None or here in names)
-      total += _matmul_flops(eqn.params["branches"][branch].jaxpr)
-      continue
     elif name in ("while", "cond"):
       raise AssertionError(f"a {name}: its trip count or branch is unknown to this count")
     repeat = eqn.params["length"] if name == "scan" else 1

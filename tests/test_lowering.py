@@ -13,6 +13,7 @@ from efftx import lowering
 from efftx import profiling
 from efftx.mixers import fourier
 from efftx.mixers import MIXERS
+from efftx.mixers import spec
 
 
 def _config(mixer: str, causal: bool, **model):
@@ -71,7 +72,9 @@ def test_a_step_that_cannot_lower_for_a_platform_is_reported(monkeypatch, platfo
 
 
 def _lower(fn, x, platform):
-  return jax.jit(fn).trace(x).lower(lowering_platforms=(platform,)).as_text()
+  """fn traced for platform (a fresh function: jit caches traces by function, not by lowering_for) and lowered."""
+  with spec.lowering_for(platform):
+    return jax.jit(lambda x: fn(x)).trace(x).lower(lowering_platforms=(platform,)).as_text()  # pylint: disable=unnecessary-lambda
 
 
 def test_fnet_auto_is_dft_matmuls_on_tpu_up_to_the_papers_crossover_and_fft_elsewhere(monkeypatch):

@@ -1,7 +1,7 @@
 """attention_impl="splash": the Pallas TPU splash-attention kernel, run here in Pallas's interpret mode, against a
 float64 numpy softmax attention from the textbook formula and against "plain" (values and gradients), with padding,
 causal masks, lengths that are not a multiple of the kernel's 128-position blocks, float32 and bfloat16, one head,
-and under an 8-device mesh; and "auto" taking it exactly where the step is lowered for a TPU."""
+and under an 8-device mesh; and "auto" taking it exactly where the model is traced for a TPU."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +12,7 @@ from efftx import profiling
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 from efftx.mixers import attention as attention_lib
+from efftx.mixers import spec
 
 B, L, D = 2, 200, 32  # 200 positions: padded to 256 inside the kernel
 
@@ -130,16 +131,18 @@ def test_splash_refuses_attention_dropout():
 
 
 def _lowered_text(module, platform, dtype=jnp.float32, deterministic=True):
+  """The gradient's program traced for `platform` (spec.lowering_for) and lowered for it."""
   x, mask = _inputs()
   variables = module.init(jax.random.key(0), x)
-  fn = jax.jit(jax.grad(lambda v, x: module.apply(v, x, mask=mask, deterministic=deterministic,
-                                                   rngs={"dropout": jax.random.key(1)}).astype(jnp.float32).sum(),
-                        argnums=(0, 1)))
-  return fn.trace(variables, x.astype(dtype)).lower(lowering_platforms=(platform,)).as_text()
+  with spec.lowering_for(platform):
+    fn = jax.jit(jax.grad(lambda v, x: module.apply(v, x, mask=mask, deterministic=deterministic,
+                                                     rngs={"dropout": jax.random.key(1)}).astype(jnp.float32).sum(),
+                          argnums=(0, 1)))
+    return fn.trace(variables, x.astype(dtype)).lower(lowering_platforms=(platform,)).as_text()
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_auto_takes_splash_where_lowered_for_a_tpu_and_not_elsewhere(causal):
+def test_auto_takes_splash_where_traced_for_a_tpu_and_not_elsewhere(causal):
   auto = MIXERS["attention"](num_heads=2, causal=causal)
   assert profiling.kernels(_lowered_text(auto, "tpu")) == {"Pallas TPU kernel": 3}  # forward, dq, dkv
   for dtype in (jnp.float32, jnp.bfloat16):
@@ -170,6 +173,7 @@ def test_splash_exports_for_tpu_with_its_kernel():
   splash, _ = _modules(True)
   variables = splash.init(jax.random.key(0), x[:, :8])
   grad = jax.jit(jax.grad(lambda v, x: splash.apply(v, x, mask=mask).sum(), argnums=(0, 1)))
-  exported = jax.export.export(grad, platforms=["tpu"])(variables, x)
+  with spec.lowering_for("tpu"):
+    exported = jax.export.export(grad, platforms=["tpu"])(variables, x)
   assert exported.platforms == ("tpu",)
   assert profiling.kernels(exported.mlir_module()) == {"Pallas TPU kernel": 3}

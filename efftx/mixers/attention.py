@@ -14,10 +14,10 @@ Six implementations of the same function (config `attention_impl`):
   - "splash":  the Pallas TPU splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention, the kernel
                MaxText runs): causal through the kernel's static mask, padding through segment ids (every query
                in segment 1, real keys in 1, padded keys in 0: each query sees the real keys), the batch
-               vmapped and, under a mesh, split over the devices by shard_map. On a TPU it compiles to the Mosaic
+               vmapped and, under a mesh, split over the devices by shard_map. Traced for a TPU it is the Mosaic
                kernel; elsewhere it runs in Pallas's interpret mode (exact, very slow: for tests). No dropout;
-  - "auto":    chosen per platform when the step is lowered (jax.lax.platform_dependent, so that a step exported
-               for a TPU or GPU from a CPU takes that platform's path): with attention dropout active, chunked
+  - "auto":    chosen for the platform the model is traced for (spec.target_platform(): this process's backend,
+               or the platform efftx.lowering lowers for, spec.lowering_for): with attention dropout active, chunked
                when the sequence spans more than one chunk, else plain, on every platform; without, on a TPU
                splash, on a GPU fused for bfloat16/float16 (cuDNN) and flash for float32 (cuDNN has no float32
                kernel, XLA's unfused attention holds B·H·L² float32 scores where flash holds B·H·L·chunk, and both
@@ -47,10 +47,9 @@ from jax.sharding import PartitionSpec
 
 from efftx.errors import UserError
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, Option, padded, target_platform
 
 ATTENTION_IMPLS = ("plain", "chunked", "flash", "fused", "splash", "auto")
-PLATFORMS = ("cpu", "gpu", "tpu")  # jax.default_backend()'s names; "gpu" covers CUDA and ROCm
 _NEG = jnp.finfo(jnp.float32).min  # not -inf: a row with no allowed key stays finite
 
 
@@ -307,13 +306,13 @@ def _splash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, interpret: bo
 
 def _resolve(impl: str, L: int, chunk: int, dropout_active: bool, platform: str | None = None,
              dtype=jnp.float32) -> str:
-  """The path "auto" takes on `platform` (one of PLATFORMS; default: jax.default_backend()) for `dtype` (see the
-  module docstring); other names unchanged."""
+  """The path "auto" takes on `platform` ("cpu", "gpu" or "tpu"; default: spec.target_platform()) for `dtype`
+  (see the module docstring); other names unchanged."""
   if impl != "auto":
     return impl
   if dropout_active:
     return "chunked" if L > chunk else "plain"
-  platform = platform or jax.default_backend()
+  platform = platform or target_platform()
   if platform == "tpu":
     return "splash"
   if platform == "gpu":
@@ -347,7 +346,7 @@ class Attention(nn.Module):
       return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
     dropout_active = self.attention_dropout > 0 and not deterministic
-    impl = _resolve(self.attention_impl, L, self.attention_chunk, dropout_active)
+    impl = _resolve(self.attention_impl, L, self.attention_chunk, dropout_active, dtype=q_BxLxHxK.dtype)
     if dropout_active:
       _check_dropout(impl, self.attention_dropout)
     if dropout_active and impl == "plain":
@@ -357,16 +356,8 @@ class Attention(nn.Module):
       out_BxLxHxK = _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk,
                              self.make_rng("dropout"), self.attention_dropout)
     else:
-      paths = {p: _resolve(self.attention_impl, L, self.attention_chunk, False, p, q_BxLxHxK.dtype)
-               for p in PLATFORMS}
-      run = lambda impl: lambda *qkvm: _deterministic(impl, *qkvm, self.causal, self.attention_chunk)
-      qkvm = (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL)
-      if len(set(paths.values())) == 1:
-        out_BxLxHxK = run(paths["cpu"])(*qkvm)
-      else:  # decided when lowered, for the platform lowered for
-        out_BxLxHxK = jax.lax.platform_dependent(*qkvm, cpu=run(paths["cpu"]), cuda=run(paths["gpu"]),
-                                                 rocm=run(paths["gpu"]), tpu=run(paths["tpu"]),
-                                                 default=run(paths.get(jax.default_backend(), paths["cpu"])))
+      out_BxLxHxK = _deterministic(impl, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal,
+                                   self.attention_chunk)
     return merge_heads(out_BxLxHxK)
 
 
@@ -379,11 +370,8 @@ def _deterministic(impl: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, cau
     return _flash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk)
   if impl == "chunked":
     return _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk)
-  if impl == "splash":  # the Mosaic kernel where lowered for a TPU, interpret mode where run anywhere else
-    return jax.lax.platform_dependent(
-        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL,
-        tpu=lambda *qkvm: _splash(*qkvm, causal, interpret=False),
-        default=lambda *qkvm: _splash(*qkvm, causal, interpret=True))
+  if impl == "splash":  # the Mosaic kernel where traced for a TPU, interpret mode anywhere else
+    return _splash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, interpret=target_platform() != "tpu")
   return _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal)
 
 

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
 from efftx.errors import UserError
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.mixers.spec import MixerSpec, Option, target_platform
 
 FOURIER_IMPLS = ("fft", "rfft", "matmul", "auto")
 
@@ -91,15 +91,15 @@ TPU_MATMUL_MAX_LEN = 4096  # the FNet paper's crossover on TPU: DFT matmuls up t
 
 
 def _auto(x_BxLxD: jax.Array) -> jax.Array:
-  """Picks the path for the platform the step is lowered for (jax.lax.platform_dependent, so that a step exported
-  for a TPU from a CPU takes the TPU's path): on a TPU up to L = TPU_MATMUL_MAX_LEN the DFT as four matmuls (the
-  FNet paper's choice: MXU matmuls, slow FFTs on TPU), FFT beyond; elsewhere the FFT as rfft — on a GPU cuFFT (the
+  """Picks the path for the platform the model is traced for (spec.target_platform(): this process's backend, or
+  the one efftx.lowering lowers for): on a TPU up to L = TPU_MATMUL_MAX_LEN the DFT as four matmuls (the FNet
+  paper's choice: MXU matmuls, slow FFTs on TPU), FFT beyond; elsewhere the FFT as rfft — on a GPU cuFFT (the
   paper's GPU path), on a CPU the fastest of the three (`python -m efftx.bench --mode=fourier` times them;
   experiments/performance/DECISIONS.md: fnet-rfft-on-cpu). The TPU and GPU choices follow the paper and are not
   measured here."""
-  if x_BxLxD.shape[1] > TPU_MATMUL_MAX_LEN:
-    return _IMPLS["rfft"](x_BxLxD)
-  return jax.lax.platform_dependent(x_BxLxD, tpu=_matmul, default=_IMPLS["rfft"])
+  if target_platform() == "tpu" and x_BxLxD.shape[1] <= TPU_MATMUL_MAX_LEN:
+    return _matmul(x_BxLxD)
+  return _IMPLS["rfft"](x_BxLxD)
 
 
 _IMPLS = {"fft": _per_example(_fft), "rfft": _per_example(_rfft), "matmul": _matmul, "auto": _auto}
@@ -146,7 +146,7 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
   up to 4096): four real matmuls, two L×L by L×d and two L×d by d×d."""
   del causal
   impl = options["fourier_impl"]
-  if impl == "matmul" or (impl == "auto" and jax.default_backend() == "tpu" and L <= TPU_MATMUL_MAX_LEN):
+  if impl == "matmul" or (impl == "auto" and target_platform() == "tpu" and L <= TPU_MATMUL_MAX_LEN):
     return 4 * L * d + 4 * d * d
   return 5 * d * np.log2(L * d)
 
