@@ -20,7 +20,11 @@ A sweep file is plain Python that defines:
   X               optional (axis label, {group: x}): the plot draws ours and the paper's against x; else bars
   SERIES          optional {group: line}: with X, one line per series (e.g. per mixer, against length)
   XSCALE          optional "linear" or "log" (default: log where X spans 16× or more)
-  claim(rows)     optional: one line saying whether the paper's claim held, from the aggregated rows
+  claim(rows)     optional: one line saying whether the paper's claim held, from the aggregated rows: each has
+                  the group's mean, std, "ci95" (95 % interval over seeds), "n", its seeds' values ("seeds"), the
+                  paired difference from its baseline ("delta"), and "last_fifth_change" (the metric's change over
+                  the last fifth of training: is it still improving?); efftx.sweep.stats.verdict turns a paired
+                  interval and the paper's effect into held / did not hold / inconclusive / untested at this scale
 and holds in its docstring the claim being tested and the paper's numbers with their source.
 
 Every point is one `python -m efftx.train` command (Point.command; printed before it runs, runnable by hand) with
@@ -30,8 +34,10 @@ DIR/<point>/bench.json (done once that file exists; run them with --parallel=1, 
 A failing point is reported with its one-line error; the others go on.
 On one machine `--parallel` points run at a time; `--launcher=slurm` submits each point as a SLURM job through
 submitit; `--launcher=tpu` runs each point on every worker of a TPU VM slice with `gcloud compute tpus tpu-vm ssh
---worker=all` (one point at a time, in order). Seeds of a group are aggregated as mean ± std (sample std), and
-learning rates as the best mean (a group's row is its best learning rate, as Zoology reports). The report is
+--worker=all` (one point at a time, in order). Seeds of a group are aggregated as mean, sample std and 95 % interval,
+and learning rates as the best mean (a group's row is its best learning rate, as Zoology reports); a group with a
+baseline also gets the paired difference from it over the seeds both ran, with its interval, and every training
+study's learning curves are drawn (curves.png, the seeds' band). The report is
 written after every run (and alone with --report); the exit status is 1 when a point failed.
 """
 from efftx.sweep.study import Point  # what sweep files use

@@ -280,3 +280,18 @@ def collect(study: Study, workdir: str) -> list[dict]:
                  "values": {m: last[m] for m in study.metrics}, "seconds": outcome.get("total_seconds"),
                  "error": outcome.get("error")})
   return rows
+
+
+def curves(study: Study, workdir: str) -> dict[str, list[tuple[int, float]]]:
+  """Each finished or started training point's learning curve of METRIC from its metrics.jsonl: {point name:
+  [(step, value), ...]} in step order (bench points have none)."""
+  out = {}
+  for p in study.points:
+    if p.program != "train":
+      continue
+    logged = _metric_rows(epath.Path(workdir) / p.name)
+    curve = sorted((int(r["step"]), float(r[study.metric])) for r in logged
+                   if study.metric in r and "step" in r and r[study.metric] is not None)
+    if curve:
+      out[p.name] = curve
+  return out

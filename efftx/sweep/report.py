@@ -1,5 +1,6 @@
-"""The report: a study's points aggregated per group (mean ± sample std over seeds, the best learning rate,
-ratios to a baseline), written as markdown, CSV, JSON and a plot, and published into the study's folder."""
+"""The report: a study's points aggregated per group (mean, sample std and 95 % interval over seeds, the best
+learning rate, ratios to a baseline and the paired difference from it over the same seeds), written as markdown,
+CSV, JSON and plots (the metrics; the learning curves), and published into the study's folder."""
 from __future__ import annotations
 
 import csv
@@ -13,7 +14,9 @@ from typing import Any
 
 from etils import epath
 
+from efftx.sweep import stats
 from efftx.sweep.launch import collect
+from efftx.sweep.launch import curves
 from efftx.sweep.study import Study
 
 
@@ -25,8 +28,10 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, metrics: tuple[str, ...] = (),
               ) -> list[dict]:
   """Per group: for each learning rate the mean and sample std of the finished seeds' values; the group's row is
-  the learning rate with the best mean ("min" or "max" by goal). Groups in the order given (default: first seen).
-  Each of `metrics` (points' "values") is aggregated over the same runs, into the row's "metrics"."""
+  the learning rate with the best mean ("min" or "max" by goal), with the 95 % interval of its mean ("ci95", None
+  with one seed) and its seeds' values ("seeds": {seed: {"value": ..., metric: ...}}). Groups in the order given
+  (default: first seen). Each of `metrics` (points' "values") is aggregated over the same runs, into the row's
+  "metrics"."""
   order = groups or list(dict.fromkeys(p["group"] for p in points))
   out = []
   for group in order:
@@ -36,8 +41,9 @@ def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, me
         by_lr.setdefault(p["learning_rate"], []).append(p)
     total = sum(1 for p in points if p["group"] == group)
     if not by_lr:
-      out.append({"group": group, "mean": None, "std": None, "n": 0, "of": total, "learning_rate": None,
-                  "by_learning_rate": {}, "metrics": {m: {"mean": None, "std": None} for m in metrics}})
+      out.append({"group": group, "mean": None, "std": None, "ci95": None, "n": 0, "of": total,
+                  "learning_rate": None, "by_learning_rate": {}, "seeds": {},
+                  "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics}})
       continue
     means = {lr: _mean_std([p["value"] for p in runs])[0] for lr, runs in by_lr.items()}
     best = (min if goal == "min" else max)(means, key=means.get)
@@ -46,25 +52,39 @@ def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, me
     extra = {}
     for m in metrics:
       values = [p["values"][m] for p in runs if p["values"].get(m) is not None and math.isfinite(p["values"][m])]
-      extra[m] = dict(zip(("mean", "std"), _mean_std(values))) if values else {"mean": None, "std": None}
+      extra[m] = ({**dict(zip(("mean", "std"), _mean_std(values))), "ci95": _ci95(values)} if values
+                  else {"mean": None, "std": None, "ci95": None})
     of = sum(1 for p in points if p["group"] == group and p["learning_rate"] == best)  # seeds at that rate
-    out.append({"group": group, "mean": mean, "std": std, "n": len(runs), "of": of, "learning_rate": best,
-                "by_learning_rate": {str(lr): m for lr, m in means.items()}, "metrics": extra})
+    out.append({"group": group, "mean": mean, "std": std, "ci95": _ci95([p["value"] for p in runs]), "n": len(runs),
+                "of": of, "learning_rate": best, "by_learning_rate": {str(lr): m for lr, m in means.items()},
+                "metrics": extra, "seeds": {p["seed"]: {"value": p["value"], **p.get("values", {})} for p in runs}})
   return out
+
+
+def _ci95(values: list[float]) -> list[float] | None:
+  found = stats.interval(values)
+  return None if found is None or found.low is None else [found.low, found.high]
 
 
 def _with_ratios(study: Study, rows: list[dict]) -> list[dict]:
   """Puts METRIC beside the others in each row's "metrics", and adds "ratio": {metric: its mean ÷ the mean of its
-  BASELINE group} (None without a baseline)."""
+  BASELINE group} (None without a baseline) and "delta": {metric: the paired difference from the baseline over the
+  seeds both finished, each at its best learning rate, as stats.Interval.as_dict()} (None without a baseline or
+  for the baseline itself)."""
   for r in rows:
-    r["metrics"][study.metric] = {"mean": r["mean"], "std": r["std"]}
+    r["metrics"][study.metric] = {"mean": r["mean"], "std": r["std"], "ci95": r["ci95"]}
   by_group = {r["group"]: r for r in rows}
   for r in rows:
     base = by_group.get(study.baseline.get(r["group"], ""))
-    r["ratio"] = {}
+    r["ratio"], r["delta"] = {}, {}
     for m in (study.metric, *study.metrics):
       ours, theirs = (r["metrics"][m]["mean"], base["metrics"][m]["mean"]) if base else (None, None)
       r["ratio"][m] = ours / theirs if ours is not None and theirs else None
+      key = "value" if m == study.metric else m
+      difference = stats.paired({s: v.get(key) for s, v in r.get("seeds", {}).items()},
+                                {s: v.get(key) for s, v in base.get("seeds", {}).items()}) if (
+                                    base and base is not r) else None
+      r["delta"][m] = difference.as_dict() if difference else None
   return rows
 
 
@@ -73,8 +93,10 @@ def _fmt(value: float | None) -> str:
 
 
 def _columns(study: Study) -> list[tuple[str, str, str]]:
-  """The table's columns after "setting": (header, kind, metric), kind one of paper / ours / ratio."""
+  """The table's columns after "setting": (header, kind, metric), kind one of paper / ours / ratio / delta (the
+  paired difference, where the study has several seeds)."""
   several = bool(study.metrics) or bool(study.baseline)
+  seeded = len({p.seed for p in study.points}) > 1
   out = []
   for m in (study.metric, *study.metrics):
     has_paper = any(study.paper_value(g, m) is not None for g in study.paper) or (m == study.metric and not several)
@@ -82,15 +104,34 @@ def _columns(study: Study) -> list[tuple[str, str, str]]:
       out.append((f"paper: {m}" if several else "paper", "paper", m))
     if study.baseline:
       out.append((f"ours: {m} ÷ baseline", "ratio", m))
-    out.append((f"ours: {m}" if several else "ours (mean ± std)", "ours", m))
+      if seeded:
+        out.append((f"ours: {m} − baseline, paired [95 % CI]", "delta", m))
+    interval = " [95 % CI]" if seeded else ""
+    out.append((f"ours: {m}{interval}" if several else f"ours (mean{interval})", "ours", m))
   return out
 
 
+def _with_curves(study: Study, rows: list[dict], points: list[dict], found: dict[str, list]) -> dict[str, list]:
+  """Adds to each row "last_fifth_change": the mean over its seeds (at its best learning rate) of METRIC's change
+  over the last fifth of training (from the learning curves; None without them), what a claim's regime check
+  reads. Returns {group: [the curves of those seeds]}."""
+  by_group = {}
+  for r in rows:
+    names = [p["point"] for p in points if p["group"] == r["group"] and p["learning_rate"] == r["learning_rate"]
+             and p["point"] in found]
+    by_group[r["group"]] = [found[name] for name in names]
+    changes = [c for c in map(stats.last_fifth_change, by_group[r["group"]]) if c is not None]
+    r["last_fifth_change"] = sum(changes) / len(changes) if changes else None
+  return by_group
+
+
 def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, str]:
-  """Writes DIR/report.md, report.csv, report.png and results.json; returns their paths."""
+  """Writes DIR/report.md, report.csv, report.png (the metrics), report_curves.png (the learning curves) and
+  results.json; returns their paths."""
   points = collect(study, workdir)
   rows = _with_ratios(study, aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)),
                                        study.metrics))
+  group_curves = _with_curves(study, rows, points, curves(study, workdir))
   several_lrs = len({p.learning_rate for p in study.points}) > 1
   seconds = sum(p["seconds"] or 0 for p in points)
   lines = [f"# {study.name}: {study.metric} ({'lower' if study.goal == 'min' else 'higher'} is better)", ""]
@@ -110,9 +151,12 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
         cells.append(_fmt(study.paper_value(r["group"], m)))
       elif kind == "ratio":
         cells.append("—" if r["ratio"][m] is None else f"{r['ratio'][m]:.3g}")
+      elif kind == "delta":
+        d = r["delta"][m]
+        cells.append("—" if d is None else stats.Interval(d["mean"], *(d["ci95"] or (None, None)), d["n"]).text(3))
       else:
-        mean, std = r["metrics"][m]["mean"], r["metrics"][m]["std"]
-        cells.append("—" if mean is None else f"{mean:.4g}" + (f" ± {std:.2g}" if r["n"] > 1 else ""))
+        mean, ci = r["metrics"][m]["mean"], r["metrics"][m]["ci95"]
+        cells.append("—" if mean is None else stats.Interval(mean, *(ci or (None, None)), r["n"]).text())
     cells.append(f"{r['n']}/{r['of']}")
     if several_lrs:
       cells.append("—" if r["learning_rate"] is None else f"{r['learning_rate']:g}")
@@ -120,6 +164,10 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   lines.append("")
   if study.source:
     lines += [f"Paper: {study.source}", ""]
+  changes = [f"{r['group']} {r['last_fifth_change']:+.3g}" for r in rows if r.get("last_fifth_change") is not None]
+  if changes:
+    lines += [f"Change of {study.metric} over the last fifth of training (mean over seeds; "
+              f"{'falling' if study.goal == 'min' else 'rising'} means still improving): " + ", ".join(changes), ""]
   if study.claim and all(r["mean"] is not None for r in rows):
     lines += [f"**Claim at our scale:** {study.claim(rows)}", ""]
   missing = [p["point"] for p in points if p["state"] == "done" and p["value"] is None]
@@ -136,6 +184,8 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   folder.mkdir(parents=True, exist_ok=True)
   paths = {"md": folder / "report.md", "csv": folder / "report.csv", "png": folder / "report.png",
            "json": folder / "results.json"}
+  if any(group_curves.values()):
+    paths["curves"] = folder / "report_curves.png"
   paths["md"].write_text("\n".join(lines))
   out = io.StringIO()
   writer = csv.writer(out)
@@ -154,7 +204,40 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
                                        "machine": _machine(), "seconds": seconds, "rows": rows, "points": points},
                                       indent=2))
   _plot(study, rows, paths["png"])
+  if "curves" in paths:
+    _plot_curves(study, group_curves, paths["curves"])
   return {k: os.fspath(v) for k, v in paths.items()}
+
+
+def _plot_curves(study: Study, group_curves: dict[str, list], path: epath.Path) -> None:
+  """METRIC against step, one line per group (the mean over its seeds at the steps they all logged) with the band
+  from the lowest to the highest seed."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for group, seeds in group_curves.items():
+    if not seeds:
+      continue
+    steps = sorted(set.intersection(*(set(s for s, _ in curve) for curve in seeds)))
+    if not steps:
+      continue
+    values = [[dict(curve)[s] for s in steps] for curve in seeds]
+    mean = [sum(column) / len(column) for column in zip(*values)]
+    line, = ax.plot(steps, mean, label=f"{group} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
+    if len(seeds) > 1:
+      ax.fill_between(steps, [min(c) for c in zip(*values)], [max(c) for c in zip(*values)],
+                      color=line.get_color(), alpha=0.2)
+  ax.set_xlabel("step")
+  ax.set_ylabel(study.metric)
+  ax.set_title(f"{study.name}: learning curves (band: lowest to highest seed)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8, ncol=2)
+  fig.tight_layout()
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=120)
+  plt.close(fig)
+  path.write_bytes(buffer.getvalue())
 
 
 def _plot(study: Study, rows: list[dict], path: epath.Path) -> None:
@@ -226,12 +309,14 @@ def _machine() -> str:
 
 
 def publish(study: Study, paths: dict[str, str]) -> list[str]:
-  """Copies the report into the sweep file's folder (experiments/<study>/) as table.md, table.csv, plot.png and
-  results.json."""
+  """Copies the report into the sweep file's folder (experiments/<study>/) as table.md, table.csv, plot.png,
+  results.json and, for training studies, curves.png."""
   folder = os.path.dirname(os.path.abspath(study.path))
-  names = {"md": "table.md", "csv": "table.csv", "png": "plot.png", "json": "results.json"}
+  names = {"md": "table.md", "csv": "table.csv", "png": "plot.png", "json": "results.json", "curves": "curves.png"}
   out = []
   for kind, name in names.items():
+    if kind not in paths:
+      continue
     target = os.path.join(folder, name)
     with open(target, "wb") as f:
       f.write(epath.Path(paths[kind]).read_bytes())
