@@ -137,7 +137,8 @@ def step_devices(batch: int) -> list:
 
 def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: float,
                  devices=None) -> dict[str, float]:
-  """Compiled memory (per device) and tokens/s (unless min_seconds is 0) of one jitted training step with per-token
+  """Compiled memory (per device; param_mib: the parameters' bytes, what one gradient copy holds) and tokens/s
+  (unless min_seconds is 0) of one jitted training step with per-token
   logits: efftx's own train step (trainer.make_train_step) on a per-position objective with every position
   weighted, the batch split over `devices` (default: the default device) as efftx.train splits it, parameters and
   optimizer state replicated, compiled with efftx.train's options (sharding.step_compiler_options)."""
@@ -155,7 +156,8 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
   memory = compiled.memory_analysis()
   out = {"temp_mib": memory.temp_size_in_bytes / 2**20, "argument_mib": memory.argument_size_in_bytes / 2**20,
          "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20,
-         "gflop_per_token": flops_per_token(config, state.params) / 1e9, "devices": len(mesh.devices.flat)}
+         "gflop_per_token": flops_per_token(config, state.params) / 1e9, "devices": len(mesh.devices.flat),
+         "param_mib": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)) / 2**20}
   if not min_seconds:
     return out
   holder = {"state": state}

@@ -156,6 +156,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if d.variant not in variants:
     raise UserError(f"config.data.variant='{d.variant}' is not a variant of {d.task}; "
                     f"choose from: {', '.join(variants)}")
+  if m.reversible and not m.d_ff:
+    raise UserError("config.model.reversible=True needs a feed-forward sublayer (d_ff > 0): it is the coupling's "
+                    "second branch")
   if m.reversible and m.block_layout != "pre_ln":
     raise UserError("config.model.reversible=True needs block_layout='pre_ln': a reversible coupling's branches "
                     "normalise their own inputs")

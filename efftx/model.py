@@ -133,7 +133,8 @@ class FeedForwardSublayer(nn.Module):
 
 class Block(nn.Module):
   """A residual block. "pre_ln": x + F(x), then x + G(x), each branch normalising its input. "post_ln" (BERT's and
-  the published FNet's layout): LN(x + F(x)), then LN(x + G(x)), the branches without a norm of their own."""
+  the published FNet's layout): LN(x + F(x)), then LN(x + G(x)), the branches without a norm of their own. With
+  d_ff = 0 there is no G (Zoology's MQAR models: a mixer and nothing else per block)."""
 
   make_mixer: Callable[..., nn.Module]
   d_ff: int
@@ -149,6 +150,8 @@ class Block(nn.Module):
     post_norm = lambda name: (lambda x: x) if pre else nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name=name)
     x_BxLxD = post_norm("mixing_norm")(x_BxLxD + MixingSublayer(
         self.make_mixer, self.dropout, pre, self.norm_eps, name="mixing")(x_BxLxD, mask_BxL, deterministic, decode))
+    if not self.d_ff:
+      return x_BxLxD
     return post_norm("feed_forward_norm")(x_BxLxD + FeedForwardSublayer(
         self.d_ff, self.dropout, self.ff_chunk_size, pre, self.norm_eps, self.activation, name="feed_forward")(
             x_BxLxD, deterministic))
@@ -213,7 +216,8 @@ class Transformer(nn.Module):
   image_shape: tuple[int, int, int] | None = None
   d_model: int = declared(128, "width of the residual stream (features per position)", at_least=1)
   num_layers: int = declared(2, "blocks (mixer sublayer + feed-forward sublayer)", at_least=1)
-  d_ff: int = declared(512, "hidden width of the feed-forward sublayer (features)", at_least=1)
+  d_ff: int = declared(512, "hidden width of the feed-forward sublayer (features; 0: no feed-forward sublayer)",
+                       at_least=0)
   max_len: int = declared(128, "sequence length every example is padded to (tokens)", at_least=1)
   dropout: float = declared(0.1, "dropout rate on the embeddings, the residual branches and the feed-forward "
                                  "hidden layer (a probability)", at_least=0, below=1)

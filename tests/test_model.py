@@ -153,6 +153,32 @@ def test_post_ln_layout_is_bert_s(activation):
   np.testing.assert_allclose(got[mask], x[mask], rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("layout", ["pre_ln", "post_ln"])
+def test_a_model_without_feed_forward_is_a_stack_of_mixers(layout):
+  """d_ff=0 (Zoology's MQAR models): each block is x + Mix(LN x) (pre_ln) or LN(x + Mix(x)) (post_ln) and nothing
+  else, against the same blocks applied by hand; no feed-forward parameters exist."""
+  config = mixer_config("attention", d_model=16, d_ff=0, num_heads=2, max_len=L, num_layers=2, dropout=0.0,
+                        block_layout=layout)
+  model = trainer.parts(config).model.clone(head=lambda x, m: x)
+  tokens, mask = _tokens_and_mask()
+  params = compiled(model).init(jax.random.key(1), tokens)["params"]
+  assert all(set(params[f"block_{i}"]) == ({"mixing"} if layout == "pre_ln" else {"mixing", "mixing_norm"})
+             for i in range(2))
+  got = compiled(model).apply({"params": params}, tokens, mask=mask)
+  mixing = model_lib.MixingSublayer(model.make_mixer, 0.0, layout == "pre_ln", model.norm_eps)
+  norm = nn.LayerNorm(model.norm_eps)
+  x = params["embed"]["embedding"][tokens] + params["pos_embed"][:L]
+  if layout == "post_ln":
+    x = norm.apply({"params": params["embed_norm"]}, x)
+  for i in range(2):
+    x = x + mixing.apply({"params": params[f"block_{i}"]["mixing"]}, x, mask, True)
+    if layout == "post_ln":
+      x = norm.apply({"params": params[f"block_{i}"]["mixing_norm"]}, x)
+  if layout == "pre_ln":
+    x = norm.apply({"params": params["final_norm"]}, x)
+  np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(x)[mask], rtol=1e-5, atol=1e-5)
+
+
 def test_exact_gelu_and_its_gradient_against_the_erf_formula():
   """model.gelu_erf (a hand-written backward pass) against x·Φ(x) and Φ(x) + x·φ(x) from math.erf in float64, over
   the whole range: the tails (|x| up to 30, where Φ saturates and φ underflows) and zero; bfloat16 in, bfloat16

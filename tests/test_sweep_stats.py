@@ -3,10 +3,12 @@ differences, the verdict rule, a learning curve's last-fifth change; and the rep
 and learning curves from a study's workdirs."""
 import json
 import math
+import os
 
 import numpy as np
 import pytest
 
+from conftest import REPO
 from efftx.sweep import report
 from efftx.sweep import stats
 from efftx.sweep import study as study_lib
@@ -66,15 +68,83 @@ def test_the_verdict_needs_an_interval_that_clears_the_effect_and_a_run_in_regim
   assert stats.verdict(above, 0.0, False, "loss still falling") == (stats.UNTESTED, "loss still falling")
   assert stats.verdict(stats.Interval(0.5, 0.4, 0.6, 2), 0.0, True)[0] == stats.UNTESTED  # two seeds
   assert stats.verdict(None, 0.0, True)[0] == stats.UNTESTED
-  assert "[0.4, 0.6] against 0" in stats.verdict(above, 0.0, True)[1]
+  assert "[0.4, 0.6], the claim > 0" in stats.verdict(above, 0.0, True)[1]
+  assert stats.verdict(below, 0.0, True, above=False)[0] == stats.HELD  # a claim that the difference lies below
+  assert stats.verdict(above, 0.0, True, above=False) == (stats.DID_NOT_HOLD, "95 % interval [0.4, 0.6], the claim < 0")
 
 
 def test_last_fifth_change_of_a_learning_curve():
-  curve = [(s, 1.0 / s) for s in range(100, 1100, 100)]  # steps 100 … 1000: the last fifth is 820 … 1000
-  assert stats.last_fifth_change(curve) == pytest.approx(1 / 1000 - 1 / 900)
+  curve = [(s, 1.0 / s) for s in range(100, 1100, 100)]  # steps 100 … 1000: four fifths of the way is step 820
+  assert stats.last_fifth_change(curve) == pytest.approx(1 / 1000 - 1 / 800)  # from the last value before it
   assert stats.last_fifth_change([(10, 1.0)]) is None
-  assert stats.last_fifth_change([(0, 1.0), (100, 0.5)]) is None  # one point in the last fifth: unknown
+  assert stats.last_fifth_change([(0, 1.0), (100, 0.5)]) == pytest.approx(-0.5)  # coarse evaluations: the one before
   assert stats.last_fifth_change([(0, 1.0), (80, 0.6), (100, 0.5)]) == pytest.approx(-0.1)
+  assert stats.last_fifth_change([(90, 1.0), (100, 0.5)]) == pytest.approx(-0.5)  # 98 is four fifths: 90 before
+
+
+def test_a_difference_is_settled_when_it_moved_less_than_its_interval_over_the_last_fifth():
+  steps = (100, 400, 700, 1000)  # four fifths of the way: step 820, so the evaluation before it is step 700
+  base = {s: [(t, 3.0 - t / 1000 + 0.01 * s) for t in steps] for s in range(3)}
+  noise = (0.0, 0.02, -0.02)
+  flat = {s: [(t, v + 0.1 + noise[s]) for t, v in base[s]] for s in range(3)}  # a constant gap
+  ok, why = stats.settled(flat, base)
+  assert ok and "moved +0" in why
+  closing = {s: [(t, v + 0.1 + noise[s] + (0.2 if t == 700 else 0.0)) for t, v in base[s]] for s in range(3)}
+  ok, why = stats.settled(closing, base)  # the gap shrank by 0.2, more than its ±0.05
+  assert not ok and "moved -0.2" in why
+  assert stats.settled({0: [(1000, 1.0)]}, {0: [(1000, 2.0)]}) == (False, "fewer than two evaluations")
+  assert stats.settled({}, base)[0] is False
+
+
+def test_slopes_and_medians():
+  lengths = [256, 1024, 4096]
+  assert stats.loglog_slope(lengths, [3e-6 * x ** 2 for x in lengths]) == pytest.approx(2.0)
+  assert stats.loglog_slope(lengths, [7.0] * 3) == pytest.approx(0.0)
+  assert stats.slope([0, 1, 2], [1, 3, 5]) == pytest.approx(2.0)
+  assert stats.median([3.0, 1.0, 2.0]) == 2.0 and stats.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+  assert stats.exact(5.0) == stats.Interval(5.0, 5.0, 5.0, stats.MIN_SEEDS)
+  with pytest.raises(ValueError):
+    stats.Claim("c", "p", "o", "probably", "")
+
+
+def test_repeated_bench_points_interleave_and_their_ratios_are_medians_of_pairs(tmp_path):
+  points = study_lib.grid({"a": {"bench": {"mixers": "attention"}}, "b": {"bench": {"mixers": "fnet"}}}, repeats=3)
+  assert [p.name for p in points] == ["a", "b", "a-repeat1", "b-repeat1", "a-repeat2", "b-repeat2"]
+  path = tmp_path / "timing" / "sweep.py"
+  path.parent.mkdir()
+  path.write_text("""from efftx.sweep import grid
+METRIC = "tokens_per_sec"
+GOAL = "max"
+BASELINE = {"a": "a", "b": "a"}
+def points(scale):
+  return grid({"a": {"bench": {"mixers": "attention"}}, "b": {"bench": {"mixers": "fnet"}}}, repeats=3)
+""")
+  study = study_lib.load(str(path))
+  # A slow spell in repeat 1 slows both; the paired ratios are 2, 2, 3: median 2 (the ratio of means would be 2.2).
+  measured = {"a": 10.0, "b": 20.0, "a-repeat1": 5.0, "b-repeat1": 10.0, "a-repeat2": 10.0, "b-repeat2": 30.0}
+  for name, value in measured.items():
+    (tmp_path / "runs" / name).mkdir(parents=True)
+    (tmp_path / "runs" / name / "bench.json").write_text(json.dumps({"rows": [{"tokens_per_sec": value}]}))
+  paths = report.report(study, str(tmp_path / "runs"), "cpu", "test")
+  rows = {r["group"]: r for r in json.loads(open(paths["json"]).read())["rows"]}
+  assert rows["b"]["ratio"]["tokens_per_sec"] == 2.0 and rows["b"]["ratio_range"]["tokens_per_sec"] == [2.0, 3.0]
+  assert "| b | 2 [2, 3] |" in open(paths["md"]).read()
+
+
+def test_best_then_seeds_searches_on_one_seed_then_adds_seeds_at_the_best_rate():
+  groups = {"a": {"arg": "mixer=attention"}, "b": {"arg": "mixer=fnet"}}
+  results = {}
+  finished = lambda p: results.get(p.name)
+  first = study_lib.best_then_seeds(groups, (1e-3, 1e-2), (0, 1, 2), finished, "max")
+  assert [p.name for p in first] == ["a-lr0.001-seed0", "a-lr0.01-seed0", "b-lr0.001-seed0", "b-lr0.01-seed0"]
+  results.update({"a-lr0.001-seed0": 0.3, "a-lr0.01-seed0": 0.9, "b-lr0.001-seed0": 0.5})  # b's search unfinished
+  grown = study_lib.best_then_seeds(groups, (1e-3, 1e-2), (0, 1, 2), finished, "max")
+  assert [p.name for p in grown[4:]] == ["a-lr0.01-seed1", "a-lr0.01-seed2"]
+  results["b-lr0.01-seed0"] = 0.1
+  grown = study_lib.best_then_seeds(groups, (1e-3, 1e-2), (0, 1, 2), finished, "max")
+  assert [p.name for p in grown[6:]] == ["b-lr0.001-seed1", "b-lr0.001-seed2"]
+  assert [p.name for p in study_lib.best_then_seeds(groups, (1e-3, 1e-2), (0, 1, 2), finished, "min")[4:]] == [
+      "a-lr0.001-seed1", "a-lr0.001-seed2", "b-lr0.01-seed1", "b-lr0.01-seed2"]
 
 
 def _study(tmp_path) -> study_lib.Study:
@@ -86,9 +156,22 @@ CONFIG = "configs/quickstart.py"
 METRIC = "eval_loss"
 GOAL = "min"
 BASELINE = {"attention": "attention", "fnet": "attention"}
+PAPER = {"attention": 0.5, "fnet": 0.6}
+PAPER_SCALES = ("paper",)
+PAPER_SETTING = "the paper's data, 12 layers"
+SETTING = {"cpu": "ListOps-small, 2 layers", "paper": "the paper's data, 12 layers"}
+CHANCE = {"eval_loss": {"uniform guess": 2.5}}
 
 def points(scale):
   return grid({"attention": {"arg": "smoke"}, "fnet": {"arg": "smoke,mixer=fnet"}}, seeds=(0, 1, 2))
+
+def claim(rows, scale):
+  from efftx.sweep import stats
+  fnet = next(r for r in rows if r["group"] == "fnet")
+  d = stats.Interval(fnet["delta"]["eval_loss"]["mean"], *fnet["delta"]["eval_loss"]["ci95"], 3)
+  ok, why = stats.settled(fnet["curves"], next(r for r in rows if r["group"] == "attention")["curves"])
+  return [stats.judge("FNet's loss is within 0.1 of attention's", "+0.1 (12 layers)", d.text(3), d, 0.1, ok, why),
+          stats.judge("FNet's loss is higher", "+0.1", d.text(3), d, 0.0, True)]
 ''')
   return study_lib.load(str(path))
 
@@ -114,8 +197,60 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
   delta = rows["fnet"]["delta"]["eval_loss"]  # the same 0.2 on every seed: an interval of width 0
   assert delta["n"] == 3 and delta["mean"] == pytest.approx(0.2) and delta["ci95"] == pytest.approx([0.2, 0.2])
   assert rows["attention"]["delta"]["eval_loss"] is None  # the baseline itself
-  assert rows["fnet"]["last_fifth_change"] == pytest.approx(1 / 100 - 1 / 90)
+  assert rows["fnet"]["last_fifth_change"] == pytest.approx(1 / 100 - 1 / 50)  # 50: the last before step 82
+  assert rows["fnet"]["curves"]["1"] == [[s, pytest.approx(1.05 + 0.2 + 1 / s)] for s in (10, 50, 90, 100)]
   table = open(paths["md"]).read()
   assert "| fnet |" in table and "0.2 [0.2, 0.2]" in table and "paired [95 % CI]" in table
   assert "over the last fifth of training" in table
+  # The paper's numbers are not beside ours at a scale whose setting is not the paper's; the settings are stated.
+  assert "paper |" not in table.split("| setting |")[-1].splitlines()[0]
+  assert "The paper's numbers, in the paper's setting" in table and "attention 0.5, fnet 0.6" in table
+  assert "| paper | the paper's data, 12 layers |" in table and "| ours (scale `cpu`) | ListOps-small, 2 layers |" in table
+  assert "Reference lines for eval_loss: uniform guess 2.5." in table
+  # The difference moved 0 over the last fifth (the same 1/s on both): settled, so the verdict is earned.
+  assert ("| FNet's loss is within 0.1 of attention's | +0.1 (12 layers) | 0.2 [0.2, 0.2] | **held**: 95 % interval "
+          "[0.2, 0.2], the claim > 0.1 |") in table, table
+  verdicts = json.loads(open(paths["json"]).read())["verdicts"]
+  assert [v["verdict"] for v in verdicts] == [stats.HELD, stats.HELD]
   assert open(paths["curves"], "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _fake_runs(study, workdir, rng):
+  """What every point of a study leaves behind, with made-up values: a learning curve for a training point, a
+  bench row for a measurement."""
+  for p in study.points:
+    folder = workdir / p.name
+    folder.mkdir(parents=True, exist_ok=True)
+    if p.program == "bench":
+      row = {k: float(rng.uniform(1, 100)) for k in ("tokens_per_sec", "memory_mib", "temp_mib", "param_mib")}
+      (folder / "bench.json").write_text(json.dumps({"rows": [row]}))
+      continue
+    (folder / "config.json").write_text(json.dumps({"total_steps": 1000}))
+    final = float(rng.uniform(0.2, 0.8))
+    (folder / "metrics.jsonl").write_text("\n".join(
+        json.dumps({"step": s, study.metric: final + 0.1 * (1000 - s) / 1000}) for s in range(200, 1001, 200)))
+
+
+@pytest.mark.parametrize("name", ["aft_window", "image_ar", "mqar", "lra_reduced", "fnet_model_set", "vision",
+                                  "cost_vs_length", "reversible"])
+def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
+  """Each experiments/<study>/sweep.py at scale cpu, on made-up runs of every point: its report states both
+  settings, and its claim() returns stats.Claim verdicts; at the cpu scale (not the paper's setting) a training
+  study's comparisons with the paper are never held or did not hold."""
+  path = os.path.join(REPO, "experiments", name, "sweep.py")
+  study = study_lib.load(path, "cpu")
+  workdir = tmp_path / "runs"
+  _fake_runs(study, workdir, np.random.default_rng(0))
+  if study_lib.adaptive(path):  # the search finished: the grid grows; run the rest too
+    study = study_lib.load(path, "cpu", str(workdir))
+    _fake_runs(study, workdir, np.random.default_rng(1))
+  paths = report.report(study, str(workdir), "cpu", "test")
+  table = open(paths["md"]).read()
+  assert "| paper | " in table and "| ours (scale `cpu`) | " in table, table
+  verdicts = json.loads(open(paths["json"]).read())["verdicts"]
+  assert verdicts and all(v["verdict"] in (stats.HELD, stats.DID_NOT_HOLD, stats.INCONCLUSIVE, stats.UNTESTED)
+                          for v in verdicts)
+  assert "**Verdicts**" in table
+  paper_claims = [v for v in verdicts if "FF-only" not in v["claim"] and "ff_only" not in v["claim"]]
+  if any(p.program == "train" for p in study.points) and name != "mqar":
+    assert all(v["verdict"] == stats.UNTESTED for v in paper_claims), verdicts

@@ -257,6 +257,21 @@ def test_idx_reader_and_fashion_mnist_splits(fashion_dir, tmp_path):
   ar = TASKS["fashion_mnist_ar"].encode(example, 784, False)
   assert ar["tokens"][0] == images.START_ID and (ar["tokens"][1:] == image[:-1]).all()
   assert (ar["targets"] == image).all() and ar["weights"].sum() == 784
+  half = TASKS["fashion_mnist_ar_14"].encode(example, 196, False)
+  grid_28 = np.asarray(example["image"], np.float64)
+  means = [[grid_28[2 * y:2 * y + 2, 2 * x:2 * x + 2].mean() for x in range(14)] for y in range(14)]
+  expected = np.floor(np.asarray(means) + 0.5).reshape(-1)  # each 2 × 2 block's mean, rounded half up
+  assert half["tokens"][0] == images.START_ID and (half["targets"] == expected).all()
+  assert (half["tokens"][1:] == expected[:-1]).all() and half["weights"].sum() == 196
+
+
+def test_downsampling_rounds_half_up_and_refuses_odd_sizes():
+  block = np.array([[0, 1], [0, 1]], np.uint8)  # mean 0.5 → 1
+  assert images.downsample(block, 2).tolist() == [[1]]
+  assert images.downsample(np.array([[255, 255], [255, 254]], np.uint8), 2).tolist() == [[255]]  # 254.75
+  assert images.downsample(np.array([[0, 0], [0, 1]], np.uint8), 2).tolist() == [[0]]  # 0.25
+  with pytest.raises(ValueError, match="multiples of 2"):
+    images.downsample(np.zeros((3, 4), np.uint8), 2)
 
 
 def test_missing_fashion_mnist_files_say_how_to_get_them(tmp_path):

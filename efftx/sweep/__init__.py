@@ -9,7 +9,9 @@
 A sweep file is plain Python that defines:
   CONFIG          the config file its training points start from, e.g. "configs/lm_bytes.py" (a group may name
                   its own: {"config": ...})
-  points(scale)   -> list[Point]: the grid at scale "cpu" (what this repository's tables ran) or "paper"
+  points(scale)   -> list[Point]: the grid at scale "cpu" (what this repository's tables ran) or "paper";
+                  points(scale, finished) for a grid that grows as points finish (finished(point): its final
+                  METRIC or None), e.g. best_then_seeds: every learning rate on one seed, then more seeds at the best
   METRIC, GOAL    the metric each point contributes (its last value in the point's metrics.jsonl, or in a bench
                   point's bench.json), "min" or "max"
   METRICS         optional: more metrics shown beside METRIC (a bench point's memory beside its tokens/s)
@@ -20,11 +22,17 @@ A sweep file is plain Python that defines:
   X               optional (axis label, {group: x}): the plot draws ours and the paper's against x; else bars
   SERIES          optional {group: line}: with X, one line per series (e.g. per mixer, against length)
   XSCALE          optional "linear" or "log" (default: log where X spans 16× or more)
-  claim(rows)     optional: one line saying whether the paper's claim held, from the aggregated rows: each has
-                  the group's mean, std, "ci95" (95 % interval over seeds), "n", its seeds' values ("seeds"), the
-                  paired difference from its baseline ("delta"), and "last_fifth_change" (the metric's change over
-                  the last fifth of training: is it still improving?); efftx.sweep.stats.verdict turns a paired
-                  interval and the paper's effect into held / did not hold / inconclusive / untested at this scale
+  PAPER_SETTING   optional: what the paper trained (data, depth, width, steps); SETTING {scale: what that scale
+                  trains}; PROTOCOL {scale: how each group is trained (depth, learning-rate search) and why}
+  PAPER_SCALES    optional: the scales whose setting is the paper's; only there are the paper's numbers put beside
+                  ours in the table (elsewhere the report gives them in its text)
+  CHANCE          optional {metric: {label: value}}: chance and majority lines, drawn and stated
+  claim(rows, scale)  optional: the paper's claims judged, a list of efftx.sweep.stats.Claim (claim, paper, ours,
+                  verdict, why), from the aggregated rows: each has the group's mean, std, "ci95" (95 % interval over
+                  seeds), "n", its seeds' values ("seeds"), the paired difference from its baseline ("delta"), its
+                  seeds' learning curves ("curves") and "last_fifth_change"; stats.judge / stats.verdict say held /
+                  did not hold only where the interval clears the paper's effect and the run is in the claim's
+                  regime (stats.regime, stats.settled), else inconclusive or untested at this scale
 and holds in its docstring the claim being tested and the paper's numbers with their source.
 
 Every point is one `python -m efftx.train` command (Point.command; printed before it runs, runnable by hand) with
@@ -41,6 +49,7 @@ study's learning curves are drawn (curves.png, the seeds' band). The report is
 written after every run (and alone with --report); the exit status is 1 when a point failed.
 """
 from efftx.sweep.study import Point  # what sweep files use
+from efftx.sweep.study import best_then_seeds
 from efftx.sweep.study import grid
 
-__all__ = ["Point", "grid"]
+__all__ = ["Point", "best_then_seeds", "grid"]

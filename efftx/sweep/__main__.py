@@ -21,6 +21,7 @@ from efftx.sweep.launch import run
 from efftx.sweep.report import publish
 from efftx.sweep.report import report
 from efftx.sweep.study import REPO
+from efftx.sweep.study import adaptive
 from efftx.sweep.study import load
 
 
@@ -52,8 +53,8 @@ def main(argv: list[str]) -> None:
   if not _WORKDIR.value:
     cli.exit_with("efftx.sweep", "--workdir is required: the folder for the points' runs and the report")
   with cli.one_line_errors("efftx.sweep"):
-    study = load(argv[1], _SCALE.value)
     workdir = os.fspath(checkpoints.run_folder(_WORKDIR.value))  # as efftx.train reads each point's --workdir
+    study = load(argv[1], _SCALE.value, workdir)
     launch = Launch(_LAUNCHER.value, _PARALLEL.value, tpu=_TPU.value, zone=_ZONE.value, remote_dir=_REMOTE_DIR.value,
                     submitit_cluster=_SUBMITIT_CLUSTER.value)
     if launch.launcher == "tpu" and not (launch.tpu and launch.zone):
@@ -72,6 +73,14 @@ def main(argv: list[str]) -> None:
                          + ([f"--scale={_SCALE.value}"] if _SCALE.value != "cpu" else []) + ["--workdir=DIR"])
     if not _REPORT.value:
       states = run(study, workdir, launch, dry_run=_DRY_RUN.value)
+      while not _DRY_RUN.value and adaptive(argv[1]):  # a grid that grows as its points finish (best_then_seeds)
+        grown = load(argv[1], _SCALE.value, workdir)
+        if {p.name for p in grown.points} <= {p.name for p in study.points}:
+          break
+        print(f"efftx.sweep: {len(grown.points) - len(study.points)} more points now that their search finished",
+              file=sys.stderr, flush=True)
+        study = grown
+        states = run(study, workdir, launch)
       if _DRY_RUN.value:
         return
       unfinished = [n for n, s in states.items() if s != "done"]

@@ -39,7 +39,7 @@ def _read_json(path: epath.Path) -> dict | None:
     return None
 
 
-def _metric_rows(folder: epath.Path) -> list[dict]:
+def metric_rows(folder: epath.Path) -> list[dict]:
   """A training point's metrics.jsonl rows, or a bench point's bench.json rows."""
   bench = _read_json(folder / BENCH_FILE)
   if bench is not None:
@@ -57,7 +57,7 @@ def state(folder: epath.Path) -> str:
   if (folder / BENCH_FILE).exists():
     return "done"
   config = _read_json(folder / "config.json")
-  rows = _metric_rows(folder)
+  rows = metric_rows(folder)
   if config and rows and max(r["step"] for r in rows) >= config["total_steps"]:
     return "done"
   outcome = _read_json(folder / POINT_FILE) or {}
@@ -272,7 +272,7 @@ def collect(study: Study, workdir: str) -> list[dict]:
   rows = []
   for p in study.points:
     folder = epath.Path(workdir) / p.name
-    logged = _metric_rows(folder)
+    logged = metric_rows(folder)
     last = {m: next((r[m] for r in reversed(logged) if m in r), None) for m in (study.metric, *study.metrics)}
     outcome = _read_json(folder / POINT_FILE) or {}
     rows.append({"point": p.name, "group": p.group, "seed": p.seed, "learning_rate": p.learning_rate,
@@ -289,7 +289,7 @@ def curves(study: Study, workdir: str) -> dict[str, list[tuple[int, float]]]:
   for p in study.points:
     if p.program != "train":
       continue
-    logged = _metric_rows(epath.Path(workdir) / p.name)
+    logged = metric_rows(epath.Path(workdir) / p.name)
     curve = sorted((int(r["step"]), float(r[study.metric])) for r in logged
                    if study.metric in r and "step" in r and r[study.metric] is not None)
     if curve:

@@ -4,7 +4,9 @@ CSV, JSON and plots (the metrics; the learning curves), and published into the s
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
+import inspect
 import io
 import json
 import math
@@ -28,7 +30,8 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, metrics: tuple[str, ...] = (),
               ) -> list[dict]:
   """Per group: for each learning rate the mean and sample std of the finished seeds' values; the group's row is
-  the learning rate with the best mean ("min" or "max" by goal), with the 95 % interval of its mean ("ci95", None
+  the learning rate with the best mean ("min" or "max" by goal) among those with the most finished seeds (after
+  study.best_then_seeds' search, the chosen rate), with the 95 % interval of its mean ("ci95", None
   with one seed) and its seeds' values ("seeds": {seed: {"value": ..., metric: ...}}). Groups in the order given
   (default: first seen). Each of `metrics` (points' "values") is aggregated over the same runs, into the row's
   "metrics"."""
@@ -46,7 +49,8 @@ def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, me
                   "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics}})
       continue
     means = {lr: _mean_std([p["value"] for p in runs])[0] for lr, runs in by_lr.items()}
-    best = (min if goal == "min" else max)(means, key=means.get)
+    most = max(len(runs) for runs in by_lr.values())  # rates with every seed run (a search's chosen rate) first
+    best = (min if goal == "min" else max)((lr for lr in means if len(by_lr[lr]) == most), key=means.get)
     runs = by_lr[best]
     mean, std = _mean_std([p["value"] for p in runs])
     extra = {}
@@ -74,13 +78,20 @@ def _with_ratios(study: Study, rows: list[dict]) -> list[dict]:
   for r in rows:
     r["metrics"][study.metric] = {"mean": r["mean"], "std": r["std"], "ci95": r["ci95"]}
   by_group = {r["group"]: r for r in rows}
+  measured = all(p.program == "bench" for p in study.points)
   for r in rows:
     base = by_group.get(study.baseline.get(r["group"], ""))
-    r["ratio"], r["delta"] = {}, {}
+    r["ratio"], r["delta"], r["ratio_range"] = {}, {}, {}
     for m in (study.metric, *study.metrics):
+      key = "value" if m == study.metric else m
       ours, theirs = (r["metrics"][m]["mean"], base["metrics"][m]["mean"]) if base else (None, None)
       r["ratio"][m] = ours / theirs if ours is not None and theirs else None
-      key = "value" if m == study.metric else m
+      pairs = [r["seeds"][k][key] / base["seeds"][k][key] for k in r.get("seeds", {}) if base
+               and k in base.get("seeds", {}) and r["seeds"][k].get(key) is not None
+               and base["seeds"][k].get(key)] if base else []
+      if measured and len(pairs) > 1:  # repeats: the median of ratios between measurements made close in time
+        r["ratio"][m] = stats.median(pairs)
+      r["ratio_range"][m] = [min(pairs), max(pairs)] if len(pairs) > 1 else None
       difference = stats.paired({s: v.get(key) for s, v in r.get("seeds", {}).items()},
                                 {s: v.get(key) for s, v in base.get("seeds", {}).items()}) if (
                                     base and base is not r) else None
@@ -92,37 +103,48 @@ def _fmt(value: float | None) -> str:
   return "—" if value is None else f"{value:.4g}"
 
 
-def _columns(study: Study) -> list[tuple[str, str, str]]:
-  """The table's columns after "setting": (header, kind, metric), kind one of paper / ours / ratio / delta (the
-  paired difference, where the study has several seeds)."""
+def _columns(study: Study, scale: str) -> list[tuple[str, str, str]]:
+  """The table's columns after "setting": (header, kind, metric), kind one of paper (only where the scale's setting
+  is the paper's) / ours / ratio / delta (the paired difference, where the study has several seeds)."""
   several = bool(study.metrics) or bool(study.baseline)
-  seeded = len({p.seed for p in study.points}) > 1
+  seeded = len({p.seed for p in study.points}) > 1 and any(p.program == "train" for p in study.points)
   out = []
   for m in (study.metric, *study.metrics):
-    has_paper = any(study.paper_value(g, m) is not None for g in study.paper) or (m == study.metric and not several)
+    has_paper = study.paper_in_table(scale) and (
+        any(study.paper_value(g, m) is not None for g in study.paper) or (m == study.metric and not several))
     if has_paper:
       out.append((f"paper: {m}" if several else "paper", "paper", m))
     if study.baseline:
-      out.append((f"ours: {m} ÷ baseline", "ratio", m))
+      repeated = len({p.seed for p in study.points}) > 1 and not seeded
+      out.append((f"ours: {m} ÷ baseline" + (" (median of paired repeats [range])" if repeated else ""),
+                  "ratio", m))
       if seeded:
         out.append((f"ours: {m} − baseline, paired [95 % CI]", "delta", m))
-    interval = " [95 % CI]" if seeded else ""
+    interval = " [95 % CI]" if len({p.seed for p in study.points}) > 1 else ""
     out.append((f"ours: {m}{interval}" if several else f"ours (mean{interval})", "ours", m))
   return out
 
 
 def _with_curves(study: Study, rows: list[dict], points: list[dict], found: dict[str, list]) -> dict[str, list]:
-  """Adds to each row "last_fifth_change": the mean over its seeds (at its best learning rate) of METRIC's change
-  over the last fifth of training (from the learning curves; None without them), what a claim's regime check
-  reads. Returns {group: [the curves of those seeds]}."""
+  """Adds to each row "curves" ({seed: [(step, METRIC)]} at its best learning rate) and "last_fifth_change": the
+  mean over those seeds of METRIC's change over the last fifth of training (None without curves), what a claim's
+  regime check reads. Returns {group: [the curves of those seeds]}."""
   by_group = {}
   for r in rows:
-    names = [p["point"] for p in points if p["group"] == r["group"] and p["learning_rate"] == r["learning_rate"]
-             and p["point"] in found]
-    by_group[r["group"]] = [found[name] for name in names]
+    chosen = [p for p in points if p["group"] == r["group"] and p["learning_rate"] == r["learning_rate"]
+              and p["point"] in found]
+    by_group[r["group"]] = [found[p["point"]] for p in chosen]
+    r["curves"] = {p["seed"]: found[p["point"]] for p in chosen}
     changes = [c for c in map(stats.last_fifth_change, by_group[r["group"]]) if c is not None]
     r["last_fifth_change"] = sum(changes) / len(changes) if changes else None
   return by_group
+
+
+def _claims(study: Study, rows: list[dict], scale: str) -> list:
+  """The sweep file's claim(rows, scale) (or claim(rows)) as a list: stats.Claim entries, or one line of text."""
+  takes_scale = len(inspect.signature(study.claim).parameters) > 1
+  found = study.claim(rows, scale) if takes_scale else study.claim(rows)
+  return [found] if isinstance(found, (str, stats.Claim)) else list(found)
 
 
 def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, str]:
@@ -141,8 +163,15 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   example = next(((g, b) for g, b in study.baseline.items() if g != b and g in {r["group"] for r in rows}), None)
   if example:
     lines += [f"\"÷ baseline\": each setting divided by its baseline's value (e.g. {example[0]} ÷ {example[1]}).", ""]
-  columns = _columns(study)
-  header = ["setting", *(c[0] for c in columns), "seeds"] + (["best learning rate"] if several_lrs else [])
+  if study.setting:
+    lines += ["| | setting |", "|---|---|", f"| paper | {' '.join(study.paper_setting.split())} |",
+              f"| ours (scale `{scale}`) | {' '.join(study.setting[scale].split())} |", ""]
+  if study.protocol.get(scale):
+    lines += [f"**Protocol.** {' '.join(study.protocol[scale].split())}", ""]
+  columns = _columns(study, scale)
+  regime = any(r.get("last_fifth_change") is not None for r in rows)
+  header = (["setting", *(c[0] for c in columns), "seeds"] + (["best learning rate"] if several_lrs else [])
+            + ([f"{study.metric} change over the last fifth"] if regime else []))
   lines += ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
   for r in rows:
     cells = [r["group"]]
@@ -150,7 +179,9 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
       if kind == "paper":
         cells.append(_fmt(study.paper_value(r["group"], m)))
       elif kind == "ratio":
-        cells.append("—" if r["ratio"][m] is None else f"{r['ratio'][m]:.3g}")
+        spread = r.get("ratio_range", {}).get(m)
+        cells.append("—" if r["ratio"][m] is None else f"{r['ratio'][m]:.3g}"
+                     + (f" [{spread[0]:.3g}, {spread[1]:.3g}]" if spread else ""))
       elif kind == "delta":
         d = r["delta"][m]
         cells.append("—" if d is None else stats.Interval(d["mean"], *(d["ci95"] or (None, None)), d["n"]).text(3))
@@ -160,16 +191,32 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
     cells.append(f"{r['n']}/{r['of']}")
     if several_lrs:
       cells.append("—" if r["learning_rate"] is None else f"{r['learning_rate']:g}")
+    if regime:
+      cells.append("—" if r.get("last_fifth_change") is None else f"{r['last_fifth_change']:+.3g}")
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
+  if regime:
+    lines += [f"The last column is the mean over seeds of {study.metric}'s change over the last fifth of training "
+              f"({'falling' if study.goal == 'min' else 'rising'}: still improving).", ""]
+  for metric, marks in study.chance.items():
+    lines += [f"Reference lines for {metric}: " + ", ".join(f"{label} {value:.4g}" for label, value in marks.items())
+              + ".", ""]
+  if study.paper and not study.paper_in_table(scale):
+    shown = ", ".join(f"{g} {v:.4g}" if not isinstance(v, dict) else f"{g} " + ", ".join(
+        f"{m} {x:.4g}" for m, x in v.items()) for g, v in study.paper.items()
+                      if study.paper_value(g, study.metric) is not None or isinstance(v, dict))
+    lines += [f"The paper's numbers, in the paper's setting (not this table's, so not beside it): {shown}.", ""]
   if study.source:
     lines += [f"Paper: {study.source}", ""]
-  changes = [f"{r['group']} {r['last_fifth_change']:+.3g}" for r in rows if r.get("last_fifth_change") is not None]
-  if changes:
-    lines += [f"Change of {study.metric} over the last fifth of training (mean over seeds; "
-              f"{'falling' if study.goal == 'min' else 'rising'} means still improving): " + ", ".join(changes), ""]
-  if study.claim and all(r["mean"] is not None for r in rows):
-    lines += [f"**Claim at our scale:** {study.claim(rows)}", ""]
+  claims = _claims(study, rows, scale) if study.claim and all(r["mean"] is not None for r in rows) else []
+  if claims and isinstance(claims[0], stats.Claim):
+    lines += ["**Verdicts** (held / did not hold only where the 95 % interval clears the paper's effect and the "
+              "run is in the claim's regime; efftx.sweep.stats.verdict):", "",
+              "| claim | paper (its setting) | ours | verdict |", "|---|---|---|---|"]
+    lines += [f"| {c.claim} | {c.paper} | {c.ours} | **{c.verdict}**: {c.why} |" for c in claims]
+    lines.append("")
+  elif claims:
+    lines += [f"**Claim at our scale:** {claims[0]}", ""]
   missing = [p["point"] for p in points if p["state"] == "done" and p["value"] is None]
   if missing:
     lines += [f"Done but without {study.metric} in their output (left out): " + ", ".join(missing), ""]
@@ -199,11 +246,15 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
                      r["learning_rate"], *(r["metrics"][m][k] for m in study.metrics for k in ("mean", "std")),
                      *(r["ratio"][m] for m in (study.metric, *study.metrics) if study.baseline)])
   paths["csv"].write_text(out.getvalue())
-  paths["json"].write_text(json.dumps({"study": study.name, "metric": study.metric, "metrics": study.metrics,
-                                       "goal": study.goal, "scale": scale, "command": command,
-                                       "machine": _machine(), "seconds": seconds, "rows": rows, "points": points},
-                                      indent=2))
-  _plot(study, rows, paths["png"])
+  paths["json"].write_text(json.dumps({
+      "study": study.name, "metric": study.metric, "metrics": study.metrics, "goal": study.goal, "scale": scale,
+      "command": command, "machine": _machine(), "seconds": seconds,
+      "setting": {"paper": " ".join(study.paper_setting.split()),
+                  "ours": " ".join(study.setting.get(scale, "").split())},
+      "protocol": " ".join(study.protocol.get(scale, "").split()),
+      "verdicts": [dataclasses.asdict(c) if isinstance(c, stats.Claim) else {"claim": c} for c in claims],
+      "rows": rows, "points": points}, indent=2))
+  _plot(study, rows, paths["png"], scale)
   if "curves" in paths:
     _plot_curves(study, group_curves, paths["curves"])
   return {k: os.fspath(v) for k, v in paths.items()}
@@ -240,28 +291,81 @@ def _plot_curves(study: Study, group_curves: dict[str, list], path: epath.Path) 
   path.write_bytes(buffer.getvalue())
 
 
-def _plot(study: Study, rows: list[dict], path: epath.Path) -> None:
-  """One panel per metric: ours (ratios where BASELINE is set) and the paper's, against X (one line per SERIES)
-  or as bars."""
+def _errors(r: dict, metric: str, ratio: bool) -> tuple[float, float]:
+  """(below, above) the point drawn for row r: the range of paired repeats for a ratio, else the 95 % interval."""
+  if ratio:
+    spread = r.get("ratio_range", {}).get(metric)
+    return (r["ratio"][metric] - spread[0], spread[1] - r["ratio"][metric]) if spread else (0.0, 0.0)
+  mean, ci = r["metrics"][metric]["mean"], r["metrics"][metric]["ci95"]
+  return (mean - ci[0], ci[1] - mean) if ci else (0.0, 0.0)
+
+
+def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> None:
+  """One panel per question: each metric (ours as ratios where BASELINE is set, with the range of paired repeats;
+  else the mean with its 95 % interval), against X (one line per SERIES) or as one labelled dot per group on an
+  axis that starts where the values do; and, where groups have several seeds and a baseline, a panel of the paired
+  differences from it with their intervals and the zero line. The paper's numbers only where the scale's setting
+  is the paper's; CHANCE's reference lines on their metric's panel."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  metrics = (study.metric, *study.metrics)
-  fig, axes = plt.subplots(1, len(metrics), figsize=(7 * len(metrics), 4.5), squeeze=False)
-  for ax, metric in zip(axes[0], metrics):
-    value = lambda r, m=metric: r["ratio"][m] if study.baseline else r["metrics"][m]["mean"]
-    std = lambda r, m=metric: 0.0 if study.baseline else r["metrics"][m]["std"]
+  metrics = list((study.metric, *study.metrics))
+  with_paper = study.paper_in_table(scale) if scale else True
+  trained = any(p.program == "train" for p in study.points)  # measurements get ratios, not differences
+  deltas = [r for r in rows if (r.get("delta") or {}).get(study.metric)] if trained else []
+  panels = [("metric", m) for m in metrics] + ([("delta", study.metric)] if deltas else [])
+  tall = max(4.5, 0.35 * len(rows) + 1.5) if not study.x else 4.5
+  fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), tall), squeeze=False)
+  for ax, (kind, metric) in zip(axes[0], panels):
+    if kind == "delta" and study.x:  # the paired difference against X, with its 95 % interval
+      label, xs = study.x
+      shown = [r for r in rows if r["delta"].get(metric) and r["group"] in xs]
+      for series in dict.fromkeys(study.series.get(r["group"], "ours") for r in shown):
+        line = [r for r in shown if study.series.get(r["group"], "ours") == series]
+        ds = [r["delta"][metric] for r in line]
+        errors = [[d["mean"] - (d["ci95"] or [d["mean"]] * 2)[0] for d in ds],
+                  [(d["ci95"] or [d["mean"]] * 2)[1] - d["mean"] for d in ds]]
+        ax.errorbar([xs[r["group"]] for r in line], [d["mean"] for d in ds], yerr=errors, marker="o", capsize=3,
+                    label=series)
+      if study.xscale == "log" or (not study.xscale and all(v > 0 for v in xs.values())
+                                   and max(xs.values()) / min(xs.values()) >= 16):
+        ax.set_xscale("log", base=2)
+      ax.axhline(0.0, color="black", linewidth=0.8)
+      baselines = sorted({study.baseline[r["group"]] for r in shown})
+      ax.set(xlabel=label, ylabel=f"{metric} − {', '.join(baselines)} (paired, 95 % CI)",
+             title=f"{study.name}: difference from {', '.join(baselines)}")
+      ax.grid(alpha=0.3)
+      if len(ax.lines) > 1:
+        ax.legend(fontsize=7)
+      continue
+    if kind == "delta":
+      shown = [r for r in rows if r["delta"].get(metric)]
+      for i, r in enumerate(shown):
+        d = r["delta"][metric]
+        low, high = d["ci95"] or (d["mean"], d["mean"])
+        ax.errorbar([d["mean"]], [i], xerr=[[d["mean"] - low], [high - d["mean"]]], fmt="o", capsize=3,
+                    color="C0")
+      ax.axvline(0.0, color="black", linewidth=0.8)
+      ax.set_yticks(range(len(shown)), [f"{r['group']} − {study.baseline[r['group']]}" for r in shown], fontsize=8)
+      ax.invert_yaxis()
+      ax.set_xlabel(f"{metric}: paired difference from the baseline (95 % CI)")
+      ax.set_title(f"{study.name}: difference from the baseline")
+      ax.grid(alpha=0.3)
+      continue
+    ratio = bool(study.baseline) and all(p.program == "bench" for p in study.points)  # training: the delta panel
+    value = lambda r, m=metric: r["ratio"][m] if ratio else r["metrics"][m]["mean"]
     done = [r for r in rows if value(r) is not None]
     if study.x:
       label, xs = study.x
       on_axis = [r for r in done if r["group"] in xs]
       for series in dict.fromkeys(study.series.get(r["group"], "ours") for r in on_axis):
         line = [r for r in on_axis if study.series.get(r["group"], "ours") == series]
-        ax.errorbar([xs[r["group"]] for r in line], [value(r) for r in line], yerr=[std(r) for r in line],
-                    marker="o", capsize=3, label=series)
+        errors = list(zip(*(_errors(r, metric, ratio) for r in line)))
+        ax.errorbar([xs[r["group"]] for r in line], [value(r) for r in line], yerr=errors, marker="o", capsize=3,
+                    label=series)
         paper = sorted((xs[g], study.paper_value(g, metric)) for g in study.paper
                        if g in xs and study.series.get(g, "ours") == series
-                       and study.paper_value(g, metric) is not None)
+                       and study.paper_value(g, metric) is not None) if with_paper else []
         if paper:
           ax.plot(*zip(*paper), "s--", color=ax.lines[-1].get_color(), label=f"{series} (paper)"
                   if study.series else "paper")
@@ -272,24 +376,35 @@ def _plot(study: Study, rows: list[dict], path: epath.Path) -> None:
         if r["group"] not in xs:
           ax.axhline(value(r), linestyle=":", color="gray")
           ax.annotate(r["group"], (ax.get_xlim()[0], value(r)), fontsize=8, va="bottom")
+      for name, level in study.chance.get(metric, {}).items():
+        ax.axhline(level, linestyle="--", color="red", linewidth=0.8)
+        ax.annotate(name, (ax.get_xlim()[0], level), fontsize=8, va="bottom", color="red")
       ax.set_xlabel(label)
+      ax.set_ylabel(f"{metric} ÷ baseline" if ratio else metric)
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 8 else 1)
     else:
-      positions = range(len(done))
-      ax.bar(positions, [value(r) for r in done], yerr=[std(r) for r in done], capsize=3, label="ours")
-      paper = [(i, study.paper_value(r["group"], metric)) for i, r in enumerate(done)
-               if study.paper_value(r["group"], metric) is not None]
+      for i, r in enumerate(done):
+        below, above = _errors(r, metric, ratio)
+        ax.errorbar([value(r)], [i], xerr=[[below], [above]], fmt="o", capsize=3, color="C0",
+                    label="ours (95 % CI)" if i == 0 else None)
+      paper = [(study.paper_value(r["group"], metric), i) for i, r in enumerate(done)
+               if study.paper_value(r["group"], metric) is not None] if with_paper else []
       if paper:
-        ax.plot(*zip(*paper), "k_", markersize=20, label="paper")
-      ax.set_xticks(list(positions), [r["group"] for r in done], rotation=30, ha="right")
-    ax.set_ylabel(f"{metric} ÷ baseline" if study.baseline else metric)
-    if study.baseline:
-      ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.plot(*zip(*paper), "k|", markersize=14, label="paper")
+      for name, level in study.chance.get(metric, {}).items():
+        ax.axvline(level, linestyle="--", color="red", linewidth=0.8, label=name)
+      ax.set_yticks(range(len(done)), [r["group"] for r in done], fontsize=8)
+      ax.invert_yaxis()
+      ax.set_xlabel(f"{metric} ÷ baseline" if ratio else metric)
+      ax.legend(fontsize=8)
+    if ratio:
+      (ax.axhline if study.x else ax.axvline)(1.0, color="black", linewidth=0.8)
       shown = [value(r) for r in done]
       if shown and min(shown) > 0 and max(shown) / min(shown) >= 10:
-        ax.set_yscale("log")
+        (ax.set_yscale if study.x else ax.set_xscale)("log")
     ax.set_title(study.name if len(metrics) == 1 else f"{study.name}: {metric}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
   fig.tight_layout()
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=120)

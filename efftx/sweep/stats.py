@@ -63,28 +63,129 @@ def paired(ours: dict, baseline: dict) -> Interval | None:
   return interval([ours[s] - baseline[s] for s in seeds])
 
 
-def verdict(difference: Interval | None, threshold: float, in_regime: bool, why_not: str = "") -> tuple[str, str]:
-  """(verdict, reason) of a claim "the difference exceeds threshold" (write a claim the other way round with
-  the difference negated): held where the whole interval lies above the threshold, did not hold where it lies
-  below, inconclusive where it straddles it; untested at this scale where the run is not in the claim's regime
-  (why_not says how) or has fewer than MIN_SEEDS seeds."""
-  if not in_regime:
-    return UNTESTED, why_not or "the run is not in the claim's regime"
+def between(row: dict, baseline_row: dict, key: str = "value") -> Interval | None:
+  """The paired difference row − baseline_row of two report rows (their "seeds": {seed: {"value": ..., metric:
+  ...}}), over the seeds both finished."""
+  return paired({s: v.get(key) for s, v in row.get("seeds", {}).items()},
+                {s: v.get(key) for s, v in baseline_row.get("seeds", {}).items()})
+
+
+def exact(value: float) -> Interval:
+  """A deterministic measurement (compiled memory, a count) as an interval of zero width: a verdict may rest on
+  it without seeds."""
+  return Interval(value, value, value, MIN_SEEDS)
+
+
+def verdict(difference: Interval | None, threshold: float, in_regime: bool, why_not: str = "",
+            above: bool = True) -> tuple[str, str]:
+  """(verdict, reason) of a claim "the difference exceeds threshold" (above=False: "lies below it"): held where the
+  whole interval lies on the claimed side of the threshold, did not hold where it lies on the other, inconclusive
+  where it straddles it; untested at this scale where the run has fewer than MIN_SEEDS seeds or is not in the
+  claim's regime (why_not says how)."""
   if difference is None or difference.n < MIN_SEEDS:
     return UNTESTED, f"{0 if difference is None else difference.n} seeds (a verdict needs {MIN_SEEDS})"
-  where = f"95 % interval [{difference.low:.3g}, {difference.high:.3g}] against {threshold:.3g}"
+  if not in_regime:
+    return UNTESTED, why_not or "the run is not in the claim's regime"
+  where = (f"95 % interval [{difference.low:.3g}, {difference.high:.3g}], the claim {'>' if above else '<'} "
+           f"{threshold:.3g}")
   if difference.low > threshold:
-    return HELD, where
+    return (HELD if above else DID_NOT_HOLD), where
   if difference.high < threshold:
-    return DID_NOT_HOLD, where
+    return (DID_NOT_HOLD if above else HELD), where
   return INCONCLUSIVE, where
 
 
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One claim of a paper, judged: what the paper says and in what setting, what we measured (with its interval
+  and regime), the verdict (HELD, DID_NOT_HOLD, INCONCLUSIVE or UNTESTED) and why."""
+  claim: str
+  paper: str
+  ours: str
+  verdict: str
+  why: str
+
+  def __post_init__(self):
+    if self.verdict not in (HELD, DID_NOT_HOLD, INCONCLUSIVE, UNTESTED):
+      raise ValueError(f"verdict '{self.verdict}' is not one of {HELD}, {DID_NOT_HOLD}, {INCONCLUSIVE}, {UNTESTED}")
+
+
+def regime(setting_ok: bool, setting_why: str, converged: tuple[bool, str] = (True, "")) -> tuple[bool, str]:
+  """Whether a run is in a claim's regime: its setting resembles the paper's (depth, width, data; setting_why says
+  how it does not) and the compared runs have converged (`settled`'s answer). Returns (in regime, why not)."""
+  if not setting_ok:
+    return False, setting_why + (f"; {converged[1]}" if converged[1] else "")
+  if not converged[0]:
+    return False, f"not converged: {converged[1]}"
+  return True, converged[1]
+
+
+def judge(claim: str, paper: str, ours: str, difference: Interval | None, threshold: float, in_regime: bool,
+          why_not: str = "", above: bool = True) -> Claim:
+  """A Claim whose verdict is verdict(difference, threshold, in_regime, why_not, above)."""
+  return Claim(claim, paper, ours, *verdict(difference, threshold, in_regime, why_not, above))
+
+
+def at_fraction(curve: list[tuple[int, float]], fraction: float) -> tuple[int, float] | None:
+  """The (step, value) logged last at or before `fraction` of the way from the curve's first step to its last."""
+  if not curve:
+    return None
+  mark = curve[0][0] + fraction * (curve[-1][0] - curve[0][0])
+  before = [(s, v) for s, v in curve if s <= mark]
+  return before[-1] if before else None
+
+
 def last_fifth_change(curve: list[tuple[int, float]]) -> float | None:
-  """A learning curve's ([(step, value)], in step order) change over the last fifth of its steps: what says whether
-  a run is still improving, i.e. short of the converged regime a paper reports. None with fewer than two points
-  in that fifth."""
+  """A learning curve's ([(step, value)], in step order) change over the last fifth of its steps: the final value
+  minus the one logged last at or before four fifths of the way (evaluations are coarse: every few hundred
+  steps). What says whether a run is still improving, i.e. short of the converged regime a paper reports. None
+  without a value logged before that mark."""
   if len(curve) < 2:
     return None
-  tail = [v for s, v in curve if s >= curve[-1][0] - (curve[-1][0] - curve[0][0]) / 5]
-  return tail[-1] - tail[0] if len(tail) > 1 else None
+  before = at_fraction(curve, 0.8)
+  return None if before is None or before[0] == curve[-1][0] else curve[-1][1] - before[1]
+
+
+def settled(curves: dict, baseline_curves: dict, fraction: float = 0.8) -> tuple[bool, str]:
+  """Whether a paired difference has stopped moving: (ours − baseline) over the seeds both logged ({seed: curve}),
+  at the end and at `fraction` of training. Settled where the mean difference moved by no more than the final
+  difference's 95 % half-width (a reviewer's test of convergence: the change over the last fifth within the
+  interval). Returns (settled, a phrase saying by how much it moved)."""
+  seeds = sorted(s for s in curves if s in baseline_curves and curves[s] and baseline_curves[s])
+  if not seeds:
+    return False, "no learning curves"
+  end, before = [], []
+  for s in seeds:
+    ours, theirs = dict(curves[s]), dict(baseline_curves[s])
+    steps = sorted(set(ours) & set(theirs))
+    if len(steps) < 2:
+      return False, "fewer than two evaluations"
+    end.append(ours[steps[-1]] - theirs[steps[-1]])
+    mark = at_fraction([(t, 0.0) for t in steps], fraction)[0]
+    if mark == steps[-1]:
+      return False, "no evaluation before the last fifth"
+    before.append(ours[mark] - theirs[mark])
+  final, earlier = interval(end), interval(before)
+  moved = final.mean - earlier.mean
+  half = None if final.low is None else (final.high - final.low) / 2
+  ok = half is not None and abs(moved) <= half
+  return ok, (f"the difference moved {moved:+.3g} over the last fifth "
+              + (f"(within its ±{half:.3g})" if ok else f"(more than its ±{half:.3g})" if half is not None else ""))
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+  """The least-squares slope of ys against xs."""
+  n = len(xs)
+  mx, my = sum(xs) / n, sum(ys) / n
+  return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def loglog_slope(xs: list[float], ys: list[float]) -> float:
+  """The slope of log y against log x: the exponent p of y ∝ x^p."""
+  return slope([math.log(x) for x in xs], [math.log(y) for y in ys])
+
+
+def median(values: list[float]) -> float:
+  ordered = sorted(values)
+  mid = len(ordered) // 2
+  return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -5,10 +5,13 @@ is the same wherever the sweep was started (config files relative to the checkou
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import runpy
 import sys
 from typing import Any, Callable
+
+from etils import epath
 
 from efftx.errors import UserError
 
@@ -33,8 +36,10 @@ class Point:
   @property
   def name(self) -> str:
     """The point's folder under the sweep's workdir."""
-    name = self.group if self.program == "bench" else self.group + (
-        f"-lr{self.learning_rate:g}" if self.learning_rate is not None else "") + f"-seed{self.seed}"
+    if self.program == "bench":  # a repeat of a measurement: the first keeps the group's name
+      name = self.group + (f"-repeat{self.seed}" if self.seed else "")
+    else:
+      name = self.group + (f"-lr{self.learning_rate:g}" if self.learning_rate is not None else "") + f"-seed{self.seed}"
     return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
 
   def flags(self, config_file: str) -> list[str]:
@@ -55,11 +60,15 @@ class Point:
     return [python, "-m", "efftx.train", *self.flags(config_file), f"--workdir={workdir}"]
 
 
-def grid(groups: dict[str, dict[str, Any]], seeds=(0,), learning_rates=(None,)) -> list[Point]:
+def grid(groups: dict[str, dict[str, Any]], seeds=(0,), learning_rates=(None,), repeats: int = 1) -> list[Point]:
   """Every group × learning rate × seed. A group is {"arg": the config argument, "overrides": {key: value}} (a
   training run; "config": a config file other than the sweep's CONFIG), or {"bench": {flag: value}} (an
   efftx.bench measurement, e.g. {"mixers": "fnet", "lengths": 1024}; its metrics are the bench's JSON row, and it
-  has no seeds or learning rates)."""
+  has no seeds or learning rates). A bench group is measured `repeats` times (Point.seed is the repeat), the
+  repeats interleaved: every group's first measurement, then every group's second, and so on, so that a slow
+  spell of the machine touches all groups alike and ratios are taken between measurements made close in time."""
+  if repeats < 1:
+    raise UserError(f"repeats={repeats}: measure each point at least once")
   points = []
   for group, spec in groups.items():
     unknown = set(spec) - {"arg", "overrides", "config", "bench"}
@@ -67,13 +76,29 @@ def grid(groups: dict[str, dict[str, Any]], seeds=(0,), learning_rates=(None,)) 
       raise UserError(f"group '{group}': unknown keys {sorted(unknown or set(spec) - {'bench'})} (a group has "
                       "'arg', 'overrides' and 'config', or 'bench' alone)")
     if "bench" in spec:
-      points.append(Point(group, overrides=tuple(spec["bench"].items()), program="bench"))
+      points += [Point(group, overrides=tuple(spec["bench"].items()), program="bench", seed=r) for r in range(repeats)]
       continue
     for lr in learning_rates:
       for seed in seeds:
         points.append(Point(group, spec.get("arg", ""), tuple(spec.get("overrides", {}).items()), seed, lr,
                             config=spec.get("config", "")))
-  return points
+  return sorted(points, key=lambda p: p.seed if p.program == "bench" else 0)  # stable: repeats interleaved
+
+
+def best_then_seeds(groups: dict[str, dict[str, Any]], learning_rates, seeds, finished: Callable[[Point], Any],
+                    goal: str) -> list[Point]:
+  """A learning-rate search at a third of the cost of every rate × every seed: every rate on seeds[0]; once all
+  of a group's have finished, its other seeds at its best rate (lowest or highest final metric by goal). Its
+  interval is then over the seeds at the chosen rate, seed 0 included (it took part in the choice). `finished` is
+  what a sweep file's points(scale, finished) receives: a point's final metric, None until it is done."""
+  first = grid(groups, seeds=seeds[:1], learning_rates=learning_rates)
+  out = list(first)
+  for group, spec in groups.items():
+    values = {p.learning_rate: finished(p) for p in first if p.group == group}
+    if len(seeds) > 1 and all(v is not None for v in values.values()):
+      best = (min if goal == "min" else max)(values, key=values.get)
+      out += grid({group: spec}, seeds=seeds[1:], learning_rates=(best,))
+  return out
 
 
 @dataclasses.dataclass
@@ -88,15 +113,25 @@ class Study:
   paper: dict[str, Any]
   source: str
   x: tuple[str, dict[str, float]] | None
-  claim: Callable[[list[dict]], str] | None
+  claim: Callable[..., Any] | None  # claim(rows[, scale]) -> [stats.Claim] (or one line, in older sweep files)
   metrics: tuple[str, ...] = ()  # more columns, aggregated like metric (at the group's best learning rate)
   baseline: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> the group it is divided by
   series: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> its line in the plot
   xscale: str = ""  # "linear" or "log" (base 2); "": log where X spans 16× or more
+  paper_setting: str = ""  # what the paper trained: data, depth, width, steps
+  setting: dict[str, str] = dataclasses.field(default_factory=dict)  # scale -> what that scale trains
+  protocol: dict[str, str] = dataclasses.field(default_factory=dict)  # scale -> how each group is trained
+  paper_scales: tuple[str, ...] | None = None  # scales whose setting is the paper's (None: every scale)
+  chance: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # metric -> {line label: value}
 
   @property
   def name(self) -> str:
     return os.path.basename(os.path.dirname(os.path.abspath(self.path)))
+
+  def paper_in_table(self, scale: str) -> bool:
+    """Whether the paper's numbers stand beside ours in the table: only where the scale's setting is the paper's
+    (else the report gives them in its text)."""
+    return self.paper_scales is None or scale in self.paper_scales
 
   def paper_value(self, group: str, metric: str) -> float | None:
     """The paper's number for group: PAPER[group] is METRIC's, or {metric: value} for several metrics."""
@@ -115,8 +150,29 @@ def _config_path(config: str) -> str:
   return os.path.relpath(found, REPO) if found.startswith(REPO + os.sep) else found
 
 
-def load(path: str, scale: str = "cpu") -> Study:
-  """Reads a sweep file and builds its grid at `scale`, with one clear error for what is missing or wrong."""
+def adaptive(path: str) -> bool:
+  """Whether a sweep file's grid depends on finished points: its points(scale, finished) takes two arguments."""
+  module = runpy.run_path(path)
+  return "points" in module and len(inspect.signature(module["points"]).parameters) > 1
+
+
+def _finished(workdir: str | None, metric: str) -> Callable[[Point], Any]:
+  """A point's final METRIC in workdir, None until it is done (what an adaptive grid's points() reads)."""
+  from efftx.sweep import launch  # pylint: disable=g-import-not-at-top  (launch imports this module)
+
+  def value(point: Point):
+    if not workdir:
+      return None
+    folder = epath.Path(workdir) / point.name
+    if launch.state(folder) != "done":
+      return None
+    return next((r[metric] for r in reversed(launch.metric_rows(folder)) if r.get(metric) is not None), None)
+  return value
+
+
+def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
+  """Reads a sweep file and builds its grid at `scale` (an adaptive grid, points(scale, finished), from the points
+  finished in workdir), with one clear error for what is missing or wrong."""
   if not os.path.exists(path):
     raise UserError(f"{path}: no such sweep file")
   try:
@@ -128,7 +184,10 @@ def load(path: str, scale: str = "cpu") -> Study:
     raise UserError(f"{path} does not define {', '.join(missing)} (see `python -m efftx.sweep --help`)")
   if module["GOAL"] not in ("min", "max"):
     raise UserError(f"{path}: GOAL is '{module['GOAL']}', not 'min' or 'max'")
-  points = module["points"](scale)
+  if len(inspect.signature(module["points"]).parameters) > 1:
+    points = module["points"](scale, _finished(workdir, module["METRIC"]))
+  else:
+    points = module["points"](scale)
   if not points:
     raise UserError(f"{path}: no points at scale '{scale}'")
   names = [p.name for p in points]
@@ -145,6 +204,14 @@ def load(path: str, scale: str = "cpu") -> Study:
     raise UserError(f"{path}: BASELINE names groups that are not points: {', '.join(unknown)}")
   if module.get("XSCALE", "") not in ("", "linear", "log"):
     raise UserError(f"{path}: XSCALE is '{module['XSCALE']}', not 'linear' or 'log'")
+  for name in ("SETTING", "PROTOCOL", "CHANCE"):
+    if not isinstance(module.get(name, {}), dict):
+      raise UserError(f"{path}: {name} is a {type(module[name]).__name__}, not a dict")
+  setting = module.get("SETTING", {})
+  if setting and (scale not in setting or not module.get("PAPER_SETTING")):
+    raise UserError(f"{path}: SETTING needs this scale's setting ('{scale}') and PAPER_SETTING the paper's")
   return Study(path, config, points, module["METRIC"], module["GOAL"], module.get("__doc__") or "",
                module.get("PAPER", {}), module.get("SOURCE", ""), module.get("X"), module.get("claim"),
-               tuple(module.get("METRICS", ())), baseline, module.get("SERIES", {}), module.get("XSCALE", ""))
+               tuple(module.get("METRICS", ())), baseline, module.get("SERIES", {}), module.get("XSCALE", ""),
+               module.get("PAPER_SETTING", ""), setting, module.get("PROTOCOL", {}), (tuple(module["PAPER_SCALES"]) if "PAPER_SCALES" in module else None),
+               module.get("CHANCE", {}))

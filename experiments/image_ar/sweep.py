@@ -9,13 +9,15 @@ AFT-local (window 256) beats the Transformer, and AFT-simple, with no position-d
 close to it — Transformer 2.86, AFT-local-256 2.74, AFT-simple 2.89 (a factorised position bias, d' = 64).
 The paper has no AFT-conv or linear-attention row: for those this is a measurement, not a replication.
 
-Ours: configs/image_ar.py, validation bits/dim at the last step. Scale "cpu" is NOT the paper's setting and its
-paper column is there for the ordering only: Fashion-MNIST (784 grey pixels, offline here; CIFAR-10 is not),
-2 layers, width 64, FF 256, 4 heads, dropout 0, window 256, batch 32, 400 steps (0.21 epochs), validation on
-the first 1,000 test images (config.data.eval_examples) — 5 mixers × 2 seeds = 10 runs. "paper": the config's
-CIFAR-10 defaults (24 layers, width 256, 100k steps; the whole test split), 2 seeds.
+Ours: configs/image_ar.py, validation bits/dim. Scale "cpu" is NOT the paper's setting (SETTING): Fashion-MNIST
+averaged to 14 × 14 (196 grey pixels; CIFAR-10 is not offline here), a size a 2-core CPU trains near convergence:
+2 layers, width 64, FF 256, 4 heads, dropout 0, AFT-local window 37 (the paper's 256 sub-pixels are 2.67 of
+CIFAR-10's rows; 2.67 of these rows are 37 pixels), batch 32, 1,500 steps (0.87 epoch), evaluated every 300 steps
+on the first 1,000 test images, 4 seeds — 20 runs, about 1.5 h with --parallel=2. "paper": the config's CIFAR-10
+defaults (24 layers, width 256, 100k steps; the whole test split), 4 seeds.
 """
 from efftx.sweep import grid
+from efftx.sweep import stats
 
 CONFIG = "configs/image_ar.py"
 METRIC = "eval_bits_per_dim"
@@ -24,25 +26,47 @@ SOURCE = "Zhai et al., An Attention Free Transformer (2021), Table 2 (CIFAR-10 t
 
 MIXERS = ("attention", "aft_local", "aft_simple", "aft_conv", "linear")
 PAPER = {"attention": 2.86, "aft_local": 2.74, "aft_simple": 2.89}
+PAPER_SCALES = ("paper",)
+PAPER_SETTING = ("CIFAR-10, 3,072 RGB sub-pixels in raster order, 24 layers × 256, AFT-local window 256, factorised "
+                 "position bias d' = 64, trained 100k+ steps; test bits/dim")
+SETTING = {"cpu": "Fashion-MNIST at 14 × 14 (196 grey pixels), 2 layers × 64, FF 256, AFT-local window 37, batch "
+                  "32, 1,500 steps (0.87 epoch); bits/dim on 1,000 test images every 300 steps; 4 seeds",
+           "paper": "the paper's CIFAR-10 setting (configs/image_ar.py defaults), 4 seeds"}
+PROTOCOL = {"cpu": "Every mixer: the same config (AdamW 1e-3, 100 warmup steps, cosine decay, batch 32), the same "
+                   "seeds and data order; the paper gives no per-mixer protocol."}
+BASELINE = {m: "attention" for m in MIXERS}
+CHANCE = {"eval_bits_per_dim": {"uniform over 256 values": 8.0}}
 SCALES = {
-    "cpu": ("data=fashion_mnist,", {"model.num_layers": 2, "model.d_model": 64, "model.d_ff": 256,
-                                    "model.dropout": 0.0, "total_steps": 400, "optim.warmup_steps": 50,
-                                    "eval_every": 400, "checkpoint_every": 200, "data.eval_examples": 1_000}),
+    "cpu": ("data=fashion_mnist_14,", {"model.num_layers": 2, "model.d_model": 64, "model.d_ff": 256,
+                                       "model.dropout": 0.0, "total_steps": 1_500, "optim.warmup_steps": 100,
+                                       "eval_every": 300, "checkpoint_every": 300, "data.eval_examples": 1_000}),
     "paper": ("data=cifar10,", {}),
 }
 
 
 def points(scale):
   arg, overrides = SCALES[scale]
-  return grid({m: {"arg": f"{arg}mixer={m}", "overrides": overrides} for m in MIXERS}, seeds=(0, 1))
+  return grid({m: {"arg": f"{arg}mixer={m}", "overrides": overrides} for m in MIXERS}, seeds=(0, 1, 2, 3))
 
 
-def claim(rows):
-  """Held if AFT-local's bits/dim lies below attention's and AFT-simple's within 0.1 bits/dim of attention's
-  (the paper: −0.12 and +0.03)."""
-  bits = {r["group"]: r["mean"] for r in rows}
-  local, simple = bits["aft_local"] - bits["attention"], bits["aft_simple"] - bits["attention"]
-  held = local < 0 and simple <= 0.1
-  return (f"{'held' if held else 'did not hold'}: attention {bits['attention']:.3f} bits/dim; AFT-local "
-          f"{local:+.3f}, AFT-simple {simple:+.3f} (paper −0.12, +0.03); "
-          + ", ".join(f"{m} {bits[m] - bits['attention']:+.3f}" for m in MIXERS[3:]))
+def claim(rows, scale):
+  """AFT-local below attention (the paper: −0.12 bits/dim) and AFT-simple within 0.1 bits/dim of it (the paper:
+  +0.03), each a paired difference over the seeds; in the paper's regime only at its scale, once settled."""
+  row = {r["group"]: r for r in rows}
+  setting_why = "2 layers × 64 on 14 × 14 grey images, not 24 × 256 on CIFAR-10"
+  out = []
+  for mixer, paper, offset, text in (("aft_local", "2.74 vs 2.86 (−0.12)", 0.0, "AFT-local has lower bits/dim than "
+                                      "attention"),
+                                     ("aft_simple", "2.89 vs 2.86 (+0.03)", 0.1, "AFT-simple is within 0.1 bits/dim "
+                                      "of attention")):
+    d = stats.between(row[mixer], row["attention"])
+    ok, why = stats.regime(scale == "paper", setting_why,
+                           stats.settled(row[mixer]["curves"], row["attention"]["curves"]))
+    out.append(stats.judge(text, paper, f"{mixer} − attention: {d.text(3)} bits/dim" if d else "—",
+                           d, offset, ok, why, above=False))
+  others = ", ".join(f"{m} − attention {stats.between(row[m], row['attention']).text(3)}" for m in MIXERS[3:]
+                     if m in row and stats.between(row[m], row["attention"]))
+  if others:
+    out.append(stats.Claim("AFT-conv and linear attention against attention (not in the paper's table)", "—",
+                           others, stats.UNTESTED, "a measurement: the paper has no such rows"))
+  return out

@@ -10,18 +10,18 @@ Transformer 16.13, local attention 15.82); on image classification all of them l
 (Transformer 42.44, Linear 42.34, local 41.46, FNet 38.67, Reformer 38.07). Here "lsh" stands for Reformer, "local"
 for LRA's local attention and "linear" for the Linear Transformer; LRA has no AFT rows.
 
-Scale "cpu" is NOT the paper's setting, and the paper column is there for the ordering only: ListOps-small
-(configs/quickstart.py: expressions of 11–127 tokens instead of 500–2000; 2 layers, width 64, batch 32, 800
-steps) and Fashion-MNIST (configs/lra_image.py:data=fashion_mnist: LRA's 1-layer, width-32 image model on 784
-grey pixels instead of CIFAR-10's 1,024; batch 32, 500 steps); nine mixers × two tasks × 3 seeds = 54 runs.
-Metric: validation accuracy at the last step. "paper": LRA's own configs (lra_listops.py, lra_image.py on
-CIFAR-10), same mixers and seeds.
-Measured (scale cpu, 2-core CPU, 2026-11-30; README.md; 3 h 06 min of run time, about half of it wall time with
---parallel=2): ListOps-small, every mixer between 39.8 and 41.7 %, local and linear included, so LRA's ListOps gap
-does not appear at 127 tokens; Fashion-MNIST, attention 61.5 %, the AFT variants 66.6–67.5 %, local and linear
-58.7–59.8 %, LSH 45.7 %, FNet 22.0 %. The claim line reads "did not hold".
+Scale "cpu" is NOT the paper's setting (SETTING): ListOps-small (configs/quickstart.py: expressions of 11–127
+tokens instead of 500–2000; 2 layers, width 64, batch 32, 1,250 steps = 2 epochs) and Fashion-MNIST
+(configs/lra_image.py:data=fashion_mnist: LRA's 1-layer, width-32 image model on 784 grey pixels instead of
+CIFAR-10's 1,024; batch 32, 1,800 steps = 1.05 epochs); every mixer in efftx's defaults (pre-LN, mean pooling),
+FF-only (no mixing: the control every mixer must beat), and attention and FNet also in their published
+conventions (post-LN blocks and CLS pooling, FNet with its embedding projection: "attention (LRA)", "fnet
+(published)"); 3 seeds — 72 runs, several hours on 2 cores (the sweep resumes where it stopped). Metric:
+validation accuracy at the last step. "paper": LRA's own configs (lra_listops.py, lra_image.py on CIFAR-10),
+same groups and seeds.
 """
 from efftx.sweep import grid
+from efftx.sweep import stats
 
 METRIC = "eval_accuracy"
 GOAL = "max"
@@ -29,14 +29,29 @@ SOURCE = ("Tay et al., Long Range Arena (2021), Table 1 (test accuracy; Transfor
           "local attention); Lee-Thorp et al., FNet (2022), LRA table. Full ListOps and CIFAR-10, not the cpu "
           "scale's tasks")
 
-MIXERS = ("attention", "fnet", "aft_full", "aft_simple", "aft_local", "aft_conv", "local", "linear", "lsh")
+MIXERS = ("attention", "fnet", "aft_full", "aft_simple", "aft_local", "aft_conv", "local", "linear", "lsh", "ff_only")
+# The published conventions: LRA classifies from a CLS token with post-LN blocks; FNet adds the embedding projection.
+PUBLISHED = {"attention (LRA)": ("attention", {"model.block_layout": "post_ln", "model.pooling": "cls"}),
+             "fnet (published)": ("fnet", {"model.block_layout": "post_ln", "model.pooling": "cls",
+                                           "model.embed_projection": True})}
+PAPER_SCALES = ("paper",)
+PAPER_SETTING = ("LRA Table 1: ListOps of 500–2,000 tokens (6 layers × 512, CLS) and grey CIFAR-10 (1 layer × 32, "
+                 "CLS, about 200 epochs); test accuracy")
+SETTING = {"cpu": "ListOps-small (11–127 tokens), 2 layers × 64, 1,250 steps of 32 (2 epochs); Fashion-MNIST pixels "
+                  "(784), LRA's 1 layer × 32, 1,800 steps of 32 (1.05 epochs); validation accuracy; 3 seeds",
+           "paper": "LRA's configs: ListOps (lra_listops.py) and grey CIFAR-10 (lra_image.py); 3 seeds"}
+PROTOCOL = {s: "Every mixer in efftx's defaults (pre-LN, mean pooling) with one config per task (the same learning "
+               "rate and schedule; LRA tuned per model, which this does not); attention and FNet also in their "
+               "published conventions (post-LN, CLS; FNet's embedding projection); FF-only: no mixing at all."
+            for s in ("cpu", "paper")}
+CHANCE = {"eval_accuracy": {"chance (10 classes)": 0.1}}
 TASKS = {  # scale -> {task label: (config file, config argument, overrides)}
     "cpu": {
-        "listops-small": ("configs/quickstart.py", "", {"total_steps": 800, "eval_every": 800,
-                                                        "checkpoint_every": 400}),
+        "listops-small": ("configs/quickstart.py", "", {"total_steps": 1_250, "eval_every": 250,
+                                                        "checkpoint_every": 250}),
         "fashion_mnist": ("configs/lra_image.py", "data=fashion_mnist,",
-                          {"data.batch_size": 32, "total_steps": 500, "optim.warmup_steps": 50, "eval_every": 500,
-                           "checkpoint_every": 250}),
+                          {"data.batch_size": 32, "total_steps": 1_800, "optim.warmup_steps": 100, "eval_every": 360,
+                           "checkpoint_every": 360}),
     },
     "paper": {
         "listops": ("configs/lra_listops.py", "", {}),
@@ -51,22 +66,55 @@ PAPER = {f"{task} {m}": value / 100 for task, kind in (("listops-small", "listop
 
 
 def points(scale):
-  groups = {f"{task} {m}": {"config": config, "arg": f"{arg}mixer={m}", "overrides": overrides}
-            for task, (config, arg, overrides) in TASKS[scale].items() for m in MIXERS}
+  groups = {}
+  for task, (config, arg, overrides) in TASKS[scale].items():
+    for m in MIXERS:
+      groups[f"{task} {m}"] = {"config": config, "arg": f"{arg}mixer={m}", "overrides": overrides}
+    for label, (m, convention) in PUBLISHED.items():
+      groups[f"{task} {label}"] = {"config": config, "arg": f"{arg}mixer={m}", "overrides": {**overrides,
+                                                                                             **convention}}
   return grid(groups, seeds=(0, 1, 2))
 
 
-def claim(rows):
-  """Held if, on the ListOps task, linear and local attention both lie ≥ 10 points below attention while
-  lsh (Reformer) and fnet lie within 3 points of it, and on the image task every mixer lies within 5 points of
-  attention."""
-  acc = {r["group"]: r["mean"] for r in rows}
-  listops, image = [t for t in dict.fromkeys(g.split()[0] for g in acc)]
-  base = {t: acc[f"{t} attention"] for t in (listops, image)}
-  far = all(base[listops] - acc[f"{listops} {m}"] >= 0.10 for m in ("linear", "local"))
-  near = all(abs(acc[f"{listops} {m}"] - base[listops]) <= 0.03 for m in ("lsh", "fnet"))
-  spread = max(abs(acc[f"{image} {m}"] - base[image]) for m in MIXERS)
-  held = far and near and spread <= 0.05
-  gaps = ", ".join(f"{m} {100 * (acc[f'{listops} {m}'] - base[listops]):+.1f}" for m in MIXERS[1:])
-  return (f"{'held' if held else 'did not hold'}: {listops} attention {base[listops]:.1%}, others in points: "
-          f"{gaps}; {image}: attention {base[image]:.1%}, largest gap {100 * spread:.1f} points")
+BASELINE = {f"{task} {m}": f"{task} attention" for scale in TASKS for task in TASKS[scale]
+            for m in (*MIXERS, *PUBLISHED)}
+
+
+def claim(rows, scale):
+  """LRA's claims as paired differences from attention over the seeds: on ListOps linear and local attention fall
+  ≥ 10 points below it, and LSH (Reformer) and FNet lie within 3 points; on images every mixer lies within 5; and
+  every mixer beats FF-only (no mixing), the control that says whether mixing matters on the task at all. In the
+  paper's regime only at its scale, and only once the difference has settled."""
+  row = {r["group"]: r for r in rows}
+  tasks = list(dict.fromkeys(g.split()[0] for g in row))
+  listops, image = tasks[0], tasks[1]
+  setting_why = "short ListOps and ≈ 1 epoch of Fashion-MNIST with 1–2-layer models, not LRA's tasks and budgets"
+  out = []
+
+  def compare(task, m, text, paper, threshold, above):
+    if f"{task} {m}" not in row:
+      return
+    d = stats.between(row[f"{task} {m}"], row[f"{task} attention"])  # mixer − attention
+    ok, why = stats.regime(scale == "paper", setting_why,
+                           stats.settled(row[f"{task} {m}"]["curves"], row[f"{task} attention"]["curves"]))
+    out.append(stats.judge(text, paper, f"{m} − attention: {d.text(3) if d else '—'}",
+                           d, threshold, ok, why, above))
+
+  paper = {"linear": "16.13 vs 36.37", "local": "15.82 vs 36.37", "lsh": "37.27 vs 36.37", "fnet": "35.33 vs 36.37"}
+  for m in ("linear", "local"):
+    compare(listops, m, f"{listops}: {m} ≥ 10 points below attention", paper[m], -0.10, False)
+  for m in ("lsh", "fnet"):
+    compare(listops, m, f"{listops}: {m} no more than 3 points below attention", paper[m], -0.03, True)
+  for m in MIXERS[1:-1]:
+    compare(image, m, f"{image}: {m} no more than 5 points below attention", "within 4.4 points (Table 1)", -0.05, True)
+  for task in (listops, image):
+    control = row.get(f"{task} ff_only")
+    if not control:
+      continue
+    for m in (*MIXERS[:-1], *PUBLISHED):
+      if f"{task} {m}" in row:
+        d = stats.between(row[f"{task} {m}"], control)
+        out.append(stats.Claim(f"{task}: {m} beats FF-only (mixing matters)", "— (LRA has no such control)",
+                               f"{m} − ff_only: {d.text(3) if d else '—'}",
+                               *stats.verdict(d, 0.0, True)))
+  return out

@@ -10,31 +10,48 @@ gated-convolution mixers need far larger widths to approach it, and fail at widt
 learning rates {1e-4, 4.6e-4, 2.2e-3, 1e-2} per point; so does this table (one row per mixer × setting × width).
 Zoology has no AFT, FNet-style or LSH rows: for those this is a measurement, not a replication.
 
-Ours: configs/mqar.py (Zoology's task, schedule and N(0, 0.02²) initialisation; efftx blocks keep a feed-forward
-sublayer, width 2·d), metric the validation query accuracy at the last step; the head computes logits at the
-query positions only.
-Scale "cpu": setting 64x4_v256 — Zoology's own first example (vocab 256, length 64, 4 pairs, 10k training
-examples), not Figure 2's vocab of 8192 — widths 64 and 128, mixers attention, aft_full, aft_simple, aft_conv,
-linear, lsh, learning rates {1e-3, 3e-3} (best of), one seed, batch 32, 2,000 steps (6.4 epochs) — 24 runs. The
-Figure-2 settings at vocab 8192 need about 64 epochs of 100k examples per run: days on this CPU.
-"paper": settings 64x4, 128x8, 256x16 (vocab 8192), widths 64–512, Zoology's four learning rates and the full
-64-epoch schedule. PAPER marks 64x4_v256's attention rows 1.0 too: Zoology's claim is that attention solves
-MQAR at every width, and this easier task is no exception.
+Ours: configs/mqar.py (Zoology's task, schedule and N(0, 0.02²) initialisation), metric the validation query
+accuracy at the last step; the head computes logits at the query positions only. Each mixer gets Zoology's
+protocol (PROTOCOL): attention 2 layers, the other mixers 4, no feed-forward sublayer (model.d_ff=0), 1 head,
+Zoology's four learning rates searched per mixer and width (best_then_seeds: every rate on seed 0, then seeds 1
+and 2 at the best), the slow learners (4-layer mixers) trained 3× attention's steps. LSH hashes into 4 buckets
+with chunks of 16 positions, so that at length 64 a query sees its own bucket's keys, not all 64 (with efftx's
+default chunk of 64 the sequence is one chunk: full shared-QK attention).
+Scale "cpu": setting 64x4_v256 (Zoology's own first example: vocab 256, length 64, 4 pairs, 10k training
+examples), widths 64 and 128, batch 32, attention 2,000 steps (6.4 epochs), the others 6,000 — 30 runs per width
+after the search, several hours on 2 cores (the sweep resumes where it stopped). "paper": Figure 2's settings
+64x4, 128x8, 256x16 at vocab 8192, widths 64–512, 64 epochs for every mixer.
 """
-from efftx.sweep import grid
+from efftx.sweep import best_then_seeds
+from efftx.sweep import stats
 
 CONFIG = "configs/mqar.py"
 METRIC = "eval_accuracy"
 GOAL = "max"
 SOURCE = "Arora et al., Zoology (2023), Figure 2 (attention: ≈ 1.0 in every setting and width)"
 
+PAPER_SCALES = ("paper",)
+PAPER_SETTING = ("Figure 2: vocab 8192, settings 64x4, 128x8, 256x16, 100k training examples, widths 64–512, "
+                 "attention 2 layers and the other mixers 4, no feed-forward, 64 epochs, best of 4 learning rates")
+SETTING = {"cpu": "setting 64x4_v256 (vocab 256, 10k training examples: an easier task than Figure 2's), widths 64 "
+                  "and 128, batch 32, attention 2,000 steps and the other mixers 6,000, best of Zoology's 4 learning "
+                  "rates on seed 0, then 3 seeds at it",
+           "paper": "Figure 2's settings, widths and 64 epochs, best of the 4 learning rates, then 3 seeds"}
+PROTOCOL = {s: "Zoology's per mixer: attention 2 layers, every other mixer 4; no feed-forward (d_ff=0); 1 head; "
+               "AdamW (weight decay 0.1), cosine decay, learning rates {1e-4, 4.6e-4, 2.2e-3, 1e-2} searched on seed "
+               "0 per mixer and width, seeds 1 and 2 at the best; "
+               + ("attention 2,000 steps, the others 6,000 (the slow learners get 3×)." if s == "cpu" else
+                  "64 epochs for every mixer.") + " LSH: 4 buckets, chunks of 16." for s in ("cpu", "paper")}
+CHANCE = {"eval_accuracy": {"a guess among the example's 4 values (64x4)": 0.25}}
+LEARNING_RATES = (1e-4, 4.6e-4, 2.2e-3, 1e-2)  # Zoology: logspace(1e-4, 1e-2, 4)
+DEPTH = {"attention": 2}  # every other mixer: 4 (zoology experiments/iclr24_zoology_figure2/configs.py)
+MIXER_OVERRIDES = {"lsh": {"mixer.lsh_chunk": 16, "mixer.lsh_buckets": 4}}
 SCALES = {
     "cpu": {"mixers": ("attention", "aft_full", "aft_simple", "aft_conv", "linear", "lsh"),
-            "settings": ("64x4_v256",), "widths": (64, 128), "learning_rates": (1e-3, 3e-3),
-            "overrides": {"total_steps": 2_000, "eval_every": 500, "checkpoint_every": 1_000}},
+            "settings": ("64x4_v256",), "widths": (64, 128),
+            "steps": {"attention": 2_000, "others": 6_000}},
     "paper": {"mixers": ("attention", "aft_full", "aft_simple", "aft_conv", "linear", "lsh"),
-              "settings": ("64x4", "128x8", "256x16"), "widths": (64, 128, 256, 512),
-              "learning_rates": (1e-4, 4.6e-4, 2.2e-3, 1e-2), "overrides": {}},
+              "settings": ("64x4", "128x8", "256x16"), "widths": (64, 128, 256, 512), "steps": {}},
 }
 _ALL = [(m, s, d) for m in SCALES["paper"]["mixers"] for s in SCALES["paper"]["settings"] + ("64x4_v256",)
         for d in SCALES["paper"]["widths"]]
@@ -50,21 +67,48 @@ PAPER = {_group("attention", s, d): 1.0 for s in SCALES["paper"]["settings"] for
 PAPER.update({_group("attention", "64x4_v256", d): 1.0 for d in SCALES["paper"]["widths"]})  # see the docstring
 
 
-def points(scale):
+def points(scale, finished):
   s = SCALES[scale]
-  groups = {_group(m, setting, d): {"arg": f"mixer={m},setting={setting},d_model={d}", "overrides": s["overrides"]}
-            for m in s["mixers"] for setting in s["settings"] for d in s["widths"]}
-  return grid(groups, learning_rates=s["learning_rates"])
+  groups = {}
+  for d in s["widths"]:  # the smaller width first: its verdicts come first
+    for setting in s["settings"]:
+      for m in s["mixers"]:
+        steps = s["steps"].get("attention" if m == "attention" else "others")
+        overrides = {"model.num_layers": DEPTH.get(m, 4), "model.d_ff": 0, **MIXER_OVERRIDES.get(m, {})}
+        if steps:
+          overrides.update({"total_steps": steps, "eval_every": steps // 8, "checkpoint_every": steps // 4})
+        groups[_group(m, setting, d)] = {"arg": f"mixer={m},setting={setting},d_model={d}", "overrides": overrides}
+  return best_then_seeds(groups, LEARNING_RATES, (0, 1, 2), finished, GOAL)
 
 
-def claim(rows):
-  """Held if attention reaches ≥ 99 % at every measured width and setting and every other mixer stays below
-  99 % at the smallest width."""
-  accuracy = {r["group"]: r["mean"] for r in rows}
-  attention = {g: a for g, a in accuracy.items() if g.startswith("attention ")}
-  smallest = min(int(g.rsplit("d=", 1)[1]) for g in accuracy)
-  others = {g: a for g, a in accuracy.items() if not g.startswith("attention ") and g.endswith(f"d={smallest}")}
-  held = min(attention.values()) >= 0.99 and max(others.values()) < 0.99
-  return (f"{'held' if held else 'did not hold'}: attention {min(attention.values()):.1%}–"
-          f"{max(attention.values()):.1%}; at width {smallest}: "
-          + ", ".join(f"{g.split()[0]} {a:.1%}" for g, a in others.items()))
+def claim(rows, scale):
+  """Attention ≥ 99 % at every width and setting; every other mixer below attention at the smallest width (a
+  paired difference over the seeds). Below the paper's scale the task is easier than Figure 2's, so only the
+  informative direction is a verdict: attention failing the easier task, or a mixer falling short of it even there."""
+  row = {r["group"]: r for r in rows}
+  easier = scale != "paper"
+  out = []
+  for g, r in row.items():
+    if not g.startswith("attention "):
+      continue
+    accuracy = stats.interval([v["value"] for v in r["seeds"].values()])
+    claim_, why = stats.verdict(accuracy, 0.99, True)
+    if easier and claim_ == stats.HELD:
+      claim_, why = stats.UNTESTED, "solved, but on an easier task than Figure 2's (vocab 256): success here does " \
+                                    "not test the claim"
+    out.append(stats.Claim(f"attention solves MQAR ({g.split(' ', 1)[1]})", "≈ 1.0 at every width",
+                           f"{accuracy.text(3)} at learning rate {r['learning_rate']:g}", claim_, why))
+  smallest = min(int(g.rsplit("d=", 1)[1]) for g in row)
+  for g, r in row.items():
+    if g.startswith("attention ") or not g.endswith(f"d={smallest}"):
+      continue
+    base = row.get("attention " + g.split(" ", 1)[1])
+    d = stats.between(base, r) if base else None  # attention − mixer: positive where the mixer falls short
+    claim_, why = stats.verdict(d, 0.0, True)
+    if easier and claim_ == stats.DID_NOT_HOLD:
+      claim_, why = stats.UNTESTED, "matched attention, but on an easier task than Figure 2's"
+    out.append(stats.Claim(f"{g.split()[0]} falls short of attention at width {smallest}",
+                           "attention-free mixers need larger widths (Figure 2)",
+                           f"attention − {g.split()[0]}: {d.text(3) if d else '—'} (lr {r['learning_rate']:g})",
+                           claim_, why))
+  return out
