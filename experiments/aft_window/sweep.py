@@ -12,7 +12,7 @@ Paper, test bpc: s = 0 1.209, 1 1.205, 2 1.176, 4 1.165, 8 1.162, 32 1.154, 64 1
 Ours: the Python standard library's source as the corpus (configs/lm_bytes.py; enwik8 is not offline here),
 validation bits/byte. Scale "cpu" asks whether the best window moves as training goes on: windows 4, 8, 32 and
 128 (and AFT-simple, AFT-full) at a context of 256, 2 layers of width 64, batch 8, evaluated every 200 steps to
-1,600, 3 seeds — 18 runs, about 45 min on 2 cores with --parallel=2. "paper": the paper's 24 layers, width 256,
+1,600, 3 seeds — 18 runs, about an hour on 2 cores with --parallel=2. "paper": the paper's 24 layers, width 256,
 context 1024, windows to 1024, 3 seeds. SETTING and the verdicts say why the cpu scale is not the paper's regime.
 """
 from efftx.sweep import grid
@@ -71,7 +71,7 @@ def claim(rows, scale):
   as training goes on. In the paper's regime only at scale "paper", and only where the difference has settled."""
   row = {r["group"]: r for r in rows}
   setting_ok = scale == "paper"
-  setting_why = "2 layers × 64 on 0.1 epoch of stdlib bytes, not 24 × 256 on enwik8 to convergence"
+  setting_why = "2 layers × 64 for half an epoch of stdlib bytes, not 24 × 256 on enwik8 to convergence"
   out = []
   for better, worse, paper in (("s=32", "s=4", "1.154 vs 1.165 (s = 32 lower by 0.011)"),
                                ("s=32", "s=128", "1.154 vs 1.165 (s = 32 lower by 0.011)"),
