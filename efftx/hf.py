@@ -8,6 +8,10 @@ LayerNorm, FNet's embedding projection, HF's LayerNorm epsilon and GELU) and the
 parameter of efftx's model but the head, which a fine-tuning run creates anew. `convert(hf_config, weights)` does
 the same from a config dict and a {name: array} dict (a state dict turned into numpy arrays).
 
+Refused with one line (they would convert into a different model): relative position embeddings, decoders and
+cross-attention, a num_hidden_layers other than the layers the weights hold, a missing tensor. Legacy LayerNorm
+names (gamma / beta) are read as HF reads them.
+
 Differences that remain, by design:
   - token types: efftx has none; the type-0 embedding is added to every position embedding (what HF computes for
     inputs without token_type_ids);
@@ -29,6 +33,30 @@ from efftx import config as config_lib
 from efftx.errors import UserError
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+# Old BERT checkpoints (TF-converted) name LayerNorm parameters gamma / beta; HF renames them when it loads.
+_LEGACY_NAMES = {".LayerNorm.gamma": ".LayerNorm.weight", ".LayerNorm.beta": ".LayerNorm.bias"}
+
+
+def _refuse_unsupported(hf_config: dict) -> None:
+  """One line for each HF setting that would convert into a different model without a word."""
+  position = hf_config.get("position_embedding_type", "absolute")
+  if position != "absolute":
+    raise UserError(f"position_embedding_type '{position}': efftx converts absolute position embeddings only "
+                    "(relative distance embeddings have no efftx counterpart)")
+  if hf_config.get("is_decoder") or hf_config.get("add_cross_attention"):
+    raise UserError("is_decoder / add_cross_attention: efftx converts bidirectional encoders only (a causal "
+                    "BERT would need causal attention and its decoder's cross-attention)")
+
+
+def _named(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The weights under HF's current names (legacy gamma / beta renamed as HF itself renames them)."""
+  out = {}
+  for name, value in weights.items():
+    for old, new in _LEGACY_NAMES.items():
+      if name.endswith(old):
+        name = name[:-len(old)] + new
+    out[name] = value
+  return out
 
 
 def load(folder: str, max_len: int | None = None) -> tuple[ml_collections.ConfigDict, dict]:
@@ -51,12 +79,24 @@ def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None
   act = hf_config.get("hidden_act", "gelu")
   if act not in _ACTIVATIONS:
     raise UserError(f"hidden_act '{act}' has no efftx counterpart; efftx has: {', '.join(_ACTIVATIONS)}")
+  _refuse_unsupported(hf_config)
+  weights = _named(weights)
   # A model class's checkpoint (e.g. FNetForMaskedLM) prefixes the encoder's names with "fnet." / "bert.".
   prefix = next((p for p in (f"{kind}.", "") if f"{p}embeddings.word_embeddings.weight" in weights), None)
   if prefix is None:
     raise UserError(f"no {kind} embeddings in the weights (looked for embeddings.word_embeddings.weight)")
-  w = lambda name: np.asarray(weights[prefix + name], np.float32)
+
+  def w(name: str) -> np.ndarray:
+    if prefix + name not in weights:
+      raise UserError(f"the checkpoint has no tensor {prefix + name}, which a {kind} encoder of this config needs")
+    return np.asarray(weights[prefix + name], np.float32)
+
   D, F, num_layers = hf_config["hidden_size"], hf_config["intermediate_size"], hf_config["num_hidden_layers"]
+  stored = {int(n[len(prefix + "encoder.layer."):].split(".")[0]) for n in weights
+            if n.startswith(prefix + "encoder.layer.")}
+  if stored != set(range(num_layers)):
+    raise UserError(f"num_hidden_layers is {num_layers} but the weights hold layers "
+                    f"{', '.join(map(str, sorted(stored))) or 'none'}: a config and weights that do not match")
   positions = hf_config["max_position_embeddings"]
   max_len = max_len or positions
   if max_len > positions:

@@ -63,3 +63,38 @@ def test_bad_checkpoints_are_refused_clearly(tmp_path):
     hf.convert({**hf_config, "hidden_act": "relu"}, {})
   with pytest.raises(UserError, match="24 position embeddings"):
     hf.load(folder, max_len=64)
+
+
+def test_settings_that_would_convert_into_another_model_are_refused_in_one_line():
+  """Each would otherwise load silently as a different model: relative positions (distance embeddings dropped),
+  a decoder (converted bidirectional), a config with fewer or more layers than the weights, a missing tensor."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(FIXTURES, "hf_bert_tiny")
+  hf_config = json.load(open(os.path.join(folder, "config.json")))
+  weights = load_file(os.path.join(folder, "model.safetensors"))
+  for position in ("relative_key", "relative_key_query"):
+    with pytest.raises(UserError, match=f"position_embedding_type '{position}'"):
+      hf.convert({**hf_config, "position_embedding_type": position}, weights)
+  with pytest.raises(UserError, match="is_decoder"):
+    hf.convert({**hf_config, "is_decoder": True}, weights)
+  with pytest.raises(UserError, match="num_hidden_layers is 1 but the weights hold layers 0, 1"):
+    hf.convert({**hf_config, "num_hidden_layers": 1}, weights)
+  with pytest.raises(UserError, match="num_hidden_layers is 3 but the weights hold layers 0, 1"):
+    hf.convert({**hf_config, "num_hidden_layers": 3}, weights)
+  missing = {k: v for k, v in weights.items() if "layer.1.output.dense.bias" not in k}
+  with pytest.raises(UserError, match=r"no tensor (bert\.)?encoder\.layer\.1\.output\.dense\.bias"):
+    hf.convert(hf_config, missing)
+
+
+def test_legacy_layernorm_names_load_as_hf_loads_them():
+  """A checkpoint whose LayerNorms are named gamma / beta (TF-converted BERT) converts to the same parameters."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(FIXTURES, "hf_bert_tiny")
+  hf_config = json.load(open(os.path.join(folder, "config.json")))
+  weights = load_file(os.path.join(folder, "model.safetensors"))
+  legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+            for k, v in weights.items()}
+  assert legacy.keys() != weights.keys()
+  _, want = hf.convert(hf_config, weights)
+  _, got = hf.convert(hf_config, legacy)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
