@@ -15,11 +15,13 @@ A sweep file is plain Python that defines:
   METRIC, GOAL    the metric each point contributes (its last value in the point's metrics.jsonl, or in a bench
                   point's bench.json), "min" or "max"
   METRICS         optional: more metrics shown beside METRIC (a bench point's memory beside its tokens/s)
-  BASELINE        optional {group: baseline group}: every metric is also shown divided by the baseline's (the
-                  plot then draws the ratios), e.g. tokens/s as a ratio to softmax attention at the same length
+  BASELINE        optional {group: baseline group}: every metric is also shown divided by the baseline's (a
+                  measurement study's plot draws the ratios, e.g. tokens/s ÷ softmax attention's at the same length;
+                  a training study's adds a panel of the paired differences from the baseline)
   PAPER           optional {group: the paper's number} ({group: {metric: number}} for several metrics; a ratio
                   where BASELINE is set); SOURCE says where they come from
-  X               optional (axis label, {group: x}): the plot draws ours and the paper's against x; else bars
+  X               optional (axis label, {group: x}): the plot draws ours against x; else one labelled dot per
+                  group, each with its 95 % interval
   SERIES          optional {group: line}: with X, one line per series (e.g. per mixer, against length)
   XSCALE          optional "linear" or "log" (default: log where X spans 16× or more)
   PAPER_SETTING   optional: what the paper trained (data, depth, width, steps); SETTING {scale: what that scale
