@@ -241,7 +241,7 @@ def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
   study = study_lib.load(path, "cpu")
   workdir = tmp_path / "runs"
   _fake_runs(study, workdir, np.random.default_rng(0))
-  if study_lib.adaptive(path):  # the search finished: the grid grows; run the rest too
+  if study.adaptive:  # the search finished: the grid grows; run the rest too
     study = study_lib.load(path, "cpu", str(workdir))
     _fake_runs(study, workdir, np.random.default_rng(1))
   paths = report.report(study, str(workdir), "cpu", "test")

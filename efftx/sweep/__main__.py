@@ -21,7 +21,6 @@ from efftx.sweep.launch import run
 from efftx.sweep.report import publish
 from efftx.sweep.report import report
 from efftx.sweep.study import REPO
-from efftx.sweep.study import adaptive
 from efftx.sweep.study import load
 
 
@@ -73,7 +72,7 @@ def main(argv: list[str]) -> None:
                          + ([f"--scale={_SCALE.value}"] if _SCALE.value != "cpu" else []) + ["--workdir=DIR"])
     if not _REPORT.value:
       states = run(study, workdir, launch, dry_run=_DRY_RUN.value)
-      while not _DRY_RUN.value and adaptive(argv[1]):  # a grid that grows as its points finish (best_then_seeds)
+      while not _DRY_RUN.value and study.adaptive:  # a grid that grows as its points finish (best_then_seeds)
         grown = load(argv[1], _SCALE.value, workdir)
         if {p.name for p in grown.points} <= {p.name for p in study.points}:
           break

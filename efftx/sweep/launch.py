@@ -51,6 +51,12 @@ def metric_rows(folder: epath.Path) -> list[dict]:
   return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def final_value(folder: epath.Path, metric: str, rows: list[dict] | None = None):
+  """The last logged value of metric in a point's folder (its metric_rows, or `rows` already read), None without."""
+  rows = metric_rows(folder) if rows is None else rows
+  return next((r[metric] for r in reversed(rows) if r.get(metric) is not None), None)
+
+
 def state(folder: epath.Path) -> str:
   """"done" (trained to its config's total_steps, or its bench.json written), "failed" (its last attempt failed),
   "unfinished" (started, stopped before the end) or "pending"."""
@@ -273,7 +279,7 @@ def collect(study: Study, workdir: str) -> list[dict]:
   for p in study.points:
     folder = epath.Path(workdir) / p.name
     logged = metric_rows(folder)
-    last = {m: next((r[m] for r in reversed(logged) if m in r), None) for m in (study.metric, *study.metrics)}
+    last = {m: final_value(folder, m, logged) for m in (study.metric, *study.metrics)}
     outcome = _read_json(folder / POINT_FILE) or {}
     rows.append({"point": p.name, "group": p.group, "seed": p.seed, "learning_rate": p.learning_rate,
                  "state": state(folder), "value": last[study.metric],

@@ -78,7 +78,6 @@ def _with_ratios(study: Study, rows: list[dict]) -> list[dict]:
   for r in rows:
     r["metrics"][study.metric] = {"mean": r["mean"], "std": r["std"], "ci95": r["ci95"]}
   by_group = {r["group"]: r for r in rows}
-  measured = all(p.program == "bench" for p in study.points)
   for r in rows:
     base = by_group.get(study.baseline.get(r["group"], ""))
     r["ratio"], r["delta"], r["ratio_range"] = {}, {}, {}
@@ -89,12 +88,10 @@ def _with_ratios(study: Study, rows: list[dict]) -> list[dict]:
       pairs = [r["seeds"][k][key] / base["seeds"][k][key] for k in r.get("seeds", {}) if base
                and k in base.get("seeds", {}) and r["seeds"][k].get(key) is not None
                and base["seeds"][k].get(key)] if base else []
-      if measured and len(pairs) > 1:  # repeats: the median of ratios between measurements made close in time
+      if study.measured and len(pairs) > 1:  # repeats: the median of ratios between measurements made close in time
         r["ratio"][m] = stats.median(pairs)
       r["ratio_range"][m] = [min(pairs), max(pairs)] if len(pairs) > 1 else None
-      difference = stats.paired({s: v.get(key) for s, v in r.get("seeds", {}).items()},
-                                {s: v.get(key) for s, v in base.get("seeds", {}).items()}) if (
-                                    base and base is not r) else None
+      difference = stats.between(r, base, key) if base and base is not r else None
       r["delta"][m] = difference.as_dict() if difference else None
   return rows
 
@@ -107,7 +104,7 @@ def _columns(study: Study, scale: str) -> list[tuple[str, str, str]]:
   """The table's columns after "setting": (header, kind, metric), kind one of paper (only where the scale's setting
   is the paper's) / ours / ratio / delta (the paired difference, where the study has several seeds)."""
   several = bool(study.metrics) or bool(study.baseline)
-  seeded = len({p.seed for p in study.points}) > 1 and any(p.program == "train" for p in study.points)
+  seeded = study.several_seeds and not study.measured  # seeds, not repeats: paired differences
   out = []
   for m in (study.metric, *study.metrics):
     has_paper = study.paper_in_table(scale) and (
@@ -115,12 +112,12 @@ def _columns(study: Study, scale: str) -> list[tuple[str, str, str]]:
     if has_paper:
       out.append((f"paper: {m}" if several else "paper", "paper", m))
     if study.baseline:
-      repeated = len({p.seed for p in study.points}) > 1 and not seeded
+      repeated = study.several_seeds and study.measured
       out.append((f"ours: {m} ÷ baseline" + (" (median of paired repeats [range])" if repeated else ""),
                   "ratio", m))
       if seeded:
         out.append((f"ours: {m} − baseline, paired [95 % CI]", "delta", m))
-    interval = " [95 % CI]" if len({p.seed for p in study.points}) > 1 else ""
+    interval = " [95 % CI]" if study.several_seeds else ""
     out.append((f"ours: {m}{interval}" if several else f"ours (mean{interval})", "ours", m))
   return out
 
@@ -291,13 +288,24 @@ def _plot_curves(study: Study, group_curves: dict[str, list], path: epath.Path) 
   path.write_bytes(buffer.getvalue())
 
 
+def _spread(value: dict) -> tuple[float, float]:
+  """(below, above) the mean of {"mean": ..., "ci95": [low, high] or None}: its error bar."""
+  return (value["mean"] - value["ci95"][0], value["ci95"][1] - value["mean"]) if value["ci95"] else (0.0, 0.0)
+
+
 def _errors(r: dict, metric: str, ratio: bool) -> tuple[float, float]:
   """(below, above) the point drawn for row r: the range of paired repeats for a ratio, else the 95 % interval."""
   if ratio:
-    spread = r.get("ratio_range", {}).get(metric)
-    return (r["ratio"][metric] - spread[0], spread[1] - r["ratio"][metric]) if spread else (0.0, 0.0)
-  mean, ci = r["metrics"][metric]["mean"], r["metrics"][metric]["ci95"]
-  return (mean - ci[0], ci[1] - mean) if ci else (0.0, 0.0)
+    return _spread({"mean": r["ratio"][metric], "ci95": r.get("ratio_range", {}).get(metric)})
+  return _spread(r["metrics"][metric])
+
+
+def _scale_x(ax, study: Study) -> None:
+  """XSCALE, or log base 2 where X's positive values span 16× or more."""
+  xs = study.x[1]
+  if study.xscale == "log" or (not study.xscale and all(v > 0 for v in xs.values())
+                               and max(xs.values()) / min(xs.values()) >= 16):
+    ax.set_xscale("log", base=2)
 
 
 def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> None:
@@ -311,8 +319,8 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   metrics = list((study.metric, *study.metrics))
   with_paper = study.paper_in_table(scale) if scale else True
-  trained = any(p.program == "train" for p in study.points)  # measurements get ratios, not differences
-  deltas = [r for r in rows if (r.get("delta") or {}).get(study.metric)] if trained else []
+  # Measurements get ratios to the baseline; training runs their paired differences from it.
+  deltas = [r for r in rows if (r.get("delta") or {}).get(study.metric)] if not study.measured else []
   panels = [("metric", m) for m in metrics] + ([("delta", study.metric)] if deltas else [])
   tall = max(4.5, 0.35 * len(rows) + 1.5) if not study.x else 4.5
   fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), tall), squeeze=False)
@@ -323,13 +331,10 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       for series in dict.fromkeys(study.series.get(r["group"], "ours") for r in shown):
         line = [r for r in shown if study.series.get(r["group"], "ours") == series]
         ds = [r["delta"][metric] for r in line]
-        errors = [[d["mean"] - (d["ci95"] or [d["mean"]] * 2)[0] for d in ds],
-                  [(d["ci95"] or [d["mean"]] * 2)[1] - d["mean"] for d in ds]]
+        errors = list(zip(*map(_spread, ds)))
         ax.errorbar([xs[r["group"]] for r in line], [d["mean"] for d in ds], yerr=errors, marker="o", capsize=3,
                     label=series)
-      if study.xscale == "log" or (not study.xscale and all(v > 0 for v in xs.values())
-                                   and max(xs.values()) / min(xs.values()) >= 16):
-        ax.set_xscale("log", base=2)
+      _scale_x(ax, study)
       ax.axhline(0.0, color="black", linewidth=0.8)
       baselines = sorted({study.baseline[r["group"]] for r in shown})
       ax.set(xlabel=label, ylabel=f"{metric} − {', '.join(baselines)} (paired, 95 % CI)",
@@ -341,10 +346,8 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
     if kind == "delta":
       shown = [r for r in rows if r["delta"].get(metric)]
       for i, r in enumerate(shown):
-        d = r["delta"][metric]
-        low, high = d["ci95"] or (d["mean"], d["mean"])
-        ax.errorbar([d["mean"]], [i], xerr=[[d["mean"] - low], [high - d["mean"]]], fmt="o", capsize=3,
-                    color="C0")
+        below, above = _spread(r["delta"][metric])
+        ax.errorbar([r["delta"][metric]["mean"]], [i], xerr=[[below], [above]], fmt="o", capsize=3, color="C0")
       ax.axvline(0.0, color="black", linewidth=0.8)
       ax.set_yticks(range(len(shown)), [f"{r['group']} − {study.baseline[r['group']]}" for r in shown], fontsize=8)
       ax.invert_yaxis()
@@ -352,7 +355,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       ax.set_title(f"{study.name}: difference from the baseline")
       ax.grid(alpha=0.3)
       continue
-    ratio = bool(study.baseline) and all(p.program == "bench" for p in study.points)  # training: the delta panel
+    ratio = bool(study.baseline) and study.measured  # training: the delta panel
     value = lambda r, m=metric: r["ratio"][m] if ratio else r["metrics"][m]["mean"]
     done = [r for r in rows if value(r) is not None]
     if study.x:
@@ -369,9 +372,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
         if paper:
           ax.plot(*zip(*paper), "s--", color=ax.lines[-1].get_color(), label=f"{series} (paper)"
                   if study.series else "paper")
-      if study.xscale == "log" or (not study.xscale and all(v > 0 for v in xs.values())
-                                   and max(xs.values()) / min(xs.values()) >= 16):
-        ax.set_xscale("log", base=2)
+      _scale_x(ax, study)
       for r in done:  # groups off the axis (baselines): horizontal lines
         if r["group"] not in xs:
           ax.axhline(value(r), linestyle=":", color="gray")

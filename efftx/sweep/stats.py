@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 # t quantiles 0.975 by degrees of freedom (Student's table); between entries the smaller df's (wider: conservative).
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -175,9 +176,7 @@ def settled(curves: dict, baseline_curves: dict, fraction: float = 0.8) -> tuple
 
 def slope(xs: list[float], ys: list[float]) -> float:
   """The least-squares slope of ys against xs."""
-  n = len(xs)
-  mx, my = sum(xs) / n, sum(ys) / n
-  return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+  return statistics.linear_regression(xs, ys).slope
 
 
 def loglog_slope(xs: list[float], ys: list[float]) -> float:
@@ -185,7 +184,4 @@ def loglog_slope(xs: list[float], ys: list[float]) -> float:
   return slope([math.log(x) for x in xs], [math.log(y) for y in ys])
 
 
-def median(values: list[float]) -> float:
-  ordered = sorted(values)
-  mid = len(ordered) // 2
-  return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+median = statistics.median

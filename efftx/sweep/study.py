@@ -123,6 +123,16 @@ class Study:
   protocol: dict[str, str] = dataclasses.field(default_factory=dict)  # scale -> how each group is trained
   paper_scales: tuple[str, ...] | None = None  # scales whose setting is the paper's (None: every scale)
   chance: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # metric -> {line label: value}
+  adaptive: bool = False  # points(scale, finished): the grid grows as points finish (best_then_seeds)
+
+  @property
+  def measured(self) -> bool:
+    """Every point is an efftx.bench measurement (seeds are repeats; ratios, not paired differences)."""
+    return all(p.program == "bench" for p in self.points)
+
+  @property
+  def several_seeds(self) -> bool:
+    return len({p.seed for p in self.points}) > 1
 
   @property
   def name(self) -> str:
@@ -150,12 +160,6 @@ def _config_path(config: str) -> str:
   return os.path.relpath(found, REPO) if found.startswith(REPO + os.sep) else found
 
 
-def adaptive(path: str) -> bool:
-  """Whether a sweep file's grid depends on finished points: its points(scale, finished) takes two arguments."""
-  module = runpy.run_path(path)
-  return "points" in module and len(inspect.signature(module["points"]).parameters) > 1
-
-
 def _finished(workdir: str | None, metric: str) -> Callable[[Point], Any]:
   """A point's final METRIC in workdir, None until it is done (what an adaptive grid's points() reads)."""
   from efftx.sweep import launch  # pylint: disable=g-import-not-at-top  (launch imports this module)
@@ -164,9 +168,7 @@ def _finished(workdir: str | None, metric: str) -> Callable[[Point], Any]:
     if not workdir:
       return None
     folder = epath.Path(workdir) / point.name
-    if launch.state(folder) != "done":
-      return None
-    return next((r[metric] for r in reversed(launch.metric_rows(folder)) if r.get(metric) is not None), None)
+    return launch.final_value(folder, metric) if launch.state(folder) == "done" else None
   return value
 
 
@@ -184,7 +186,8 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
     raise UserError(f"{path} does not define {', '.join(missing)} (see `python -m efftx.sweep --help`)")
   if module["GOAL"] not in ("min", "max"):
     raise UserError(f"{path}: GOAL is '{module['GOAL']}', not 'min' or 'max'")
-  if len(inspect.signature(module["points"]).parameters) > 1:
+  adaptive = len(inspect.signature(module["points"]).parameters) > 1
+  if adaptive:
     points = module["points"](scale, _finished(workdir, module["METRIC"]))
   else:
     points = module["points"](scale)
@@ -213,5 +216,5 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
   return Study(path, config, points, module["METRIC"], module["GOAL"], module.get("__doc__") or "",
                module.get("PAPER", {}), module.get("SOURCE", ""), module.get("X"), module.get("claim"),
                tuple(module.get("METRICS", ())), baseline, module.get("SERIES", {}), module.get("XSCALE", ""),
-               module.get("PAPER_SETTING", ""), setting, module.get("PROTOCOL", {}), (tuple(module["PAPER_SCALES"]) if "PAPER_SCALES" in module else None),
-               module.get("CHANCE", {}))
+               module.get("PAPER_SETTING", ""), setting, module.get("PROTOCOL", {}),
+               tuple(module["PAPER_SCALES"]) if "PAPER_SCALES" in module else None, module.get("CHANCE", {}), adaptive)
