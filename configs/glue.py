@@ -16,30 +16,23 @@ rate 1e-5 for its 768-wide base model; 1e-4 here is efftx's untuned choice for t
 SentencePiece vocabulary. STS-B (regression) is not supported.
 """
 from efftx import config as config_lib
+from efftx.data import GLUE_TRAIN_EXAMPLES
 
 # The encoder of configs/mlm_bytes.py (same numbers there; tests/test_configs.py checks they agree).
 ENCODER = dict(d_model=256, num_layers=4, d_ff=1024, max_len=512)
 NUM_HEADS = 4  # for mixers with heads
 
-TRAIN_EXAMPLES = {"cola": 8_551, "sst2": 67_349, "mrpc": 3_668, "qqp": 363_846, "mnli": 392_702,
-                  "qnli": 104_743, "rte": 2_490, "wnli": 635}
-
 
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, mixer="fnet", task="sst2", epochs=3, lr=1e-4, smoke=False)
-  if args.task not in TRAIN_EXAMPLES:
-    raise config_lib.UserError(f"task={args.task}: choose from {', '.join(TRAIN_EXAMPLES)}")
+  if args.task not in GLUE_TRAIN_EXAMPLES:
+    raise config_lib.UserError(f"task={args.task}: choose from {', '.join(GLUE_TRAIN_EXAMPLES)}")
   config = config_lib.default_config(args.mixer)
   config.model.update(causal=False, dropout=0.1, **ENCODER)
   config_lib.set_where_declared(config.mixer, num_heads=NUM_HEADS)
   config.model.max_len = 128
   config.data.update(task="glue", variant=args.task, batch_size=64, truncate=True)
-  config.total_steps = max(1, args.epochs * TRAIN_EXAMPLES[args.task] // config.data.batch_size)
-  config.optim.update(learning_rate=args.lr, warmup_steps=config.total_steps // 10, weight_decay=0.01,
-                      grad_clip=1.0)
-  config.log_every = 50
-  config.eval_every = max(1, config.total_steps // 3)
-  config.checkpoint_every = config.eval_every
+  config_lib.fine_tuning_schedule(config, args.epochs, GLUE_TRAIN_EXAMPLES[args.task], args.lr)
   if args.smoke:
     config.model.update(d_model=32, num_layers=2, d_ff=64, max_len=64)
     config.data.batch_size = 16

@@ -42,6 +42,11 @@ def default_config(mixer: str = model_lib.CONFIG_FIELDS["mixer"].default) -> ml_
   c.data.corpus_dir = ""             # tasks read from local files: their folder (bytes "files", fashion_mnist)
   c.data.worker_count = 0            # grain worker processes (0: read in the training process)
   c.data.read_threads = 2            # grain reader threads per process
+  c.data.tokenizer = ""              # text tasks: a checkpoint's tokenizer (folder with tokenizer.json, a SentencePiece
+                                     # .model or vocab.txt; efftx/data/tokenizer.py) encodes the text as [CLS] a [SEP]
+                                     # b [SEP] with token types; "" = bytes
+  c.data.vocab_size = 0              # embedding rows; 0 = the task's (or the tokenizer's) vocabulary. A checkpoint
+                                     # whose embeddings hold more rows than its tokenizer has tokens needs its count
   c.data.eval_examples = 0           # validation passes during training read the split's first N examples (0: all
                                      # of it; a cheaper, fixed subset for short runs); efftx.evaluate reads all
 
@@ -56,8 +61,9 @@ def default_config(mixer: str = model_lib.CONFIG_FIELDS["mixer"].default) -> ml_
   c.optim.weight_decay = 0.01        # decoupled AdamW weight decay (not applied to biases and norms)
   c.optim.grad_clip = 1.0            # clip gradients to this global norm (0 disables)
 
-  c.init_from = ""                   # fine-tune: a workdir (or workdir/checkpoints/<step>) to load the encoder
-                                     # from; the head is new. "" = train from scratch
+  c.init_from = ""                   # fine-tune: a workdir (or workdir/checkpoints/<step>), or a Hugging Face BERT /
+                                     # FNet folder (efftx/hf.py), to load the encoder from; the head is new (a
+                                     # checkpoint's pooler is kept). "" = train from scratch
   c.seed = 0                         # seeds parameters, dropout and the data order
   c.total_steps = 1_000              # training steps
   c.log_every = 50                   # steps between train-metric rows in metrics.jsonl / TensorBoard
@@ -98,6 +104,19 @@ def smoke_schedule(config: ml_collections.ConfigDict) -> None:
   """The `smoke` argument's schedule, shared by every config: 4 steps, logged every 2, evaluated at the end,
   checkpointed twice — a plumbing check that runs in seconds."""
   config.total_steps, config.log_every, config.eval_every, config.checkpoint_every = 4, 2, 4, 2
+
+
+def fine_tuning_schedule(config: ml_collections.ConfigDict, epochs: int, train_examples: int,
+                         learning_rate: float) -> None:
+  """FNet's GLUE fine-tuning schedule (f_net configs/classification.py) at config.data.batch_size: `epochs` passes
+  over train_examples, 10 % of the steps warming up to learning_rate, weight decay 0.01, gradients clipped to 1,
+  evaluated and checkpointed three times."""
+  config.total_steps = max(1, epochs * train_examples // config.data.batch_size)
+  config.optim.update(learning_rate=learning_rate, warmup_steps=config.total_steps // 10, weight_decay=0.01,
+                      grad_clip=1.0)
+  config.log_every = 50
+  config.eval_every = max(1, config.total_steps // 3)
+  config.checkpoint_every = config.eval_every
 
 
 def parse_arg(arg: str | None, **defaults):
@@ -151,7 +170,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise UserError(f"config.data.data_dir='{d.data_dir}': array_record, the format efftx reads, opens local "
                     "files only; mount the bucket (gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and set "
                     "config.data.data_dir=/mnt/BUCKET/...")
-  task = TASKS[d.task]
+  from efftx.data import task_of  # pylint: disable=g-import-not-at-top
+  task = task_of(config)  # raises for a tokenizer that cannot be read or a task without text
   variants = task.variant_names()
   if d.variant not in variants:
     raise UserError(f"config.data.variant='{d.variant}' is not a variant of {d.task}; "
@@ -162,6 +182,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if m.reversible and m.block_layout != "pre_ln":
     raise UserError("config.model.reversible=True needs block_layout='pre_ln': a reversible coupling's branches "
                     "normalise their own inputs")
+  if m.pooling == "first" and not d.tokenizer:
+    raise UserError("config.model.pooling='first' classifies from the input's own first token, the [CLS] a "
+                    "checkpoint's tokenizer puts there: set config.data.tokenizer (or pooling='cls' for a learned one)")
+  if d.tokenizer and m.type_vocab_size == 1:
+    raise UserError("config.model.type_vocab_size=1: a tokenizer's sentence pairs have token types 0 and 1 (set 2 "
+                    "or more, or 0 to ignore them)")
+  if m.type_vocab_size and m.patch_size:
+    raise UserError("config.model.type_vocab_size > 0 embeds text segments; patch embeddings have none")
   if m.pooling == "cls" and m.ff_chunk_size and (m.max_len + 1) % m.ff_chunk_size:
     raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must divide max_len + 1 = {m.max_len + 1} "
                     "(pooling='cls' adds a position)")

@@ -1,30 +1,43 @@
-"""Hugging Face FNet and BERT checkpoints as efftx encoders (numpy and safetensors only; no torch).
+"""Hugging Face FNet and BERT checkpoints as efftx encoders, and efftx encoders as HF checkpoints (numpy and
+safetensors only; no torch).
 
     config, params = efftx.hf.load("path/to/google-fnet-base")   # a folder with config.json, model.safetensors
     model = efftx.model.build_model(config, head, vocab_size=params["embed"]["embedding"].shape[0])
+    efftx.hf.export(config, params, "path/to/folder", tokenizer="path/to/google-fnet-base")
 
-gives an efftx config (config.model and config.mixer in the published layout: block_layout="post_ln", embedding
-LayerNorm, FNet's embedding projection, HF's LayerNorm epsilon and GELU) and the encoder's parameters — every
-parameter of efftx's model but the head, which a fine-tuning run creates anew. `convert(hf_config, weights)` does
-the same from a config dict and a {name: array} dict (a state dict turned into numpy arrays).
+`load` gives an efftx config (config.model and config.mixer in the published layout: block_layout="post_ln",
+embedding LayerNorm, FNet's embedding projection, token-type embeddings, HF's LayerNorm epsilon, GELU and dropout
+rates, pooling="first") and the parameters of every part of efftx's model but the classifier: the embeddings, the
+blocks and the checkpoint's pooler (dense + tanh on the first token, what pooling="first" classifies through).
+`convert(hf_config, weights)` does the same from a config dict and a {name: array} dict. `--config.init_from=<an HF
+folder>` fine-tunes from one (efftx.checkpoints.load_encoder; configs/glue_hf.py reads the model's settings from
+the checkpoint), and config.data.tokenizer=<the folder> encodes text with its tokenizer (efftx/data/tokenizer.py).
 
-Refused with one line (they would convert into a different model): relative position embeddings, decoders and
-cross-attention, a num_hidden_layers other than the layers the weights hold, a missing tensor. Legacy LayerNorm
-names (gamma / beta) are read as HF reads them.
-
-Differences that remain, by design:
-  - token types: efftx has none; the type-0 embedding is added to every position embedding (what HF computes for
-    inputs without token_type_ids);
-  - BERT's pooler and the pre-training heads are not converted (efftx heads are its objectives' own);
-  - FNet's padding: HF mixes padded positions in, so the converted FNet mixer has padding="mix";
-  - the vocabulary is the checkpoint's (e.g. SentencePiece or WordPiece ids): efftx's byte-level tasks do not
-    tokenise that way, so feed it ids from the checkpoint's own tokenizer.
+What the converter does with each HF config field (FIELDS below lists them):
+  read:    model_type, hidden_size, num_hidden_layers, num_attention_heads (BERT), intermediate_size, hidden_act,
+           max_position_embeddings, type_vocab_size (from the weights' rows), layer_norm_eps, hidden_dropout_prob,
+           attention_probs_dropout_prob (BERT), vocab_size (from the weights' rows);
+  refused: position_embedding_type other than absolute, is_decoder, add_cross_attention, is_encoder_decoder,
+           non-empty pruned_heads, a num_hidden_layers other than the layers the weights hold, a hidden_act with no
+           efftx counterpart, a missing tensor;
+  ignored: the rest, none of which changes the encoder's function: chunk_size_feed_forward, use_tpu_fourier_
+           optimizations and tpu_short_seq_length (the same function computed another way), the dtype (weights are
+           read as float32), token ids (pad/bos/eos/sep_token_id: the tokenizer's files give them), initializer_range,
+           tie_word_embeddings, a fine-tuned head's num_labels / id2label / label2id / problem_type /
+           finetuning_task / classifier_dropout (efftx's classifier is new), and the output, generation and torch
+           settings.
+Dropout: hidden_dropout_prob becomes config.model.dropout, which efftx applies on both residual branches (FNet's
+Fourier branch too) and on the feed-forward hidden layer, where HF and f_net drop the branches' outputs only (and
+not FNet's Fourier output): the same model, regularised a little more in fine-tuning.
+Legacy LayerNorm names (gamma / beta) are read as HF reads them. FNet's padding: HF mixes padded positions in, so
+the converted FNet mixer has padding="mix" (pad with the tokenizer's pad id, as HF's users do).
 Checked against the HF models' outputs in tests/test_hf.py (fixtures made by tests/fixtures/make_hf_fixtures.py).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import ml_collections
 import numpy as np
@@ -33,8 +46,22 @@ from efftx import config as config_lib
 from efftx.errors import UserError
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+_EXPORTED_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 # Old BERT checkpoints (TF-converted) name LayerNorm parameters gamma / beta; HF renames them when it loads.
 _LEGACY_NAMES = {".LayerNorm.gamma": ".LayerNorm.weight", ".LayerNorm.beta": ".LayerNorm.bias"}
+# Every HF config field the converter reads or refuses (the others are ignored: see the module docstring).
+FIELDS = {
+    "read": ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "hidden_act", "max_position_embeddings", "layer_norm_eps", "hidden_dropout_prob",
+             "attention_probs_dropout_prob", "type_vocab_size", "vocab_size"),
+    "refused": ("position_embedding_type", "is_decoder", "add_cross_attention", "is_encoder_decoder",
+                "pruned_heads"),
+}
+# The config fields that make a converted encoder the checkpoint's function: a run that fine-tunes from a
+# checkpoint (init_from) must have the same values.
+ARCHITECTURE = {"model": ("mixer", "causal", "d_model", "num_layers", "d_ff", "block_layout", "embed_projection",
+                          "norm_eps", "activation", "type_vocab_size", "reversible", "patch_size"),
+                "mixer": ("num_heads", "padding")}
 
 
 def _refuse_unsupported(hf_config: dict) -> None:
@@ -43,9 +70,12 @@ def _refuse_unsupported(hf_config: dict) -> None:
   if position != "absolute":
     raise UserError(f"position_embedding_type '{position}': efftx converts absolute position embeddings only "
                     "(relative distance embeddings have no efftx counterpart)")
-  if hf_config.get("is_decoder") or hf_config.get("add_cross_attention"):
-    raise UserError("is_decoder / add_cross_attention: efftx converts bidirectional encoders only (a causal "
-                    "BERT would need causal attention and its decoder's cross-attention)")
+  if hf_config.get("is_decoder") or hf_config.get("add_cross_attention") or hf_config.get("is_encoder_decoder"):
+    raise UserError("is_decoder / add_cross_attention / is_encoder_decoder: efftx converts bidirectional encoders "
+                    "only (a causal BERT would need causal attention and its decoder's cross-attention)")
+  if hf_config.get("pruned_heads"):
+    raise UserError(f"pruned_heads {hf_config['pruned_heads']}: efftx's attention has num_attention_heads heads in "
+                    "every layer (a pruned checkpoint's layers have fewer)")
 
 
 def _named(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -59,20 +89,36 @@ def _named(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
+def is_checkpoint(folder: str) -> bool:
+  """Whether `folder` is an HF checkpoint folder (config.json naming a model_type, and model.safetensors), not
+  an efftx workdir."""
+  config_path = os.path.join(os.fspath(folder), "config.json")
+  if not os.path.exists(os.path.join(os.fspath(folder), "model.safetensors")) or not os.path.exists(config_path):
+    return False
+  with open(config_path) as f:
+    return "model_type" in json.load(f)
+
+
 def load(folder: str, max_len: int | None = None) -> tuple[ml_collections.ConfigDict, dict]:
-  """(config, encoder parameters) of the HF checkpoint in `folder` (config.json and model.safetensors)."""
+  """(config, parameters) of the HF checkpoint in `folder` (config.json and model.safetensors). Where the folder
+  holds a tokenizer, config.data names it and a text task to fine-tune on (GLUE SST-2, cut to max_len), so that
+  the config is valid as it is."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   config_path, weights_path = os.path.join(folder, "config.json"), os.path.join(folder, "model.safetensors")
   if not os.path.exists(config_path) or not os.path.exists(weights_path):
     raise UserError(f"{folder}: an HF checkpoint folder needs config.json and model.safetensors (a "
                     "pytorch_model.bin needs torch to read: save it as safetensors first)")
   with open(config_path) as f:
-    return convert(json.load(f), load_file(weights_path), max_len)
+    config, params = convert(json.load(f), load_file(weights_path), max_len)
+  from efftx.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  if tokenizer_lib.find(folder):  # the checkpoint's own tokenizer encodes the text it fine-tunes on
+    config.data.update(tokenizer=os.path.abspath(folder), task="glue", variant="sst2", truncate=True)
+  return config, params
 
 
 def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None = None
             ) -> tuple[ml_collections.ConfigDict, dict]:
-  """(config, encoder parameters) from an HF FNet or BERT config dict and its weights by name."""
+  """(config, parameters) from an HF FNet or BERT config dict and its weights by name."""
   kind = hf_config.get("model_type")
   if kind not in ("fnet", "bert"):
     raise UserError(f"model_type '{kind}': efftx reads fnet and bert checkpoints")
@@ -91,6 +137,7 @@ def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None
       raise UserError(f"the checkpoint has no tensor {prefix + name}, which a {kind} encoder of this config needs")
     return np.asarray(weights[prefix + name], np.float32)
 
+  has = lambda name: prefix + name in weights
   D, F, num_layers = hf_config["hidden_size"], hf_config["intermediate_size"], hf_config["num_hidden_layers"]
   stored = {int(n[len(prefix + "encoder.layer."):].split(".")[0]) for n in weights
             if n.startswith(prefix + "encoder.layer.")}
@@ -103,21 +150,25 @@ def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None
     raise UserError(f"max_len={max_len}: the checkpoint has {positions} position embeddings")
 
   config = config_lib.default_config("fnet" if kind == "fnet" else "attention")
-  config.model.update(d_model=D, d_ff=F, num_layers=num_layers, max_len=max_len, dropout=0.0, causal=False,
-                      block_layout="post_ln", embed_projection=kind == "fnet",
-                      norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)), activation=_ACTIVATIONS[act])
+  types = w("embeddings.token_type_embeddings.weight") if has("embeddings.token_type_embeddings.weight") else None
+  config.model.update(d_model=D, d_ff=F, num_layers=num_layers, max_len=max_len, causal=False,
+                      dropout=float(hf_config.get("hidden_dropout_prob", 0.1)), block_layout="post_ln",
+                      embed_projection=kind == "fnet", norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
+                      activation=_ACTIVATIONS[act], type_vocab_size=0 if types is None else len(types),
+                      pooling="first")
   if kind == "fnet":
     config.mixer.update(fourier_impl="fft", padding="mix")
   else:
-    config.mixer.update(num_heads=hf_config["num_attention_heads"], attention_impl="plain")
+    config.mixer.update(num_heads=hf_config["num_attention_heads"], attention_impl="plain",
+                        attention_dropout=float(hf_config.get("attention_probs_dropout_prob", 0.1)))
 
   dense = lambda name: {"kernel": w(f"{name}.weight").T, "bias": w(f"{name}.bias")}  # torch Linear: (out, in)
   norm = lambda name: {"scale": w(f"{name}.weight"), "bias": w(f"{name}.bias")}
-  types = w("embeddings.token_type_embeddings.weight")[0] if prefix + "embeddings.token_type_embeddings.weight" \
-      in weights else 0.0
   params = {"embed": {"embedding": w("embeddings.word_embeddings.weight")},
-            "pos_embed": w("embeddings.position_embeddings.weight")[:max_len] + types,
+            "pos_embed": w("embeddings.position_embeddings.weight")[:max_len],
             "embed_norm": norm("embeddings.LayerNorm")}
+  if types is not None:
+    params["type_embed"] = {"embedding": types}
   if kind == "fnet":
     params["embed_projection"] = dense("embeddings.projection")
   for i in range(num_layers):
@@ -138,4 +189,113 @@ def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None
                   "bias": w(f"{layer}.attention.output.dense.bias")}}}
       block["mixing_norm"] = norm(f"{layer}.attention.output.LayerNorm")
     params[f"block_{i}"] = block
+  if has("pooler.dense.weight"):
+    params["pooler"] = dense("pooler.dense")
   return config, params
+
+
+def mismatches(config: ml_collections.ConfigDict, checkpoint_config: ml_collections.ConfigDict) -> list[str]:
+  """The ARCHITECTURE fields where a run's config differs from a converted checkpoint's ("config.model.norm_eps=
+  1e-12 (this run: 1e-06)"), empty when the run's encoder is the checkpoint's function."""
+  out = []
+  for section, names in ARCHITECTURE.items():
+    for name in names:
+      if name in checkpoint_config[section] and config[section].get(name) != checkpoint_config[section][name]:
+        out.append(f"config.{section}.{name}={checkpoint_config[section][name]!r} "
+                   f"(this run: {config[section].get(name)!r})")
+  return out
+
+
+def _exportable(config: ml_collections.ConfigDict, params: dict) -> str:
+  """The HF model_type an efftx encoder converts to ("bert" or "fnet"); UserError naming the setting if none."""
+  m, kind = config.model, {"attention": "bert", "fnet": "fnet"}.get(config.model.mixer)
+  problems = [
+      (kind is None, f"mixer '{m.mixer}': HF has BERT (attention) and FNet (fnet) encoders"),
+      (m.block_layout != "post_ln", "block_layout='pre_ln': HF's BERT and FNet are post-LN"),
+      (m.causal, "causal=True: HF's BERT and FNet encoders are bidirectional"),
+      (m.reversible, "reversible=True: HF has no reversible BERT or FNet"),
+      (not m.d_ff, "d_ff=0: HF's blocks have a feed-forward sublayer"),
+      (m.patch_size > 0, "patch_size > 0: HF's BERT and FNet embed tokens"),
+      (m.pooling == "cls", "pooling='cls': a learned [CLS] vector has no HF counterpart (pooling='first' does)"),
+      (m.embed_projection != (kind == "fnet"), "embed_projection: HF's FNet has the embedding projection and "
+                                                "BERT has none"),
+      (kind == "fnet" and config.mixer.get("padding") != "mix", "FNet padding='zero': HF's FNet mixes padded "
+                                                                 "positions in (padding='mix')"),
+  ]
+  for bad, why in problems:
+    if bad:
+      raise UserError(f"cannot export to Hugging Face: {why}")
+  return kind
+
+
+def export(config: ml_collections.ConfigDict, params: dict, folder: str, tokenizer: str = "") -> None:
+  """Writes an efftx encoder (config, parameters) as an HF checkpoint folder: config.json and model.safetensors
+  under HF's names (BertModel / FNetModel; `load` reads it back to the same parameters), with the tokenizer's
+  files copied in when `tokenizer` names a folder. Without token types the type embedding is written as zeros
+  (HF adds one); without a pooler (pooling other than "first") none is written and transformers initialises its
+  own, which last_hidden_state does not use. `tokenizer`: a folder (its tokenizer files are copied) or one
+  tokenizer file (it and its folder's settings are copied)."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  kind = _exportable(config, params)
+  m = config.model
+  D = m.d_model
+  f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))
+  out = {}
+
+  def dense(name, p):
+    out[f"{name}.weight"], out[f"{name}.bias"] = f32(np.asarray(p["kernel"]).T), f32(p["bias"])
+
+  def norm(name, p):
+    out[f"{name}.weight"], out[f"{name}.bias"] = f32(p["scale"]), f32(p["bias"])
+
+  out["embeddings.word_embeddings.weight"] = f32(params["embed"]["embedding"])
+  out["embeddings.position_embeddings.weight"] = f32(params["pos_embed"])
+  types = params["type_embed"]["embedding"] if m.type_vocab_size else np.zeros((2, D), np.float32)
+  out["embeddings.token_type_embeddings.weight"] = f32(types)
+  norm("embeddings.LayerNorm", params["embed_norm"])
+  if kind == "fnet":
+    dense("embeddings.projection", params["embed_projection"])
+  for i in range(m.num_layers):
+    block, layer = params[f"block_{i}"], f"encoder.layer.{i}"
+    dense(f"{layer}.intermediate.dense", block["feed_forward"]["ff"]["up"])
+    dense(f"{layer}.output.dense", block["feed_forward"]["ff"]["down"])
+    norm(f"{layer}.output.LayerNorm", block["feed_forward_norm"])
+    if kind == "fnet":
+      norm(f"{layer}.fourier.output.LayerNorm", block["mixing_norm"])
+      continue
+    mixer = block["mixing"]["mixer"]
+    qkv_kernel, qkv_bias = np.asarray(mixer["qkv"]["kernel"]), np.asarray(mixer["qkv"]["bias"])
+    for j, name in enumerate(("query", "key", "value")):
+      out[f"{layer}.attention.self.{name}.weight"] = f32(qkv_kernel[:, j].reshape(D, D).T)
+      out[f"{layer}.attention.self.{name}.bias"] = f32(qkv_bias[j].reshape(D))
+    out[f"{layer}.attention.output.dense.weight"] = f32(np.asarray(mixer["out"]["kernel"]).reshape(D, D).T)
+    out[f"{layer}.attention.output.dense.bias"] = f32(mixer["out"]["bias"])
+    norm(f"{layer}.attention.output.LayerNorm", block["mixing_norm"])
+  if "pooler" in params:
+    dense("pooler.dense", params["pooler"])
+
+  tok = None
+  if tokenizer:
+    from efftx.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+    tok = tokenizer_lib.load(tokenizer)
+  hf_config = {
+      "architectures": ["BertModel" if kind == "bert" else "FNetModel"], "model_type": kind,
+      "vocab_size": int(out["embeddings.word_embeddings.weight"].shape[0]), "hidden_size": D,
+      "num_hidden_layers": m.num_layers, "intermediate_size": m.d_ff,
+      "hidden_act": _EXPORTED_ACTIVATIONS[m.activation], "hidden_dropout_prob": m.dropout,
+      "max_position_embeddings": int(out["embeddings.position_embeddings.weight"].shape[0]),
+      "type_vocab_size": int(types.shape[0]), "layer_norm_eps": m.norm_eps, "initializer_range": 0.02,
+      "pad_token_id": tok.pad_id if tok else (0 if kind == "bert" else 3)}
+  if kind == "bert":
+    hf_config.update(num_attention_heads=config.mixer.num_heads, position_embedding_type="absolute",
+                     attention_probs_dropout_prob=config.mixer.attention_dropout)
+  else:
+    hf_config.update(use_tpu_fourier_optimizations=False, tpu_short_seq_length=512)
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+  save_file(out, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+  if tok:
+    for path in tokenizer_lib.files(tokenizer):
+      if os.path.abspath(os.path.dirname(path)) != os.path.abspath(folder):
+        shutil.copy(path, folder)

@@ -240,12 +240,17 @@ class Transformer(nn.Module):
                                  "learned position per patch of the grid; 0: every token is embedded", at_least=0)
   activation: str = declared("gelu_tanh", 'feed-forward GELU: "gelu_tanh" (the tanh approximation; HF FNet) or '
                                           '"gelu" (erf; BERT)', choices=tuple(ACTIVATIONS))
+  type_vocab_size: int = declared(0, "token types (segments: a sentence pair's A 0 and B 1, from a checkpoint's "
+                                     "tokenizer) embedded and added to the input, as BERT and FNet do; 0: none (a "
+                                     "batch's token_types are not read)", at_least=0)
 
   @nn.compact
   def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False, positions: jax.Array | None = None) -> jax.Array:
+               decode: bool = False, positions: jax.Array | None = None,
+               token_types: jax.Array | None = None) -> jax.Array:
     """Logits; with positions (B×K indices), only at those positions (the head sees x_BxKxD: a per-position loss
-    that looks at a few positions, MQAR's queries, skips the rest of the B×L×V logits). With decode=True (causal
+    that looks at a few positions, MQAR's queries, skips the rest of the B×L×V logits). token_types (B×L ids in
+    [0, type_vocab_size); all 0 when not given) add their embedding where type_vocab_size > 0. With decode=True (causal
     LMs), after `init(key, tokens_BxT, decode=True)` made the cache for T positions: one token per call,
     `apply({**variables, "cache": cache}, tokens_Bx1, decode=True, mutable=["cache"])`, each mixed with the ones
     before it."""
@@ -280,6 +285,12 @@ class Transformer(nn.Module):
         pos_LxD = jax.lax.dynamic_slice_in_dim(pos_MxD, position.value, L)
         position.value += L
     x_BxLxD = x_BxLxD + pos_LxD.astype(dtype)
+    if self.type_vocab_size:
+      types_BxL = jnp.zeros(x_BxLxD.shape[:2], jnp.int32)
+      if token_types is not None:  # (the [CLS] position, if any, is type 0)
+        types_BxL = types_BxL.at[:, L - token_types.shape[1]:].set(token_types.astype(jnp.int32))
+      x_BxLxD = x_BxLxD + nn.Embed(self.type_vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02),
+                                   dtype=dtype, name="type_embed")(types_BxL)
     post_ln = self.block_layout == "post_ln"
     if post_ln:
       x_BxLxD = nn.LayerNorm(self.norm_eps, dtype=dtype, name="embed_norm")(x_BxLxD)
@@ -364,9 +375,11 @@ CONFIG_FIELDS: dict[str, ConfigField] = {
     "causal": ConfigField(False, "causal mixing: position t sees positions ≤ t only (required by LM objectives; "
                                  "FNet cannot be causal)"),
     **_DECLARED,
-    "pooling": ConfigField("mean", 'classification: "mean" of the real tokens\' final states, or "cls": a learned '
+    "pooling": ConfigField("mean", 'classification: "mean" of the real tokens\' final states; "cls": a learned '
                                    "[CLS] vector is put before the tokens (position 0, LRA's way) and its final state "
-                                   "is pooled", choices=("mean", "cls")),
+                                   'is pooled; "first": the input\'s own first token (the [CLS] of a checkpoint\'s '
+                                   "tokenizer) through BERT's and FNet's pooler (dense + tanh)",
+                           choices=("mean", "cls", "first")),
 }
 
 

@@ -14,7 +14,7 @@ import optax
 from efftx import model as model_lib
 from efftx import objectives
 from efftx.data import Task
-from efftx.data import TASKS
+from efftx.data import task_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Parts:
 def parts(config: ml_collections.ConfigDict) -> Parts:
   """The task, objective and model of a run config (config.data.task, config.data.objective, config.model and
   config.mixer). Raises UserError where the objective does not fit the task or the mixer options are invalid."""
-  task = TASKS[config.data.task]
+  task = task_of(config)
   objective = objectives.for_run(config, task)
   vocab_size = task.vocab(config.data.variant)
   head = objective.head(vocab_size, task.classes(config.data.variant), config.model.pooling)
@@ -82,7 +82,8 @@ def make_train_step(model: model_lib.Transformer, objective: objectives.Objectiv
 
     def loss_fn(params):
       logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=False,
-                           positions=batch.get("positions"), rngs={"dropout": rng})
+                           positions=batch.get("positions"), token_types=batch.get("token_types"),
+                           rngs={"dropout": rng})
       sums = objective.loss_sums(logits, batch, jnp.ones(batch["tokens"].shape[:1], jnp.float32))
       return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 
@@ -105,7 +106,7 @@ def make_eval_step(model: model_lib.Transformer, objective: objectives.Objective
 
   def eval_step(params, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=True,
-                         positions=batch.get("positions"))
+                         positions=batch.get("positions"), token_types=batch.get("token_types"))
     return objective.loss_sums(logits, batch, batch["weight"])
 
   return eval_step

@@ -9,6 +9,7 @@ read from local files, or a dataset registered in TFDS that a user builds once w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from typing import Callable
 
@@ -19,6 +20,7 @@ from efftx.data import images
 from efftx.data import listops
 from efftx.data import mqar
 from efftx.data import sequence
+from efftx.data import tokenizer as tokenizer_lib
 from efftx.errors import UserError
 
 
@@ -49,6 +51,9 @@ class Task:
   # images whose tokens are their pixels: (height, width, channels), the tokens in raster order (channels
   # interleaved: token (W·y + x)·C + c is channel c of pixel (y, x)), H·W·C of them; None for other tasks
   image_shape: tuple[int, int, int] | None = None
+  # text classification tasks: (raw TFDS example) -> (text, second text of a pair or None), what a checkpoint's
+  # tokenizer encodes in place of bytes (config.data.tokenizer; `with_tokenizer`)
+  text: Callable[[dict], tuple[str, str | None]] | None = None
 
   @property
   def local(self) -> bool:
@@ -106,17 +111,38 @@ def _text_classify(example, max_len, truncate):
 _GLUE_PAIRS = (("sentence1", "sentence2"), ("question1", "question2"), ("premise", "hypothesis"),
                ("question", "sentence"))
 _GLUE_VARIANTS = ("cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli")
+# Training examples per GLUE task (TFDS glue/*, train split): the fine-tuning configs count epochs with them.
+GLUE_TRAIN_EXAMPLES = {"cola": 8_551, "sst2": 67_349, "mrpc": 3_668, "qqp": 363_846, "mnli": 392_702,
+                       "qnli": 104_743, "rte": 2_490, "wnli": 635}
 
 
-def _glue(example, max_len, truncate):
+def _glue_text(example):
   pair = next((p for p in _GLUE_PAIRS if p[0] in example and p[1] in example), None)
-  ids = byte_text.tokenize_pair(example[pair[0]], example[pair[1]]) if pair else byte_text.tokenize(
-      example["sentence"])
-  tokens_L, mask_L = sequence.pad_to(ids, max_len, truncate, "a GLUE example")
+  return (example[pair[0]], example[pair[1]]) if pair else (example["sentence"], None)
+
+
+def _label(example):
   label = int(example["label"])
   if label < 0:
     raise UserError("GLUE test splits have no labels (label -1): evaluate on a validation split")
-  return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(label)}
+  return np.int32(label)
+
+
+def _glue(example, max_len, truncate):
+  first, second = _glue_text(example)
+  ids = byte_text.tokenize_pair(first, second) if second is not None else byte_text.tokenize(first)
+  tokens_L, mask_L = sequence.pad_to(ids, max_len, truncate, "a GLUE example")
+  return {"tokens": tokens_L, "mask": mask_L, "label": _label(example)}
+
+
+def _tokenized(example, max_len, truncate, *, text, tokenizer: tokenizer_lib.Tokenizer):
+  """A text example through a checkpoint's tokenizer: [CLS] a [SEP] (b [SEP]) with token types, padded with the
+  tokenizer's pad id; cut longest first when config.data.truncate, else refused when too long."""
+  first, second = text(example)
+  ids_N, types_N = tokenizer.encode(first, second, max_len if truncate else None)
+  tokens_L, mask_L = sequence.pad_to(ids_N, max_len, truncate, "a text", pad_id=tokenizer.pad_id)
+  types_L, _ = sequence.pad_to(types_N, max_len, truncate, "a text")
+  return {"tokens": tokens_L, "mask": mask_L, "token_types": types_L, "label": _label(example)}
 
 
 def _pixels_classify(example, max_len, truncate):
@@ -170,7 +196,7 @@ TASKS = {
     # evaluates on the test split (IMDb has no validation split).
     "imdb_bytes": Task("imdb_reviews/{variant}", vocab_size=byte_text.VOCAB_SIZE, num_classes=2,
                        objective="classify", encode=_text_classify, variants=("plain_text",),
-                       splits=("train", "test"), **_BYTE_MLM),
+                       splits=("train", "test"), text=lambda example: (example["text"], None), **_BYTE_MLM),
     # LRA Image: CIFAR-10 in grey, 1,024 tokens; LRA trains on train[:90%] and validates on train[90%:].
     "cifar10_grey": Task("cifar10", vocab_size=images.PIXEL_VOCAB, num_classes=10, objective="classify",
                          encode=_pixels_classify, variants=("default",), splits=("train[:90%]", "train[90%:]"),
@@ -196,5 +222,33 @@ TASKS = {
                  encode=_glue, variants=_GLUE_VARIANTS, splits={"mnli": ("train", "validation_matched"),
                                                                 **{v: ("train", "validation") for v in _GLUE_VARIANTS
                                                                    if v != "mnli"}},
-                 module="tensorflow_datasets.text.glue", test_split=None, **_BYTE_MLM),
+                 module="tensorflow_datasets.text.glue", test_split=None, text=_glue_text, **_BYTE_MLM),
 }
+
+
+def task_of(config) -> Task:
+  """The run's task: TASKS[config.data.task], encoding its text with config.data.tokenizer when one is named, over
+  config.data.vocab_size embedding rows when that is set."""
+  return resolve(config.data.task, config.data.tokenizer, config.data.vocab_size)
+
+
+@functools.lru_cache(maxsize=16)
+def resolve(name: str, tokenizer: str = "", vocab_size: int = 0) -> Task:
+  """TASKS[name] with its text encoded by the tokenizer at `tokenizer` ("": the task's own encoding), and
+  vocab_size embedding rows (0: the vocabulary's own size). Raises UserError for a task with no text."""
+  task = TASKS[name]
+  if tokenizer:
+    if task.text is None:
+      raise UserError(f"config.data.tokenizer is set, but task '{name}' has no text to tokenize; text tasks: "
+                      f"{', '.join(n for n, t in TASKS.items() if t.text)}")
+    tok = tokenizer_lib.load(tokenizer)
+    mlm = {"mask_id": tok.mask_id, "random_ids": (0, tok.vocab_size), "special_ids": tok.special_ids}
+    task = dataclasses.replace(task, vocab_size=tok.vocab_size, **mlm, encode=functools.partial(
+        _tokenized, text=task.text, tokenizer=tok))
+  if vocab_size:
+    own = max(task.vocab_size.values()) if isinstance(task.vocab_size, dict) else task.vocab_size
+    if vocab_size < own:
+      raise UserError(f"config.data.vocab_size={vocab_size} is smaller than the vocabulary of task '{name}' "
+                      f"({own} tokens)")
+    task = dataclasses.replace(task, vocab_size=vocab_size)
+  return task

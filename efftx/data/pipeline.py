@@ -27,6 +27,8 @@ import tqdm
 
 from efftx import objectives
 from efftx.data import TASKS
+from efftx.data import resolve
+from efftx.data import task_of
 from efftx.errors import UserError
 
 
@@ -193,9 +195,11 @@ class Encode:
   max_len: int
   truncate: bool
   variant: str = ""  # needed where the task's vocabulary depends on its variant (MQAR)
+  tokenizer: str = ""  # config.data.tokenizer: a checkpoint's tokenizer encodes the text (efftx.data.resolve)
+  vocab_size: int = 0  # config.data.vocab_size
 
   def __call__(self, example: dict) -> dict[str, np.ndarray]:
-    task = TASKS[self.task_name]
+    task = resolve(self.task_name, self.tokenizer, self.vocab_size)
     out = task.encode(example, self.max_len, self.truncate)
     vocab_size = task.vocab(self.variant)
     for key in ("tokens", "targets"):
@@ -209,8 +213,9 @@ class Encode:
 def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset) -> grain.MapDataset:
   """Encodes the elements of ds, then lets the objective corrupt them (masked-LM does), seeded from config.seed
   and the element's index in ds."""
-  task = TASKS[config.data.task]
-  ds = ds.map(Encode(config.data.task, config.model.max_len, config.data.truncate, config.data.variant))
+  task = task_of(config)
+  ds = ds.map(Encode(config.data.task, config.model.max_len, config.data.truncate, config.data.variant,
+                     config.data.tokenizer, config.data.vocab_size))
   seed = int(np.random.SeedSequence([config.seed, 0]).generate_state(1)[0])
   return objectives.for_run(config, task).corrupt(ds, task, seed)
 

@@ -1,7 +1,8 @@
 """Turning token ids into the fixed-length arrays every task yields: padding, truncation, next-token targets.
 
 An encoded example is a dict of numpy arrays of length max_len:
-  "tokens" int32, "mask" bool (True at real tokens), and either "label" int32[] (classification) or
+  "tokens" int32, "mask" bool (True at real tokens), "token_types" int32 where a checkpoint's tokenizer gave them
+  (segment A 0, B 1), and either "label" int32[] (classification) or
   "targets" int32 and "weights" float32 (per-position prediction: the loss counts positions with weight > 0).
 A task whose loss looks at a few known positions (MQAR's queries) adds "positions" int32 (K) and gives "targets"
 and "weights" at those K positions only: the model computes logits there alone.
@@ -13,9 +14,10 @@ import numpy as np
 from efftx.errors import UserError
 
 
-def pad_to(ids: np.ndarray, max_len: int, truncate: bool | None, what: str) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens, mask) of length max_len. Longer inputs are cut if `truncate`, else refused with a clear error
-  (truncate=None: the task's examples are never cut, e.g. images)."""
+def pad_to(ids: np.ndarray, max_len: int, truncate: bool | None, what: str, pad_id: int = 0
+           ) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens, mask) of length max_len, padded with pad_id. Longer inputs are cut if `truncate`, else refused with a
+  clear error (truncate=None: the task's examples are never cut, e.g. images)."""
   ids = np.asarray(ids, np.int32)
   if len(ids) > max_len:
     if truncate is None:
@@ -25,7 +27,7 @@ def pad_to(ids: np.ndarray, max_len: int, truncate: bool | None, what: str) -> t
       raise UserError(f"{what} has {len(ids)} tokens, more than config.model.max_len={max_len} "
                       "(raise max_len, or set config.data.truncate=True to cut examples)")
     ids = ids[:max_len]
-  tokens_L = np.zeros((max_len,), np.int32)
+  tokens_L = np.full((max_len,), pad_id, np.int32)
   tokens_L[:len(ids)] = ids
   mask_L = np.zeros((max_len,), bool)
   mask_L[:len(ids)] = True

@@ -17,6 +17,9 @@ class Objective:
 
   batch_keys: tuple[str, ...] = ()     # what the loss reads from a batch besides "tokens" and "mask"
   fresh_params: tuple[str, ...] = ()   # the head's top-level parameter names: new when fine-tuning (init_from)
+  # the head's parameters a pretrained model may bring (a checkpoint's pooler): loaded by init_from when the source
+  # has them, new otherwise
+  optional_params: tuple[str, ...] = ()
   next_token: bool = False             # predicts the next token: a causal LM that can generate text
 
   def check(self, config, task) -> None:
@@ -24,7 +27,7 @@ class Objective:
 
   def head(self, vocab_size: int, num_classes: int, pooling: str = "mean") -> Head:
     """The head for a vocabulary, a class count, and config.model.pooling ("cls": the model put a [CLS] vector
-    at position 0)."""
+    at position 0; "first": the input's own first token)."""
     raise NotImplementedError
 
   def loss_sums(self, logits: jax.Array, batch: dict[str, jax.Array], row_weights_B: jax.Array

@@ -1,5 +1,6 @@
-"""Sequence classification: one label per sequence, from the mean of the final states over real tokens, or the
-[CLS] position's state (config.model.pooling="cls")."""
+"""Sequence classification: one label per sequence, from the mean of the final states over real tokens, the
+learned [CLS] position's state (config.model.pooling="cls"), or the input's own first token through a pooler
+(pooling="first": a pretrained checkpoint's [CLS] and its pooler)."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +15,12 @@ from efftx.objectives import base
 
 def _head(x_BxLxD: jax.Array, mask_BxL: jax.Array, *, num_classes: int, pooling: str) -> jax.Array:
   """logits_BxC: the mean over real tokens only (padding never reaches the classifier), or the [CLS] position's
-  state (LRA's and BERT's way), then a ReLU layer and a linear one (LRA's classifier head)."""
+  state (LRA's way), then a ReLU layer and a linear one (LRA's classifier head). pooling="first": the first
+  position's state through "pooler" (dense + tanh, BERT's and FNet's pooler, converted with a checkpoint), then a
+  linear classifier, as f_net's SequenceClassificationModel does (no dropout between them)."""
+  if pooling == "first":
+    pooled_BxD = jnp.tanh(nn.Dense(x_BxLxD.shape[-1], name="pooler")(x_BxLxD[:, 0]))
+    return nn.Dense(num_classes, name="classifier")(pooled_BxD)
   if pooling == "cls":
     pooled_BxD = x_BxLxD[:, 0]
   else:
@@ -28,6 +34,7 @@ def _head(x_BxLxD: jax.Array, mask_BxL: jax.Array, *, num_classes: int, pooling:
 class Classify(base.Objective):
   batch_keys = ("label",)
   fresh_params = ("pool_dense", "classifier")
+  optional_params = ("pooler",)
 
   def check(self, config, task) -> None:
     if task.objective != "classify":

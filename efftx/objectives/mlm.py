@@ -40,15 +40,18 @@ class _MaskForMlm:
   special_ids: tuple[int, ...]
 
   def __call__(self, example: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    return mask_for_mlm({"tokens": example["tokens"], "mask": example["mask"]}, rng, mask_id=self.mask_id,
-                        random_ids=self.random_ids, special_ids=self.special_ids)
+    out = mask_for_mlm({"tokens": example["tokens"], "mask": example["mask"]}, rng, mask_id=self.mask_id,
+                       random_ids=self.random_ids, special_ids=self.special_ids)
+    if "token_types" in example:  # a tokenizer's sentence pairs keep their segments
+      out["token_types"] = example["token_types"]
+    return out
 
 
 class MaskedLM(PerPosition):
   def check(self, config, task) -> None:
     if task.mask_id is None:
       raise UserError(f"task '{config.data.task}' has no text to mask: masked-LM needs a text task "
-                      "(bytes, imdb_bytes, glue)")
+                      "(bytes, imdb_bytes, glue) and, with config.data.tokenizer, a tokenizer with a [MASK] token")
     if config.model.causal:
       raise UserError("masked-LM reads both sides of a token: set config.model.causal=False")
     super().check(config, task)
