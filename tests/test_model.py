@@ -120,6 +120,29 @@ def test_cls_pooling_classifies_from_a_learned_first_position(mixer):
   np.testing.assert_allclose(compiled(model).apply({"params": params}, other, mask=mask), logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_token_types_add_their_embedding_at_their_positions(pooling):
+  """A type embedding is a per-position vector: with type rows (0, v), types t give the model whose position
+  embedding has v added where t is 1 — after the learned [CLS] position when there is one (it is type 0)."""
+  config = mixer_config("attention", d_model=16, d_ff=32, num_heads=2, max_len=L, pooling=pooling, dropout=0.0,
+                        type_vocab_size=2)
+  model = trainer.parts(config).model
+  tokens, mask = _tokens_and_mask()
+  params = compiled(model).init(jax.random.key(0), tokens)["params"]
+  v = np.asarray(jax.random.normal(jax.random.key(1), (16,)))
+  params["type_embed"]["embedding"] = np.stack([np.zeros(16), v]).astype(np.float32)
+  types_L = (np.arange(L) >= L // 2).astype(np.int32)
+  types = np.broadcast_to(types_L, tokens.shape)
+  got = compiled(model).apply({"params": params}, tokens, mask=mask, token_types=types)
+  shift = 1 if pooling == "cls" else 0
+  moved = jax.tree.map(lambda x: x, params)
+  moved["pos_embed"] = np.asarray(params["pos_embed"]).copy()
+  moved["pos_embed"][shift:shift + L] += types_L[:, None] * v
+  want = compiled(model).apply({"params": moved}, tokens, mask=mask)  # no types given: all type 0 (row 0 = 0)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert np.abs(np.asarray(got) - np.asarray(compiled(model).apply({"params": params}, tokens, mask=mask))).max() > 1e-3
+
+
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
 def test_post_ln_layout_is_bert_s(activation):
   """block_layout="post_ln" against a numpy BERT-style encoder written from the paper's equations: embeddings →
