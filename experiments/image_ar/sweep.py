@@ -1,5 +1,5 @@
 """Autoregressive pixels (AFT, Zhai et al. 2021, Table 2): bits/dim of image density estimation for softmax
-attention, AFT-local, AFT-simple, AFT-conv and linear attention, 2 seeds each.
+attention, AFT-local, AFT-simple, AFT-conv and linear attention, 4 seeds each.
 
     python -m efftx.sweep experiments/image_ar/sweep.py --workdir=/tmp/efftx/image_ar --parallel=2
     python -m efftx.sweep experiments/image_ar/sweep.py --workdir=DIR --scale=paper    # accelerators (CIFAR-10)
