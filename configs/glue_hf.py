@@ -42,7 +42,7 @@ def get_config(arg: str | None = None):
   if not hf.is_checkpoint(args.hf):
     raise config_lib.UserError(f"hf={args.hf}: not a Hugging Face checkpoint folder (config.json naming a "
                                "model_type, and model.safetensors)")
-  checkpoint, params = hf.load(args.hf)
+  checkpoint = hf.load_config(args.hf)  # the weights themselves load once, at init_from
   config = config_lib.default_config(checkpoint.model.mixer)
   config.model.update(checkpoint.model)
   config.mixer.update(checkpoint.mixer)
@@ -51,7 +51,7 @@ def get_config(arg: str | None = None):
     raise config_lib.UserError(f"hf={args.hf}: the folder has no tokenizer (tokenizer.json, a SentencePiece .model "
                                "or vocab.txt); its ids are what the checkpoint's embeddings mean")
   config.data.update(task="glue", variant=args.task, batch_size=64, truncate=True, tokenizer=checkpoint.data.tokenizer,
-                     vocab_size=len(params["embed"]["embedding"]))  # the embeddings' rows (≥ the tokenizer's)
+                     vocab_size=checkpoint.data.vocab_size)
   config.init_from = os.path.abspath(args.hf)
   config_lib.fine_tuning_schedule(config, args.epochs, GLUE_TRAIN_EXAMPLES[args.task], args.lr)
   if args.smoke:

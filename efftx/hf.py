@@ -9,11 +9,12 @@ safetensors only; no torch).
 embedding LayerNorm, FNet's embedding projection, token-type embeddings, HF's LayerNorm epsilon, GELU and dropout
 rates, pooling="first") and the parameters of every part of efftx's model but the classifier: the embeddings, the
 blocks and the checkpoint's pooler (dense + tanh on the first token, what pooling="first" classifies through).
-`convert(hf_config, weights)` does the same from a config dict and a {name: array} dict. `--config.init_from=<an HF
+`convert(hf_config, weights)` does the same from a config dict and a {name: array} dict; `load_config(folder)`
+gives the config alone, reading only the weights file's header. `--config.init_from=<an HF
 folder>` fine-tunes from one (efftx.checkpoints.load_encoder; configs/glue_hf.py reads the model's settings from
 the checkpoint), and config.data.tokenizer=<the folder> encodes text with its tokenizer (efftx/data/tokenizer.py).
 
-What the converter does with each HF config field (FIELDS below lists them):
+What the converter does with each HF config field:
   read:    model_type, hidden_size, num_hidden_layers, num_attention_heads (BERT), intermediate_size, hidden_act,
            max_position_embeddings, type_vocab_size (from the weights' rows), layer_norm_eps, hidden_dropout_prob,
            attention_probs_dropout_prob (BERT), vocab_size (from the weights' rows);
@@ -49,14 +50,6 @@ _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu
 _EXPORTED_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 # Old BERT checkpoints (TF-converted) name LayerNorm parameters gamma / beta; HF renames them when it loads.
 _LEGACY_NAMES = {".LayerNorm.gamma": ".LayerNorm.weight", ".LayerNorm.beta": ".LayerNorm.bias"}
-# Every HF config field the converter reads or refuses (the others are ignored: see the module docstring).
-FIELDS = {
-    "read": ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-             "hidden_act", "max_position_embeddings", "layer_norm_eps", "hidden_dropout_prob",
-             "attention_probs_dropout_prob", "type_vocab_size", "vocab_size"),
-    "refused": ("position_embedding_type", "is_decoder", "add_cross_attention", "is_encoder_decoder",
-                "pruned_heads"),
-}
 # The config fields that make a converted encoder the checkpoint's function: a run that fine-tunes from a
 # checkpoint (init_from) must have the same values.
 ARCHITECTURE = {"model": ("mixer", "causal", "d_model", "num_layers", "d_ff", "block_layout", "embed_projection",
@@ -99,26 +92,49 @@ def is_checkpoint(folder: str) -> bool:
     return "model_type" in json.load(f)
 
 
-def load(folder: str, max_len: int | None = None) -> tuple[ml_collections.ConfigDict, dict]:
-  """(config, parameters) of the HF checkpoint in `folder` (config.json and model.safetensors). Where the folder
-  holds a tokenizer, config.data names it and a text task to fine-tune on (GLUE SST-2, cut to max_len), so that
-  the config is valid as it is."""
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+def _files(folder: str) -> tuple[str, str]:
   config_path, weights_path = os.path.join(folder, "config.json"), os.path.join(folder, "model.safetensors")
   if not os.path.exists(config_path) or not os.path.exists(weights_path):
     raise UserError(f"{folder}: an HF checkpoint folder needs config.json and model.safetensors (a "
                     "pytorch_model.bin needs torch to read: save it as safetensors first)")
+  return config_path, weights_path
+
+
+def _with_tokenizer(config: ml_collections.ConfigDict, folder: str) -> ml_collections.ConfigDict:
+  """Where the folder holds a tokenizer, config.data names it and a text task to fine-tune on (GLUE SST-2, cut to
+  max_len), so that the config is valid as it is."""
+  from efftx.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  if tokenizer_lib.find(folder):
+    config.data.update(tokenizer=os.path.abspath(folder), task="glue", variant="sst2", truncate=True)
+  return config
+
+
+def load(folder: str, max_len: int | None = None) -> tuple[ml_collections.ConfigDict, dict]:
+  """(config, parameters) of the HF checkpoint in `folder` (config.json and model.safetensors); config.data names
+  the folder's tokenizer, if it has one (with GLUE SST-2 as its text task)."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  config_path, weights_path = _files(folder)
   with open(config_path) as f:
     config, params = convert(json.load(f), load_file(weights_path), max_len)
-  from efftx.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  if tokenizer_lib.find(folder):  # the checkpoint's own tokenizer encodes the text it fine-tunes on
-    config.data.update(tokenizer=os.path.abspath(folder), task="glue", variant="sst2", truncate=True)
-  return config, params
+  return _with_tokenizer(config, folder), params
 
 
-def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None = None
-            ) -> tuple[ml_collections.ConfigDict, dict]:
-  """(config, parameters) from an HF FNet or BERT config dict and its weights by name."""
+def load_config(folder: str, max_len: int | None = None) -> ml_collections.ConfigDict:
+  """`load`'s config alone, from config.json and the tensors' names and shapes in model.safetensors' header (no
+  weights are read)."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  config_path, weights_path = _files(folder)
+  with open(config_path) as f:
+    hf_config = json.load(f)
+  with safe_open(weights_path, framework="numpy") as weights:
+    shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+  return _with_tokenizer(_config(hf_config, _named(shapes), max_len)[0], folder)
+
+
+def _config(hf_config: dict, shapes: dict[str, tuple[int, ...]], max_len: int | None
+            ) -> tuple[ml_collections.ConfigDict, str]:
+  """(config, the weights' name prefix) from an HF config and its tensors' shapes by (current) name; raises
+  UserError for what would convert into another model."""
   kind = hf_config.get("model_type")
   if kind not in ("fnet", "bert"):
     raise UserError(f"model_type '{kind}': efftx reads fnet and bert checkpoints")
@@ -126,20 +142,12 @@ def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None
   if act not in _ACTIVATIONS:
     raise UserError(f"hidden_act '{act}' has no efftx counterpart; efftx has: {', '.join(_ACTIVATIONS)}")
   _refuse_unsupported(hf_config)
-  weights = _named(weights)
   # A model class's checkpoint (e.g. FNetForMaskedLM) prefixes the encoder's names with "fnet." / "bert.".
-  prefix = next((p for p in (f"{kind}.", "") if f"{p}embeddings.word_embeddings.weight" in weights), None)
+  prefix = next((p for p in (f"{kind}.", "") if f"{p}embeddings.word_embeddings.weight" in shapes), None)
   if prefix is None:
     raise UserError(f"no {kind} embeddings in the weights (looked for embeddings.word_embeddings.weight)")
-
-  def w(name: str) -> np.ndarray:
-    if prefix + name not in weights:
-      raise UserError(f"the checkpoint has no tensor {prefix + name}, which a {kind} encoder of this config needs")
-    return np.asarray(weights[prefix + name], np.float32)
-
-  has = lambda name: prefix + name in weights
-  D, F, num_layers = hf_config["hidden_size"], hf_config["intermediate_size"], hf_config["num_hidden_layers"]
-  stored = {int(n[len(prefix + "encoder.layer."):].split(".")[0]) for n in weights
+  num_layers = hf_config["num_hidden_layers"]
+  stored = {int(n[len(prefix + "encoder.layer."):].split(".")[0]) for n in shapes
             if n.startswith(prefix + "encoder.layer.")}
   if stored != set(range(num_layers)):
     raise UserError(f"num_hidden_layers is {num_layers} but the weights hold layers "
@@ -148,27 +156,42 @@ def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None
   max_len = max_len or positions
   if max_len > positions:
     raise UserError(f"max_len={max_len}: the checkpoint has {positions} position embeddings")
-
+  types = shapes.get(prefix + "embeddings.token_type_embeddings.weight")
   config = config_lib.default_config("fnet" if kind == "fnet" else "attention")
-  types = w("embeddings.token_type_embeddings.weight") if has("embeddings.token_type_embeddings.weight") else None
-  config.model.update(d_model=D, d_ff=F, num_layers=num_layers, max_len=max_len, causal=False,
-                      dropout=float(hf_config.get("hidden_dropout_prob", 0.1)), block_layout="post_ln",
-                      embed_projection=kind == "fnet", norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
-                      activation=_ACTIVATIONS[act], type_vocab_size=0 if types is None else len(types),
-                      pooling="first")
+  config.model.update(d_model=hf_config["hidden_size"], d_ff=hf_config["intermediate_size"], num_layers=num_layers,
+                      max_len=max_len, causal=False, dropout=float(hf_config.get("hidden_dropout_prob", 0.1)),
+                      block_layout="post_ln", embed_projection=kind == "fnet",
+                      norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)), activation=_ACTIVATIONS[act],
+                      type_vocab_size=types[0] if types else 0, pooling="first")
+  config.data.vocab_size = shapes[prefix + "embeddings.word_embeddings.weight"][0]  # its rows (≥ the tokenizer's)
   if kind == "fnet":
     config.mixer.update(fourier_impl="fft", padding="mix")
   else:
     config.mixer.update(num_heads=hf_config["num_attention_heads"], attention_impl="plain",
                         attention_dropout=float(hf_config.get("attention_probs_dropout_prob", 0.1)))
+  return config, prefix
+
+
+def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None = None
+            ) -> tuple[ml_collections.ConfigDict, dict]:
+  """(config, parameters) from an HF FNet or BERT config dict and its weights by name."""
+  weights = _named(weights)
+  config, prefix = _config(hf_config, {name: np.shape(value) for name, value in weights.items()}, max_len)
+  kind, max_len, num_layers = hf_config["model_type"], config.model.max_len, config.model.num_layers
+  D = config.model.d_model
+
+  def w(name: str) -> np.ndarray:
+    if prefix + name not in weights:
+      raise UserError(f"the checkpoint has no tensor {prefix + name}, which a {kind} encoder of this config needs")
+    return np.asarray(weights[prefix + name], np.float32)
 
   dense = lambda name: {"kernel": w(f"{name}.weight").T, "bias": w(f"{name}.bias")}  # torch Linear: (out, in)
   norm = lambda name: {"scale": w(f"{name}.weight"), "bias": w(f"{name}.bias")}
   params = {"embed": {"embedding": w("embeddings.word_embeddings.weight")},
             "pos_embed": w("embeddings.position_embeddings.weight")[:max_len],
             "embed_norm": norm("embeddings.LayerNorm")}
-  if types is not None:
-    params["type_embed"] = {"embedding": types}
+  if config.model.type_vocab_size:
+    params["type_embed"] = {"embedding": w("embeddings.token_type_embeddings.weight")}
   if kind == "fnet":
     params["embed_projection"] = dense("embeddings.projection")
   for i in range(num_layers):
@@ -189,7 +212,7 @@ def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None
                   "bias": w(f"{layer}.attention.output.dense.bias")}}}
       block["mixing_norm"] = norm(f"{layer}.attention.output.LayerNorm")
     params[f"block_{i}"] = block
-  if has("pooler.dense.weight"):
+  if prefix + "pooler.dense.weight" in weights:
     params["pooler"] = dense("pooler.dense")
   return config, params
 
@@ -206,7 +229,7 @@ def mismatches(config: ml_collections.ConfigDict, checkpoint_config: ml_collecti
   return out
 
 
-def _exportable(config: ml_collections.ConfigDict, params: dict) -> str:
+def _exportable(config: ml_collections.ConfigDict) -> str:
   """The HF model_type an efftx encoder converts to ("bert" or "fnet"); UserError naming the setting if none."""
   m, kind = config.model, {"attention": "bert", "fnet": "fnet"}.get(config.model.mixer)
   problems = [
@@ -236,7 +259,7 @@ def export(config: ml_collections.ConfigDict, params: dict, folder: str, tokeniz
   own, which last_hidden_state does not use. `tokenizer`: a folder (its tokenizer files are copied) or one
   tokenizer file (it and its folder's settings are copied)."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  kind = _exportable(config, params)
+  kind = _exportable(config)
   m = config.model
   D = m.d_model
   f32 = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))

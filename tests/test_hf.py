@@ -350,3 +350,16 @@ def test_export_with_one_tokenizer_file_copies_that_file_and_its_settings(tmp_pa
                                           "spiece.model", "tokenizer_config.json"]
   assert tokenizer_lib.Tokenizer(str(tmp_path)).kind == "sentencepiece"
   assert json.load(open(tmp_path / "config.json"))["pad_token_id"] == 3
+
+
+@pytest.mark.parametrize("name", ["hf_fnet_tiny", "hf_bert_tiny"])
+def test_the_config_alone_is_read_from_the_weights_header(name, monkeypatch):
+  """hf.load_config gives load's config (configs/glue_hf.py reads it) without reading a tensor."""
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(FIXTURES, name)
+  want, params = hf.load(folder, max_len=16)
+  monkeypatch.setattr(safetensors.numpy, "load_file", lambda *a, **k: pytest.fail("read the weights"))
+  got = hf.load_config(folder, max_len=16)
+  assert got.to_dict() == want.to_dict()
+  assert got.data.vocab_size == len(params["embed"]["embedding"]) and got.model.type_vocab_size == len(
+      params["type_embed"]["embedding"])

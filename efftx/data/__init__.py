@@ -52,7 +52,7 @@ class Task:
   # interleaved: token (W·y + x)·C + c is channel c of pixel (y, x)), H·W·C of them; None for other tasks
   image_shape: tuple[int, int, int] | None = None
   # text classification tasks: (raw TFDS example) -> (text, second text of a pair or None), what a checkpoint's
-  # tokenizer encodes in place of bytes (config.data.tokenizer; `with_tokenizer`)
+  # tokenizer encodes in place of bytes (config.data.tokenizer; `resolve`)
   text: Callable[[dict], tuple[str, str | None]] | None = None
 
   @property

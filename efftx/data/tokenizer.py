@@ -137,8 +137,8 @@ class Tokenizer:
 
 
 def truncate_longest_first(a: list, b: list | None, room: int) -> tuple[list, list | None]:
-  """a and b cut to room tokens together: tokens come off the end of the longer one (the second on a tie), as
-  transformers' longest_first truncation does."""
+  """a and b cut to room tokens together, as transformers' Python tokenizers' longest_first does: the longer one
+  loses tokens from its end until both are as long, then both lose them alike, the first keeping the odd one."""
   room = max(room, 0)
   if b is None:
     return a[:room], None
