@@ -108,6 +108,92 @@ def test_report_from_existing_workdirs(tmp_path, data_dir):
                                                          "plot.png": "report.png"}.get(name, name)).read_bytes()
 
 
+def _finished(folder, steps, value, total=10, outcome=None):
+  """What a run leaves behind: its config, metric rows up to `steps` (the last with eval_accuracy=value)."""
+  folder.mkdir(parents=True)
+  (folder / "config.json").write_text(json.dumps({"total_steps": total, "mixer": {"name": folder.name}}))
+  (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
+      {"step": 1, "eval_accuracy": 0.1}, {"step": steps, "loss": 1.5}, {"step": steps, "eval_accuracy": value})))
+  if outcome:
+    (folder / launch.POINT_FILE).write_text(json.dumps(outcome))
+
+
+def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data_dir):
+  path = _sweep_file(tmp_path, data_dir, {"a": {"arg": "smoke"}, "b": {"arg": "smoke,mixer=fnet"},
+                                          "c": {"arg": "smoke,mixer=aft_full"}})
+  study = study_lib.load(path)
+  first = tmp_path / "first"
+  _finished(first / "a-seed0", 10, 0.75, outcome={"status": "done", "total_seconds": 12.5, "commit": "abc"})
+  _finished(first / "b-seed0", 10, 0.25)
+  _finished(first / "c-seed0", 5, 0.5)  # stopped halfway
+  proc = _sweep(path, f"--workdir={first}", "--report", "--publish")
+  assert proc.returncode == 0, proc.stderr
+  records = tmp_path / "study" / launch.RECORDS
+  assert f"published: 2 points' records in {records}" in proc.stdout
+  assert "the report is not published while 1 of 3 points are not done" in proc.stderr
+  assert not (tmp_path / "study" / "table.md").exists()  # a partial table does not replace the committed one
+  assert sorted(os.listdir(records)) == ["a-seed0.json", "b-seed0.json"]
+  a = json.loads((records / "a-seed0.json").read_text())
+  assert a["flags"] == study.points[0].flags("configs/quickstart.py") and "--config.seed=0" in a["flags"]
+  assert (a["commit"], a["seconds"]) == ("abc", 12.5)
+  assert a["config"] == json.loads((first / "a-seed0" / "config.json").read_text())
+  assert a["metrics"] == launch.metric_rows(first / "a-seed0")
+  # The record of a point whose flags changed since (here: c's, edited by hand) is not taken.
+  (records / "c-seed0.json").write_text(json.dumps({**a, "flags": a["flags"][:-1] + ["--config.seed=7"]}))
+
+  # Another machine: a fresh workdir, where b has started on its own.
+  second = tmp_path / "second"
+  _finished(second / "b-seed0", 5, 0.4)
+  dry = _sweep(path, f"--workdir={second}", "--dry_run", "--reuse_published")
+  assert dry.returncode == 0, dry.stderr
+  assert "reuse        a-seed0: its published record" in dry.stdout and not (second / "a-seed0").exists()
+  proc = _sweep(path, f"--workdir={second}", "--report", "--reuse_published")
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines()[:3] == [
+      "reuse        a-seed0: its published record",
+      "not reused   b-seed0: unfinished in the workdir, which goes on with its own run",
+      "not reused   c-seed0: its record ran with other flags"]
+  assert launch.state(second / "a-seed0") == "done" and launch.state(second / "c-seed0") == "pending"
+  assert launch.metric_rows(second / "a-seed0") == a["metrics"]
+  assert json.loads((second / "a-seed0" / launch.POINT_FILE).read_text())["reused_record"] == (
+      os.path.relpath(records / "a-seed0.json", REPO))
+  assert "| a | — | 0.75 | 1/1 |" in proc.stdout
+  assert launch.metric_rows(second / "b-seed0")[-1]["eval_accuracy"] == 0.4  # the workdir's own run, untouched
+
+
+def test_a_grown_grid_reuses_the_records_of_its_later_points(tmp_path, data_dir):
+  """best_then_seeds: seed 1 at the best rate exists only once the search's records are reused; it is reused too."""
+  path = tmp_path / "grown" / "sweep.py"
+  path.parent.mkdir()
+  path.write_text(f'''"""A test study."""
+from efftx.sweep import best_then_seeds
+CONFIG = "configs/quickstart.py"
+METRIC = "eval_accuracy"
+GOAL = "max"
+
+def points(scale, finished):
+  return best_then_seeds({{"a": {{"arg": "smoke", "overrides": {{"data.data_dir": {str(data_dir)!r}}}}}}},
+                         (1e-3, 1e-2), (0, 1), finished, GOAL)
+''')
+  first = tmp_path / "first"
+  for name, value in (("a-lr0.001-seed0", 0.3), ("a-lr0.01-seed0", 0.6), ("a-lr0.01-seed1", 0.7)):
+    _finished(first / name, 10, value)
+  assert [p.name for p in study_lib.load(str(path), "cpu", str(first)).points][-1] == "a-lr0.01-seed1"
+  proc = _sweep(path, f"--workdir={first}", "--report", "--publish")
+  assert proc.returncode == 0 and "published: 3 points' records" in proc.stdout, proc.stderr
+  second = tmp_path / "second"
+  proc = _sweep(path, f"--workdir={second}", "--report", "--reuse_published")
+  assert proc.returncode == 0, proc.stderr
+  assert [l.split(":")[0] for l in proc.stdout.splitlines()[:3]] == [
+      "reuse        a-lr0.001-seed0", "reuse        a-lr0.01-seed0", "reuse        a-lr0.01-seed1"]
+  assert "| a | — | 0.65 [0.0147, 1.285] | 2/2 | 0.01 |" in proc.stdout  # seeds 0 and 1 at the best rate
+
+
+def test_a_points_outcome_names_the_commit_it_ran():
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+  assert launch.checkout_commit().split("+")[0] == head
+
+
 def _bench_sweep_file(tmp_path, groups: dict) -> str:
   path = tmp_path / "costs" / "sweep.py"
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -277,6 +363,7 @@ def test_a_point_stopped_by_a_signal_is_resumable_and_one_killed_is_failed(tmp_p
   silent = launch.run_point([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                             str(tmp_path / "c"))
   assert silent["error"] == "killed by SIGKILL" and launch.state(tmp_path / "c") == "failed"
+  assert json.loads((tmp_path / "c" / launch.POINT_FILE).read_text())["commit"] == launch.checkout_commit()
 
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])

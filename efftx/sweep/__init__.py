@@ -5,6 +5,7 @@
     python -m efftx.sweep ... --launcher=slurm [--slurm_partition=gpu --gpus_per_node=8 --timeout_min=600]
     python -m efftx.sweep ... --launcher=tpu --tpu=my-slice --zone=us-central2-b   # needs a gs:// --workdir
     python -m efftx.sweep ... --dry_run                                          # what would run, any launcher
+    python -m efftx.sweep ... --workdir=NEW --reuse_published [--report]          # from the published records
 
 A sweep file is plain Python that defines:
   CONFIG          the config file its training points start from, e.g. "configs/lm_bytes.py" (a group may name
@@ -41,7 +42,10 @@ Every point is one `python -m efftx.train` command (Point.command; printed befor
 its own workdir DIR/<point>: a re-run skips points that reached their total_steps, resumes the others from their
 checkpoints, and retries failed ones. A bench point is one `python -m efftx.bench` command writing
 DIR/<point>/bench.json (done once that file exists; run them with --parallel=1, or their timings share the cores).
-A failing point is reported with its one-line error; the others go on.
+A failing point is reported with its one-line error; the others go on. `--publish` writes each finished point's
+record (flags, config, metric rows or bench row, seconds, commit) to runs/<point>.json beside the sweep file, and
+copies the report there once every point is done; `--reuse_published` takes a record whose flags are the point's as
+done in a workdir where the point has not started.
 On one machine `--parallel` points run at a time; `--launcher=slurm` submits each point as a SLURM job through
 submitit; `--launcher=tpu` runs each point on every worker of a TPU VM slice with `gcloud compute tpus tpu-vm ssh
 --worker=all` (one point at a time, in order). Seeds of a group are aggregated as mean, sample std and 95 % interval,

@@ -17,7 +17,10 @@ from efftx import sweep
 from efftx.errors import UserError
 from efftx.sweep.launch import LAUNCHERS
 from efftx.sweep.launch import Launch
+from efftx.sweep.launch import publish_records
+from efftx.sweep.launch import reuse_records
 from efftx.sweep.launch import run
+from efftx.sweep.launch import state as launch_state
 from efftx.sweep.report import publish
 from efftx.sweep.report import report
 from efftx.sweep.study import REPO
@@ -26,14 +29,17 @@ from efftx.sweep.study import load
 
 def _define_flags() -> None:
   global _WORKDIR, _SCALE, _PARALLEL, _LAUNCHER, _DRY_RUN, _REPORT, _PUBLISH, _TPU, _ZONE, _REMOTE_DIR
-  global _SLURM_PARTITION, _NODES, _GPUS_PER_NODE, _TIMEOUT_MIN, _SUBMITIT_CLUSTER
+  global _SLURM_PARTITION, _NODES, _GPUS_PER_NODE, _TIMEOUT_MIN, _SUBMITIT_CLUSTER, _REUSE_PUBLISHED
   _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's folder: one workdir per point, the report.")
   _SCALE = flags.DEFINE_enum("scale", "cpu", ["cpu", "paper"], "The grid: reduced (cpu) or the paper's.")
   _PARALLEL = flags.DEFINE_integer("parallel", 1, "Points at a time (launcher local).", lower_bound=1)
   _LAUNCHER = flags.DEFINE_enum("launcher", "local", LAUNCHERS, "Where points run.")
   _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each point's state and command; run nothing.")
   _REPORT = flags.DEFINE_bool("report", False, "Only write the report from the points' workdirs.")
-  _PUBLISH = flags.DEFINE_bool("publish", False, "Copy the report next to the sweep file.")
+  _PUBLISH = flags.DEFINE_bool("publish", False, "Copy the report next to the sweep file (once every point is done) "
+                               "and each finished point's record into its runs/ folder.")
+  _REUSE_PUBLISHED = flags.DEFINE_bool("reuse_published", False, "Points not started in --workdir whose published "
+                                       "record (runs/ beside the sweep file) ran with the same flags count as done.")
   _TPU = flags.DEFINE_string("tpu", "", "launcher tpu: the TPU VM slice's name.")
   _ZONE = flags.DEFINE_string("zone", "", "launcher tpu: its zone.")
   _REMOTE_DIR = flags.DEFINE_string("remote_dir", "efftx", "launcher tpu: the efftx checkout on the workers.")
@@ -70,6 +76,8 @@ def main(argv: list[str]) -> None:
         launch.slurm = {"timeout_min": _TIMEOUT_MIN.value}
     command = shlex.join(["python", "-m", "efftx.sweep", os.path.relpath(os.path.abspath(argv[1]), REPO)]
                          + ([f"--scale={_SCALE.value}"] if _SCALE.value != "cpu" else []) + ["--workdir=DIR"])
+    if _REUSE_PUBLISHED.value:
+      study = _reuse(study, argv[1], workdir)
     if not _REPORT.value:
       states = run(study, workdir, launch, dry_run=_DRY_RUN.value)
       while not _DRY_RUN.value and study.adaptive:  # a grid that grows as its points finish (best_then_seeds)
@@ -78,7 +86,7 @@ def main(argv: list[str]) -> None:
           break
         print(f"efftx.sweep: {len(grown.points) - len(study.points)} more points now that their search finished",
               file=sys.stderr, flush=True)
-        study = grown
+        study = _reuse(grown, argv[1], workdir) if _REUSE_PUBLISHED.value else grown
         states = run(study, workdir, launch)
       if _DRY_RUN.value:
         return
@@ -89,9 +97,31 @@ def main(argv: list[str]) -> None:
     print(epath.Path(paths["md"]).read_text())
     print(f"report: {', '.join(paths.values())}")
     if _PUBLISH.value:
-      print(f"published: {', '.join(publish(study, paths))}")
+      records = publish_records(study, workdir)
+      print(f"published: {len(records)} points' records in {os.path.dirname(records[0]) if records else '—'}")
+      unfinished = [p.name for p in study.points if launch_state(epath.Path(workdir) / p.name) != "done"]
+      if unfinished:
+        print(f"efftx.sweep: the report is not published while {len(unfinished)} of {len(study.points)} points are "
+              "not done (the committed one stays)", file=sys.stderr)
+      else:
+        print(f"published: {', '.join(publish(study, paths))}")
   if not _REPORT.value and not _DRY_RUN.value and "failed" in states.values():
     sys.exit(1)  # after the report: a script running the sweep learns that a point failed
+
+
+def _reuse(study, path: str, workdir: str):
+  """Takes the published records of points not started in workdir (reuse_records), printing each; an adaptive
+  grid is loaded again while reused points grow it."""
+  while True:  # a reused point is done in workdir: the next pass reports only the grown grid's points
+    for name, why in reuse_records(study, workdir, dry_run=_DRY_RUN.value).items():
+      print(f"{'reuse' if why == 'reused' else 'not reused':12s} {name}: "
+            f"{'its published record' if why == 'reused' else why}", flush=True)
+    if not study.adaptive or _DRY_RUN.value:
+      return study
+    grown = load(path, _SCALE.value, workdir)
+    if {p.name for p in grown.points} <= {p.name for p in study.points}:
+      return study
+    study = grown
 
 
 if __name__ == "__main__":

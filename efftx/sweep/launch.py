@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import shlex
@@ -28,6 +29,7 @@ from efftx.sweep.study import Study
 
 LAUNCHERS = ("local", "slurm", "tpu")
 POINT_FILE = "sweep_point.json"  # in a point's workdir: its last attempt's outcome, error line and time
+RECORDS = "runs"  # beside the sweep file: one published record per finished point (see publish_records)
 
 
 # ---------------------------------------------------------------------------------------------- Point state
@@ -72,6 +74,100 @@ def state(folder: epath.Path) -> str:
   return "unfinished" if rows or config else "pending"
 
 
+@functools.cache
+def checkout_commit() -> str | None:
+  """The checkout's git commit, with "+dirty" when tracked files differ from it; None outside a git checkout.
+  Recorded in each point's outcome, so a published record says which code produced it."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  if head.returncode != 0:
+    return None
+  return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+# ---------------------------------------------------------------------------------------------- Published records
+# A finished point's record holds what the report reads from its folder (the config efftx.train wrote, its metric
+# rows or bench.json, its run time and commit) and the flags it ran with, in experiments/<study>/runs/<point>.json.
+# Committed with the study, the records are its raw data, and a sweep started on another machine with
+# --reuse_published takes each one whose flags are the point's as done instead of running the point again: a
+# sweep longer than one machine's life finishes across several.
+
+def record(folder: epath.Path, flags: list[str]) -> dict:
+  """A finished point's published record, from its folder."""
+  outcome = _read_json(folder / POINT_FILE) or {}
+  out = {"flags": flags, "commit": outcome.get("commit"), "seconds": outcome.get("total_seconds")}
+  bench = _read_json(folder / BENCH_FILE)
+  if bench is not None:
+    return {**out, "bench": bench}
+  return {**out, "config": _read_json(folder / "config.json"), "metrics": metric_rows(folder)}
+
+
+def _dump(value: dict) -> str:
+  """JSON with one metric row per line: small, and a diff shows which rows changed."""
+  head = json.dumps({k: v for k, v in value.items() if k != "metrics"}, indent=1)
+  if "metrics" not in value:
+    return head + "\n"
+  rows = ",\n  ".join(json.dumps(r) for r in value["metrics"])
+  return head[:-2] + ',\n "metrics": [\n  ' + rows + "\n ]\n}\n"
+
+
+def publish_records(study: Study, workdir: str) -> list[str]:
+  """Writes the record of every point done in workdir to experiments/<study>/runs/<point>.json (replacing an older
+  record of the same point); returns the paths written."""
+  folder = os.path.join(os.path.dirname(os.path.abspath(study.path)), RECORDS)
+  out = []
+  for p in study.points:
+    source = epath.Path(workdir) / p.name
+    if state(source) != "done":
+      continue
+    os.makedirs(folder, exist_ok=True)
+    target = os.path.join(folder, f"{p.name}.json")
+    with open(target, "w") as f:
+      f.write(_dump(record(source, p.flags(p.config or study.config))))
+    out.append(target)
+  return out
+
+
+def reuse_records(study: Study, workdir: str, dry_run: bool = False) -> dict[str, str]:
+  """For each point not started in workdir whose published record ran with the point's own flags: writes the
+  record into its folder (config.json and metrics.jsonl, or bench.json, and an outcome that names the record), so
+  that it counts as done. Returns {point: why} for every record of a point not done in workdir: "reused", or why
+it was not."""
+  folder = os.path.join(os.path.dirname(os.path.abspath(study.path)), RECORDS)
+  out = {}
+  for p in study.points:
+    path = os.path.join(folder, f"{p.name}.json")
+    published = _read_json(epath.Path(path))
+    if published is None:
+      continue
+    target = epath.Path(workdir) / p.name
+    if published.get("flags") != p.flags(p.config or study.config):
+      out[p.name] = "its record ran with other flags"
+      continue
+    if state(target) == "done":
+      continue
+    if state(target) != "pending":
+      out[p.name] = f"{state(target)} in the workdir, which goes on with its own run"
+      continue
+    out[p.name] = "reused"
+    if dry_run:
+      continue
+    target.mkdir(parents=True, exist_ok=True)
+    if "bench" in published:
+      (target / BENCH_FILE).write_text(json.dumps(published["bench"], indent=2))
+    else:
+      (target / "config.json").write_text(json.dumps(published["config"], indent=2))
+      (target / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in published["metrics"]))
+    (target / POINT_FILE).write_text(json.dumps(
+        {"status": "done", "reused_record": os.path.relpath(path, REPO), "commit": published.get("commit"),
+         "total_seconds": published.get("seconds"), "seconds": 0.0}, indent=2))
+  return out
+
+
 _RUNNING: set[subprocess.Popen] = set()  # the points running now (launcher local), for stop()
 _RUNNING_LOCK = threading.Lock()
 
@@ -102,7 +198,8 @@ def run_point(command: list[str], folder: str) -> dict:
   log_path.write_text(previous_log + text)
   previous = _read_json(folder / POINT_FILE) or {}
   outcome = {"command": command, "returncode": proc.returncode, "seconds": time.time() - start,
-             "total_seconds": previous.get("total_seconds", 0.0) + time.time() - start}
+             "total_seconds": (previous.get("total_seconds") or 0.0) + time.time() - start,
+             "commit": checkout_commit()}
   if proc.returncode == 0:
     outcome["status"] = "done" if state(folder) == "done" else "stopped"
   elif proc.returncode in (-signal.SIGTERM, -signal.SIGINT):  # stopped before its own handler was in place
