@@ -120,45 +120,74 @@ def _finished(folder, steps, value, total=10, outcome=None):
 
 def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data_dir):
   path = _sweep_file(tmp_path, data_dir, {"a": {"arg": "smoke"}, "b": {"arg": "smoke,mixer=fnet"},
-                                          "c": {"arg": "smoke,mixer=aft_full"}})
+                                          "c": {"arg": "smoke,mixer=aft_full"}, "d": {"arg": "smoke,mixer=linear"}})
   study = study_lib.load(path)
   first = tmp_path / "first"
-  _finished(first / "a-seed0", 10, 0.75, outcome={"status": "done", "total_seconds": 12.5, "commit": "abc"})
+  _finished(first / "a-seed0", 10, 0.75, outcome={"status": "done", "total_seconds": 12.5, "commits": ["abc"],
+                                                  "machine": "a test machine"})
   _finished(first / "b-seed0", 10, 0.25)
-  _finished(first / "c-seed0", 5, 0.5)  # stopped halfway
+  _finished(first / "c-seed0", 10, 0.5)
+  _finished(first / "d-seed0", 5, 0.5)  # stopped halfway
   proc = _sweep(path, f"--workdir={first}", "--report", "--publish")
   assert proc.returncode == 0, proc.stderr
-  records = tmp_path / "study" / launch.RECORDS
-  assert f"published: 2 points' records in {records}" in proc.stdout
-  assert "the report is not published while 1 of 3 points are not done" in proc.stderr
+  records = tmp_path / "study" / launch.RECORDS / "cpu"  # one folder per scale: point names repeat across scales
+  assert f"published: 3 points' records in {records}" in proc.stdout
+  assert "the report is not published while 1 of 4 points are not done" in proc.stderr
   assert not (tmp_path / "study" / "table.md").exists()  # a partial table does not replace the committed one
-  assert sorted(os.listdir(records)) == ["a-seed0.json", "b-seed0.json"]
+  assert sorted(os.listdir(records)) == ["a-seed0.json", "b-seed0.json", "c-seed0.json"]
   a = json.loads((records / "a-seed0.json").read_text())
   assert a["flags"] == study.points[0].flags("configs/quickstart.py") and "--config.seed=0" in a["flags"]
-  assert (a["commit"], a["seconds"]) == ("abc", 12.5)
+  assert (a["commits"], a["seconds"], a["machine"]) == (["abc"], 12.5, "a test machine")
   assert a["config"] == json.loads((first / "a-seed0" / "config.json").read_text())
   assert a["metrics"] == launch.metric_rows(first / "a-seed0")
-  # The record of a point whose flags changed since (here: c's, edited by hand) is not taken.
+  assert "Machines: a test machine (1 runs); " in proc.stdout  # the others ran here, before outcomes named one
+  # A record whose flags changed since (c's, edited by hand) or that cannot make its point done (d's) is not taken.
   (records / "c-seed0.json").write_text(json.dumps({**a, "flags": a["flags"][:-1] + ["--config.seed=7"]}))
+  d_flags = study.points[3].flags("configs/quickstart.py")
+  (records / "d-seed0.json").write_text(json.dumps({**a, "flags": d_flags, "metrics": a["metrics"][:1]}))
 
   # Another machine: a fresh workdir, where b has started on its own.
   second = tmp_path / "second"
   _finished(second / "b-seed0", 5, 0.4)
   dry = _sweep(path, f"--workdir={second}", "--dry_run", "--reuse_published")
   assert dry.returncode == 0, dry.stderr
-  assert "reuse        a-seed0: its published record" in dry.stdout and not (second / "a-seed0").exists()
+  assert [l.split(":")[0] for l in dry.stdout.splitlines() if "a-seed0" in l] == ["reuse        a-seed0"]
+  assert not (second / "a-seed0").exists()  # a dry run writes nothing
   proc = _sweep(path, f"--workdir={second}", "--report", "--reuse_published")
   assert proc.returncode == 0, proc.stderr
-  assert proc.stdout.splitlines()[:3] == [
-      "reuse        a-seed0: its published record",
+  head = launch.checkout_commit()[:12]
+  assert proc.stdout.splitlines()[:4] == [
+      f"reuse        a-seed0: its published record (commit abc; this checkout {head})",
       "not reused   b-seed0: unfinished in the workdir, which goes on with its own run",
-      "not reused   c-seed0: its record ran with other flags"]
-  assert launch.state(second / "a-seed0") == "done" and launch.state(second / "c-seed0") == "pending"
+      "not reused   c-seed0: its record ran with other flags",
+      "not reused   d-seed0: its record is incomplete"]
+  assert launch.state(second / "a-seed0") == "done"
+  assert launch.state(second / "c-seed0") == launch.state(second / "d-seed0") == "pending"
   assert launch.metric_rows(second / "a-seed0") == a["metrics"]
   assert json.loads((second / "a-seed0" / launch.POINT_FILE).read_text())["reused_record"] == (
       os.path.relpath(records / "a-seed0.json", REPO))
   assert "| a | — | 0.75 | 1/1 |" in proc.stdout
   assert launch.metric_rows(second / "b-seed0")[-1]["eval_accuracy"] == 0.4  # the workdir's own run, untouched
+
+
+def test_a_bench_record_is_reused_only_on_the_machine_that_measured_it(tmp_path):
+  path = _bench_sweep_file(tmp_path, {"attention L=32": {"mixers": "attention", "lengths": 32},
+                                      "fnet L=32": {"mixers": "fnet", "lengths": 32}})
+  study = study_lib.load(path)
+  first = tmp_path / "first"
+  for p, where in zip(study.points, (launch.machine(), "another machine")):
+    (first / p.name).mkdir(parents=True)
+    (first / p.name / "bench.json").write_text(json.dumps({"rows": [{"temp_mib": 3.0, "argument_mib": 1.0}]}))
+    (first / p.name / launch.POINT_FILE).write_text(json.dumps({"status": "done", "machine": where}))
+  written = launch.publish_records(study, str(first), "cpu")
+  assert [os.path.basename(w) for w in written] == ["attention_L=32.json", "fnet_L=32.json"]
+  second = tmp_path / "second"
+  assert launch.reuse_records(study, str(second), "cpu") == {
+      "attention_L=32": (True, "its published record"),
+      "fnet_L=32": (False, "a timing measured on another machine, not this one")}
+  assert json.loads((second / "attention_L=32" / "bench.json").read_text()) == {
+      "rows": [{"temp_mib": 3.0, "argument_mib": 1.0}]}
+  assert launch.state(second / "attention_L=32") == "done" and launch.state(second / "fnet_L=32") == "pending"
 
 
 def test_a_grown_grid_reuses_the_records_of_its_later_points(tmp_path, data_dir):
@@ -191,7 +220,7 @@ def points(scale, finished):
 
 def test_a_points_outcome_names_the_commit_it_ran():
   head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-  assert launch.checkout_commit().split("+")[0] == head
+  assert len(head) == 40 and launch.checkout_commit().split("+")[0] == head
 
 
 def _bench_sweep_file(tmp_path, groups: dict) -> str:
@@ -363,7 +392,8 @@ def test_a_point_stopped_by_a_signal_is_resumable_and_one_killed_is_failed(tmp_p
   silent = launch.run_point([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                             str(tmp_path / "c"))
   assert silent["error"] == "killed by SIGKILL" and launch.state(tmp_path / "c") == "failed"
-  assert json.loads((tmp_path / "c" / launch.POINT_FILE).read_text())["commit"] == launch.checkout_commit()
+  outcome = json.loads((tmp_path / "c" / launch.POINT_FILE).read_text())
+  assert outcome["commits"] == [launch.checkout_commit()] and outcome["machine"] == launch.machine()
 
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])

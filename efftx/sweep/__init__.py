@@ -43,9 +43,10 @@ its own workdir DIR/<point>: a re-run skips points that reached their total_step
 checkpoints, and retries failed ones. A bench point is one `python -m efftx.bench` command writing
 DIR/<point>/bench.json (done once that file exists; run them with --parallel=1, or their timings share the cores).
 A failing point is reported with its one-line error; the others go on. `--publish` writes each finished point's
-record (flags, config, metric rows or bench row, seconds, commit) to runs/<point>.json beside the sweep file, and
-copies the report there once every point is done; `--reuse_published` takes a record whose flags are the point's as
-done in a workdir where the point has not started.
+record (flags, config, metric rows or bench row, seconds, commits, machine) to runs/<scale>/<point>.json beside the
+sweep file, and copies the report there once every point is done; `--reuse_published` takes a record whose flags are
+the point's as done in a workdir where the point has not started (a bench record only on the machine that measured
+it).
 On one machine `--parallel` points run at a time; `--launcher=slurm` submits each point as a SLURM job through
 submitit; `--launcher=tpu` runs each point on every worker of a TPU VM slice with `gcloud compute tpus tpu-vm ssh
 --worker=all` (one point at a time, in order). Seeds of a group are aggregated as mean, sample std and 95 % interval,

@@ -76,17 +76,18 @@ def main(argv: list[str]) -> None:
         launch.slurm = {"timeout_min": _TIMEOUT_MIN.value}
     command = shlex.join(["python", "-m", "efftx.sweep", os.path.relpath(os.path.abspath(argv[1]), REPO)]
                          + ([f"--scale={_SCALE.value}"] if _SCALE.value != "cpu" else []) + ["--workdir=DIR"])
+    reused = set()
     if _REUSE_PUBLISHED.value:
-      study = _reuse(study, argv[1], workdir)
+      study, reused = _reuse(study, argv[1], workdir)
     if not _REPORT.value:
-      states = run(study, workdir, launch, dry_run=_DRY_RUN.value)
+      states = run(study, workdir, launch, dry_run=_DRY_RUN.value, reused=reused)
       while not _DRY_RUN.value and study.adaptive:  # a grid that grows as its points finish (best_then_seeds)
         grown = load(argv[1], _SCALE.value, workdir)
         if {p.name for p in grown.points} <= {p.name for p in study.points}:
           break
         print(f"efftx.sweep: {len(grown.points) - len(study.points)} more points now that their search finished",
               file=sys.stderr, flush=True)
-        study = _reuse(grown, argv[1], workdir) if _REUSE_PUBLISHED.value else grown
+        study = _reuse(grown, argv[1], workdir)[0] if _REUSE_PUBLISHED.value else grown
         states = run(study, workdir, launch)
       if _DRY_RUN.value:
         return
@@ -97,7 +98,7 @@ def main(argv: list[str]) -> None:
     print(epath.Path(paths["md"]).read_text())
     print(f"report: {', '.join(paths.values())}")
     if _PUBLISH.value:
-      records = publish_records(study, workdir)
+      records = publish_records(study, workdir, _SCALE.value)
       print(f"published: {len(records)} points' records in {os.path.dirname(records[0]) if records else '—'}")
       unfinished = [p.name for p in study.points if launch_state(epath.Path(workdir) / p.name) != "done"]
       if unfinished:
@@ -110,17 +111,22 @@ def main(argv: list[str]) -> None:
 
 
 def _reuse(study, path: str, workdir: str):
-  """Takes the published records of points not started in workdir (reuse_records), printing each; an adaptive
-  grid is loaded again while reused points grow it."""
-  while True:  # a reused point is done in workdir: the next pass reports only the grown grid's points
-    for name, why in reuse_records(study, workdir, dry_run=_DRY_RUN.value).items():
-      print(f"{'reuse' if why == 'reused' else 'not reused':12s} {name}: "
-            f"{'its published record' if why == 'reused' else why}", flush=True)
+  """Takes the published records of points not started in workdir (reuse_records), printing each once; an
+  adaptive grid is loaded again while reused points grow it. Returns the study and the points reused (with
+  --dry_run, those that would be: the dry run prints them as "reuse", and cannot show what they would grow)."""
+  reported, reused = set(), set()
+  while True:
+    for name, (taken, why) in reuse_records(study, workdir, _SCALE.value, dry_run=_DRY_RUN.value).items():
+      if taken:
+        reused.add(name)
+      if name not in reported and not (taken and _DRY_RUN.value):
+        print(f"{'reuse' if taken else 'not reused':12s} {name}: {why}", flush=True)
+      reported.add(name)
     if not study.adaptive or _DRY_RUN.value:
-      return study
+      return study, reused
     grown = load(path, _SCALE.value, workdir)
     if {p.name for p in grown.points} <= {p.name for p in study.points}:
-      return study
+      return study, reused
     study = grown
 
 

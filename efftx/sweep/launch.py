@@ -12,6 +12,7 @@ import datetime
 import functools
 import json
 import os
+import platform
 import shlex
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from typing import Any
 
 from etils import epath
 
+from efftx.errors import UserError
 from efftx.sweep.study import BENCH_FILE
 from efftx.sweep.study import REPO
 from efftx.sweep.study import Study
@@ -74,14 +76,13 @@ def state(folder: epath.Path) -> str:
   return "unfinished" if rows or config else "pending"
 
 
-@functools.cache
 def checkout_commit() -> str | None:
-  """The checkout's git commit, with "+dirty" when tracked files differ from it; None outside a git checkout.
-  Recorded in each point's outcome, so a published record says which code produced it."""
+  """The checkout's git commit, with "+dirty" when efftx/ or configs/ (the code a point runs) differ from it; None
+  outside a git checkout. Recorded in each point's outcome, so a published record says which code produced it."""
   try:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True, timeout=30)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "efftx", "configs"],
+                           cwd=REPO, capture_output=True, text=True, timeout=30)
   except (OSError, subprocess.SubprocessError):
     return None
   if head.returncode != 0:
@@ -89,71 +90,111 @@ def checkout_commit() -> str | None:
   return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
+@functools.cache
+def machine() -> str:
+  """This machine in words: CPU model, cores, JAX version."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  import jax  # pylint: disable=g-import-not-at-top
+  return f"{cpu}, {os.cpu_count()} cores, JAX {jax.__version__}"
+
+
 # ---------------------------------------------------------------------------------------------- Published records
 # A finished point's record holds what the report reads from its folder (the config efftx.train wrote, its metric
-# rows or bench.json, its run time and commit) and the flags it ran with, in experiments/<study>/runs/<point>.json.
-# Committed with the study, the records are its raw data, and a sweep started on another machine with
-# --reuse_published takes each one whose flags are the point's as done instead of running the point again: a
-# sweep longer than one machine's life finishes across several.
+# rows or bench.json), the flags it ran with, its run time, commits and machine, in
+# experiments/<study>/runs/<scale>/<point>.json. Committed with the study, the records are its raw data, and a sweep
+# started elsewhere with --reuse_published takes each one whose flags are the point's as done instead of running
+# the point again: a sweep longer than one machine's life finishes across several.
+
+def records_folder(study: Study, scale: str) -> str:
+  return os.path.join(os.path.dirname(os.path.abspath(study.path)), RECORDS, scale)
+
 
 def record(folder: epath.Path, flags: list[str]) -> dict:
   """A finished point's published record, from its folder."""
   outcome = _read_json(folder / POINT_FILE) or {}
-  out = {"flags": flags, "commit": outcome.get("commit"), "seconds": outcome.get("total_seconds")}
+  out = {"flags": flags, "commits": outcome.get("commits", []), "machine": outcome.get("machine"),
+         "seconds": outcome.get("total_seconds")}
   bench = _read_json(folder / BENCH_FILE)
   if bench is not None:
     return {**out, "bench": bench}
   return {**out, "config": _read_json(folder / "config.json"), "metrics": metric_rows(folder)}
 
 
+def _complete(published: dict) -> bool:
+  """A record that makes its point done: a bench row, or a config with total_steps and metric rows reaching it."""
+  if "bench" in published:
+    return isinstance(published["bench"], dict) and bool(published["bench"].get("rows"))
+  config, rows = published.get("config"), published.get("metrics")
+  return (isinstance(config, dict) and isinstance(config.get("total_steps"), int) and isinstance(rows, list)
+          and all(isinstance(r, dict) for r in rows)
+          and max((r.get("step", -1) for r in rows), default=-1) >= config["total_steps"])
+
+
 def _dump(value: dict) -> str:
   """JSON with one metric row per line: small, and a diff shows which rows changed."""
   head = json.dumps({k: v for k, v in value.items() if k != "metrics"}, indent=1)
-  if "metrics" not in value:
-    return head + "\n"
+  if not value.get("metrics"):
+    return json.dumps(value, indent=1) + "\n"
   rows = ",\n  ".join(json.dumps(r) for r in value["metrics"])
   return head[:-2] + ',\n "metrics": [\n  ' + rows + "\n ]\n}\n"
 
 
-def publish_records(study: Study, workdir: str) -> list[str]:
-  """Writes the record of every point done in workdir to experiments/<study>/runs/<point>.json (replacing an older
-  record of the same point); returns the paths written."""
-  folder = os.path.join(os.path.dirname(os.path.abspath(study.path)), RECORDS)
+def publish_records(study: Study, workdir: str, scale: str) -> list[str]:
+  """Writes the record of every point done in workdir to experiments/<study>/runs/<scale>/<point>.json (replacing
+  an older record of the same point); returns the paths written."""
+  folder = records_folder(study, scale)
   out = []
   for p in study.points:
     source = epath.Path(workdir) / p.name
     if state(source) != "done":
       continue
+    published = record(source, p.flags(p.config or study.config))
+    if not _complete(published):  # done, but a file could not be read back (a bucket's passing error)
+      raise UserError(f"{source}: done, but its config.json / metrics.jsonl / bench.json could not be read back")
     os.makedirs(folder, exist_ok=True)
     target = os.path.join(folder, f"{p.name}.json")
     with open(target, "w") as f:
-      f.write(_dump(record(source, p.flags(p.config or study.config))))
+      f.write(_dump(published))
     out.append(target)
   return out
 
 
-def reuse_records(study: Study, workdir: str, dry_run: bool = False) -> dict[str, str]:
-  """For each point not started in workdir whose published record ran with the point's own flags: writes the
-  record into its folder (config.json and metrics.jsonl, or bench.json, and an outcome that names the record), so
-  that it counts as done. Returns {point: why} for every record of a point not done in workdir: "reused", or why
-it was not."""
-  folder = os.path.join(os.path.dirname(os.path.abspath(study.path)), RECORDS)
+def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False) -> dict[str, tuple[bool, str]]:
+  """For each point not started in workdir (no config written, no failed attempt) whose published record ran with
+  the point's own flags: writes the record into its folder (config.json and metrics.jsonl, or bench.json, and an
+  outcome that names the record), so that it counts as done. A bench record (a timing) is taken only on the
+  machine that measured it. Returns {point: (reused, what to say)} for every record of a point not done in
+  workdir."""
+  folder = records_folder(study, scale)
+  commit = checkout_commit()
   out = {}
   for p in study.points:
     path = os.path.join(folder, f"{p.name}.json")
     published = _read_json(epath.Path(path))
-    if published is None:
-      continue
     target = epath.Path(workdir) / p.name
-    if published.get("flags") != p.flags(p.config or study.config):
-      out[p.name] = "its record ran with other flags"
+    if published is None or state(target) == "done":
       continue
-    if state(target) == "done":
+    if published.get("flags") != p.flags(p.config or study.config):
+      out[p.name] = (False, "its record ran with other flags")
+      continue
+    if not _complete(published):
+      out[p.name] = (False, "its record is incomplete")
       continue
     if state(target) != "pending":
-      out[p.name] = f"{state(target)} in the workdir, which goes on with its own run"
+      out[p.name] = (False, f"{state(target)} in the workdir, which goes on with its own run")
       continue
-    out[p.name] = "reused"
+    if "bench" in published and published.get("machine") != machine():
+      out[p.name] = (False, f"a timing measured on {published.get('machine') or 'an unnamed machine'}, not this one")
+      continue
+    commits = published.get("commits") or []
+    note = "its published record" + (f" (commit {', '.join(c[:12] for c in commits)}; this checkout "
+                                     f"{(commit or 'unknown')[:12]})" if commits and commits[-1] != commit else "")
+    out[p.name] = (True, note)
     if dry_run:
       continue
     target.mkdir(parents=True, exist_ok=True)
@@ -163,8 +204,9 @@ it was not."""
       (target / "config.json").write_text(json.dumps(published["config"], indent=2))
       (target / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in published["metrics"]))
     (target / POINT_FILE).write_text(json.dumps(
-        {"status": "done", "reused_record": os.path.relpath(path, REPO), "commit": published.get("commit"),
-         "total_seconds": published.get("seconds"), "seconds": 0.0}, indent=2))
+        {"status": "done", "reused_record": os.path.relpath(path, REPO), "commits": commits,
+         "machine": published.get("machine"), "total_seconds": published.get("seconds"), "seconds": 0.0},
+        indent=2))
   return out
 
 
@@ -178,6 +220,8 @@ def run_point(command: list[str], folder: str) -> dict:
   folder = epath.Path(folder)
   folder.mkdir(parents=True, exist_ok=True)
   start = time.time()
+  remote = command[0] == "gcloud"  # launcher tpu: the code and machine are the workers', not this checkout's
+  commit = None if remote else checkout_commit()
   log_path = folder / ("bench.log" if any("efftx.bench" in part for part in command) else "train.log")
   with tempfile.TemporaryFile("w+") as log:  # copied into the point's folder (which may be on a bucket) at the end
     log.write(f"$ {shlex.join(command)}\n")
@@ -199,7 +243,8 @@ def run_point(command: list[str], folder: str) -> dict:
   previous = _read_json(folder / POINT_FILE) or {}
   outcome = {"command": command, "returncode": proc.returncode, "seconds": time.time() - start,
              "total_seconds": (previous.get("total_seconds") or 0.0) + time.time() - start,
-             "commit": checkout_commit()}
+             "commits": list(dict.fromkeys([*previous.get("commits", []), *([commit] if commit else [])])),
+             "machine": None if remote else machine()}
   if proc.returncode == 0:
     outcome["status"] = "done" if state(folder) == "done" else "stopped"
   elif proc.returncode in (-signal.SIGTERM, -signal.SIGINT):  # stopped before its own handler was in place
@@ -285,14 +330,16 @@ class _Status:
       self._last = line
 
 
-def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False) -> dict[str, str]:
-  """Runs every point that is not done; returns {point: state} at the end."""
+def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False,
+        reused: set[str] = frozenset()) -> dict[str, str]:
+  """Runs every point that is not done; returns {point: state} at the end. `reused`: points a dry run would take
+  from their published records (printed as such, not as runs)."""
   commands = _commands(study, workdir, launch)
   states = {name: state(epath.Path(workdir) / name) for name in commands}
   todo = [n for n in commands if states[n] != "done"]
   for name, command in commands.items():
-    verb = "skip (done)" if states[name] == "done" else {"unfinished": "resume", "failed": "retry"}.get(
-        states[name], "run")
+    verb = "skip (done)" if states[name] == "done" else "reuse" if name in reused else {
+        "unfinished": "resume", "failed": "retry"}.get(states[name], "run")
     print(f"{verb:12s} {name}: {shlex.join(command)}", flush=True)
   if launch.launcher == "slurm":
     print(f"             (each submitted through submitit with {launch.slurm or 'default parameters'}; logs in "
@@ -381,7 +428,7 @@ def collect(study: Study, workdir: str) -> list[dict]:
     rows.append({"point": p.name, "group": p.group, "seed": p.seed, "learning_rate": p.learning_rate,
                  "state": state(folder), "value": last[study.metric],
                  "values": {m: last[m] for m in study.metrics}, "seconds": outcome.get("total_seconds"),
-                 "error": outcome.get("error")})
+                 "error": outcome.get("error"), "machine": outcome.get("machine")})
   return rows
 
 
