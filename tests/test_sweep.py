@@ -140,7 +140,7 @@ def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data
   assert (a["commits"], a["seconds"], a["machine"]) == (["abc"], 12.5, "a test machine")
   assert a["config"] == json.loads((first / "a-seed0" / "config.json").read_text())
   assert a["metrics"] == launch.metric_rows(first / "a-seed0")
-  assert "Machines: a test machine (1 runs); " in proc.stdout  # the others ran here, before outcomes named one
+  assert "Machine: a test machine (1 run); " in proc.stdout  # the others ran here, before outcomes named one
   # A record whose flags changed since (c's, edited by hand) or that cannot make its point done (d's) is not taken.
   (records / "c-seed0.json").write_text(json.dumps({**a, "flags": a["flags"][:-1] + ["--config.seed=7"]}))
   d_flags = study.points[3].flags("configs/quickstart.py")

@@ -82,8 +82,8 @@ def main(argv: list[str]) -> None:
     if not _REPORT.value:
       states = run(study, workdir, launch, dry_run=_DRY_RUN.value, reused=reused)
       while not _DRY_RUN.value and study.adaptive:  # a grid that grows as its points finish (best_then_seeds)
-        grown = load(argv[1], _SCALE.value, workdir)
-        if {p.name for p in grown.points} <= {p.name for p in study.points}:
+        grown = _grown(study, argv[1], workdir)
+        if grown is None:
           break
         print(f"efftx.sweep: {len(grown.points) - len(study.points)} more points now that their search finished",
               file=sys.stderr, flush=True)
@@ -122,12 +122,18 @@ def _reuse(study, path: str, workdir: str):
       if name not in reported and not (taken and _DRY_RUN.value):
         print(f"{'reuse' if taken else 'not reused':12s} {name}: {why}", flush=True)
       reported.add(name)
-    if not study.adaptive or _DRY_RUN.value:
-      return study, reused
-    grown = load(path, _SCALE.value, workdir)
-    if {p.name for p in grown.points} <= {p.name for p in study.points}:
+    grown = None if _DRY_RUN.value else _grown(study, path, workdir)
+    if grown is None:
       return study, reused
     study = grown
+
+
+def _grown(study, path: str, workdir: str):
+  """An adaptive grid loaded again from what is done in workdir, if it has grown; else None."""
+  if not study.adaptive:
+    return None
+  grown = load(path, _SCALE.value, workdir)
+  return None if {p.name for p in grown.points} <= {p.name for p in study.points} else grown
 
 
 if __name__ == "__main__":

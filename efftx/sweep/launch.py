@@ -137,9 +137,9 @@ def _complete(published: dict) -> bool:
 
 def _dump(value: dict) -> str:
   """JSON with one metric row per line: small, and a diff shows which rows changed."""
-  head = json.dumps({k: v for k, v in value.items() if k != "metrics"}, indent=1)
   if not value.get("metrics"):
     return json.dumps(value, indent=1) + "\n"
+  head = json.dumps({k: v for k, v in value.items() if k != "metrics"}, indent=1)
   rows = ",\n  ".join(json.dumps(r) for r in value["metrics"])
   return head[:-2] + ',\n "metrics": [\n  ' + rows + "\n ]\n}\n"
 
@@ -176,8 +176,8 @@ def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False)
   for p in study.points:
     path = os.path.join(folder, f"{p.name}.json")
     published = _read_json(epath.Path(path))
-    target = epath.Path(workdir) / p.name
-    if published is None or state(target) == "done":
+    now = state(epath.Path(workdir) / p.name)
+    if published is None or now == "done":
       continue
     if published.get("flags") != p.flags(p.config or study.config):
       out[p.name] = (False, "its record ran with other flags")
@@ -185,8 +185,8 @@ def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False)
     if not _complete(published):
       out[p.name] = (False, "its record is incomplete")
       continue
-    if state(target) != "pending":
-      out[p.name] = (False, f"{state(target)} in the workdir, which goes on with its own run")
+    if now != "pending":
+      out[p.name] = (False, f"{now} in the workdir, which goes on with its own run")
       continue
     if "bench" in published and published.get("machine") != machine():
       out[p.name] = (False, f"a timing measured on {published.get('machine') or 'an unnamed machine'}, not this one")
@@ -197,6 +197,7 @@ def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False)
     out[p.name] = (True, note)
     if dry_run:
       continue
+    target = epath.Path(workdir) / p.name
     target.mkdir(parents=True, exist_ok=True)
     if "bench" in published:
       (target / BENCH_FILE).write_text(json.dumps(published["bench"], indent=2))

@@ -222,7 +222,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
     lines += ["Not finished: " + "; ".join(f"{p['point']} ({p['state']}"
                                             + (f": {p['error']}" if p["error"] else "") + ")" for p in failed), ""]
   lines += [f"Scale: `{scale}` ({len(study.points)} runs). Command: `{command}`",
-            f"{_machines(points)}. Time of all runs together: {datetime.timedelta(seconds=round(seconds))}. "
+            f"Machine: {_machines(points)}. Time of all runs together: {datetime.timedelta(seconds=round(seconds))}. "
             f"Written {datetime.datetime.now():%Y-%m-%d %H:%M}.", ""]
   folder = epath.Path(workdir)
   folder.mkdir(parents=True, exist_ok=True)
@@ -245,7 +245,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   paths["csv"].write_text(out.getvalue())
   paths["json"].write_text(json.dumps({
       "study": study.name, "metric": study.metric, "metrics": study.metrics, "goal": study.goal, "scale": scale,
-      "command": command, "machine": _machines(points).split(": ", 1)[1], "seconds": seconds,
+      "command": command, "machine": _machines(points), "seconds": seconds,
       "setting": {"paper": " ".join(study.paper_setting.split()),
                   "ours": " ".join(study.setting.get(scale, "").split())},
       "protocol": " ".join(study.protocol.get(scale, "").split()),
@@ -414,15 +414,16 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
 
 
 def _machines(points: list[dict]) -> str:
-  """Where the finished points ran ("Machine: ..." or "Machines: A (n runs); B (m runs)"), from their outcomes;
-  this machine where none names one (runs from before outcomes did)."""
+  """Where the finished points ran, from their outcomes ("A", or "A (n runs); B (1 run)"); this machine for runs
+  whose outcome names none (runs from before outcomes did)."""
   counts = {}
   for p in points:
     if p["state"] == "done":
-      counts[p["machine"] or machine()] = counts.get(p["machine"] or machine(), 0) + 1
+      where = p["machine"] or machine()
+      counts[where] = counts.get(where, 0) + 1
   if len(counts) <= 1:
-    return f"Machine: {next(iter(counts), machine())}"
-  return "Machines: " + "; ".join(f"{m} ({n} runs)" for m, n in counts.items())
+    return next(iter(counts), machine())
+  return "; ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in counts.items())
 
 
 def publish(study: Study, paths: dict[str, str]) -> list[str]:
