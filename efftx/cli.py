@@ -23,7 +23,9 @@ def explain_flag_error(argv: list[str], error: Exception) -> str | None:
   mistyped override key (`--config.model.mixerr=...`), the field and the valid fields beside it; otherwise the
   first line of the error.
   """
-  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), default_config_file())
+  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if config_arg is None:
+    config_arg = default_config_file()
   overrides = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--config.")]
   if config_arg:
     path, _, arg = config_arg.partition(":")
@@ -104,9 +106,16 @@ def _first_line(error: Exception) -> str:
 
 
 def default_config_file() -> str:
-  """The quickstart config's path: configs/ is installed as the package efftx.configs (pyproject.toml), so this
-  works from a checkout, an editable install and a plain one."""
-  spec = importlib.util.find_spec("efftx.configs.quickstart")
+  """The quickstart config's path: the configs/ beside the imported efftx package when it is a source tree (so a
+  second checkout or worktree uses its own configs, not the installed one's), else the installed package
+  efftx.configs (pyproject.toml maps configs/ to it)."""
+  beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "quickstart.py")
+  if os.path.isfile(beside):
+    return beside
+  try:
+    spec = importlib.util.find_spec("efftx.configs.quickstart")
+  except ModuleNotFoundError:  # efftx imported from a tree that has no configs/ and is not the installed one
+    spec = None
   if spec is None or spec.origin is None:
     raise UserError("efftx.configs is not installed: pass --config=PATH/TO/configs/quickstart.py")
   return spec.origin

@@ -228,3 +228,32 @@ def test_an_error_inside_efftx_reached_from_get_config_is_a_bug_and_keeps_its_tr
   assert typo == (f"--config={tmp_path / 'typo.py'}: get_config raised AttributeError: 'mdoel'; Did you mean "
                   f"\"model\" instead of \"mdoel\"? ({tmp_path / 'typo.py'}, line 6)")
   assert cli.explain_flag_error([f"--config={tmp_path / 'misuse.py'}"], RuntimeError("flags")) is None
+
+
+@pytest.mark.slow
+def test_the_default_config_is_the_imported_trees_own(tmp_path):
+  """A second source tree (a worktree frozen for a sweep, a fork) run from its root takes its own
+  configs/quickstart.py as the default, not the installed checkout's."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  tree = tmp_path / "tree"
+  shutil.copytree(os.path.join(REPO, "efftx"), tree / "efftx", ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copytree(os.path.join(REPO, "configs"), tree / "configs", ignore=shutil.ignore_patterns("__pycache__"))
+  proc = subprocess.run([sys.executable, "-c", "from efftx import cli; print(cli.default_config_file())"],
+                        cwd=tree, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.strip() == str(tree / "configs" / "quickstart.py")
+
+
+def test_without_configs_anywhere_the_default_is_one_clear_error(monkeypatch):
+  """Neither a configs/ beside the package nor an importable efftx.configs (an editable install whose checkout was
+  moved): a UserError naming the flag to pass, not a ModuleNotFoundError traceback."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from efftx import cli  # pylint: disable=g-import-not-at-top
+  from efftx.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  def missing(name, *args):
+    raise ModuleNotFoundError(f"No module named '{name.rsplit('.', 1)[0]}'")
+  monkeypatch.setattr(os.path, "isfile", lambda path: False)
+  monkeypatch.setattr(importlib.util, "find_spec", missing)
+  with pytest.raises(UserError, match="pass --config="):
+    cli.default_config_file()
