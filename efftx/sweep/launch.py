@@ -347,7 +347,9 @@ def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False,
           f"{workdir}/submitit)", flush=True)
   if dry_run or not todo:
     return states
-  status = _Status(states, launch.parallel if launch.launcher == "local" else len(todo))
+  # A point that failed before is retried: pending until it runs, not counted among this run's failures.
+  status = _Status({n: "retry" if s == "failed" else s for n, s in states.items()},
+                   launch.parallel if launch.launcher == "local" else len(todo))
   if launch.launcher == "slurm":
     return _run_slurm(study, workdir, launch, commands, todo, status)
   stop = threading.Event()
@@ -380,7 +382,7 @@ def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False,
     stop.set()
     for sig, handler in previous.items():
       signal.signal(sig, handler)
-  return status.states
+  return {n: "failed" if s == "retry" else s for n, s in status.states.items()}  # stopped before its retry
 
 
 def _tick(status: _Status, stop: threading.Event) -> None:
