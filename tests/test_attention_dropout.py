@@ -152,12 +152,14 @@ def test_auto_on_gpu_is_fused_in_16_bit_flash_in_float32_and_chunked_with_dropou
   assert not np.array_equal(apply("auto", True), expected) or want == "flash"  # on the CPU: flash, not fused
 
 
-def test_auto_off_gpu_is_flash_without_dropout_and_chunked_or_plain_with_it():
-  x, mask = _inputs()  # L = 7
-  make = lambda impl, chunk: Attention(num_heads=H, attention_impl=impl, attention_chunk=chunk, attention_dropout=RATE)
-  variables = compiled(make("auto", 3)).init(jax.random.key(0), x)
-  apply = lambda impl, chunk, deterministic: np.asarray(compiled(make(impl, chunk)).apply(
-      variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}))
-  np.testing.assert_array_equal(apply("auto", 3, True), apply("flash", 3, True))
-  np.testing.assert_array_equal(apply("auto", 3, False), apply("chunked", 3, False))  # 7 positions span 3 chunks
-  np.testing.assert_array_equal(apply("auto", 8, False), apply("plain", 8, False))    # one chunk
+def test_auto_on_cpu_is_flash_without_dropout_and_plain_or_chunked_with_it():
+  """With dropout, plain up to 1,024 positions (the same keep mask as plain's), chunked beyond (chunked's mask)."""
+  make = lambda impl, chunk: Attention(num_heads=1, attention_impl=impl, attention_chunk=chunk, attention_dropout=RATE)
+  for L, chunk in ((7, 3), (1025, 512)):  # both span more than one chunk
+    x = jax.random.normal(jax.random.key(L), (1, L, 4))
+    variables = compiled(make("auto", chunk)).init(jax.random.key(0), x)
+    apply = lambda impl, deterministic, x=x, chunk=chunk, variables=variables: np.asarray(compiled(
+        make(impl, chunk)).apply(variables, x, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}))
+    np.testing.assert_array_equal(apply("auto", True), apply("flash", True))
+    np.testing.assert_array_equal(apply("auto", False), apply("plain" if L <= 1024 else "chunked", False))
+    assert not np.array_equal(apply("plain", False), apply("chunked", False))  # the two draw different masks

@@ -119,6 +119,6 @@ def test_the_training_log_names_the_kernels_and_warns_when_an_expected_one_is_mi
   config.model.dtype = "float32"
   assert train.report_kernels(config, "", "gpu") == ["fnet: expected FFT on gpu, but the compiled step does not "
                                                      "call it (XLA's code runs instead)"]
-  # Attention dropout: the chunked path on every platform, nothing expected of attention.
+  # Attention dropout: the chunked (or plain) path, nothing expected of attention.
   config.mixer.attention.attention_dropout = 0.1
   assert train.report_kernels(config, "fft(", "tpu") == []

@@ -160,9 +160,11 @@ def test_auto_paths_per_platform_and_dtype():
   assert resolve("auto", 1024, 256, False, "gpu", jnp.float16) == "fused"
   assert resolve("auto", 1024, 256, False, "gpu", jnp.float32) == "flash"
   assert resolve("auto", 1024, 256, False, "cpu", jnp.bfloat16) == "flash"
-  for platform in ("cpu", "gpu", "tpu"):
+  for platform in ("gpu", "tpu"):
     assert resolve("auto", 1024, 256, True, platform) == "chunked"
     assert resolve("auto", 200, 256, True, platform) == "plain"
+  # On a CPU plain keeps the dropout up to 1,024 positions (faster there), chunked beyond.
+  assert [resolve("auto", L, 256, True, "cpu") for L in (200, 784, 1024, 1025)] == ["plain"] * 3 + ["chunked"]
   assert resolve("splash", 10, 256, False, "cpu") == "splash"
 
 

@@ -17,8 +17,9 @@ Six implementations of the same function (config `attention_impl`):
                vmapped and, under a mesh, split over the devices by shard_map. Traced for a TPU it is the Mosaic
                kernel; elsewhere it runs in Pallas's interpret mode (exact, very slow: for tests). No dropout;
   - "auto":    chosen for the platform the model is traced for (spec.target_platform(): this process's backend,
-               or the platform efftx.lowering lowers for, spec.lowering_for): with attention dropout active, chunked
-               when the sequence spans more than one chunk, else plain, on every platform; without, on a TPU
+               or the platform efftx.lowering lowers for, spec.lowering_for): with attention dropout active, plain
+               when the sequence fits one chunk (on a CPU up to 1,024 positions, where plain is faster: B·H·L²
+               probabilities and their mask are then held for the backward pass), else chunked; without, on a TPU
                splash, on a GPU fused for bfloat16/float16 (cuDNN) and flash for float32 (cuDNN has no float32
                kernel, XLA's unfused attention holds B·H·L² float32 scores where flash holds B·H·L·chunk, and both
                compute the same float32 softmax; not yet timed on a GPU: experiments/performance/DECISIONS.md:
@@ -304,15 +305,23 @@ def _splash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, interpret: bo
   return out_BxHxPxK[:, :, :L].transpose(0, 2, 1, 3).astype(v_BxLxHxK.dtype)
 
 
+# With attention dropout on a CPU, "plain" (one mask over the B×H×L×L probabilities, kept for the backward pass) is
+# faster than "chunked" (a mask per block, redrawn when the backward pass rematerialises it) up to this length:
+# experiments/performance/DECISIONS.md: plain-attention-dropout-on-cpu.
+_CPU_PLAIN_WITH_DROPOUT_UP_TO = 1024
+
+
 def _resolve(impl: str, L: int, chunk: int, dropout_active: bool, platform: str | None = None,
              dtype=jnp.float32) -> str:
   """The path "auto" takes on `platform` ("cpu", "gpu" or "tpu"; default: spec.target_platform()) for `dtype`
   (see the module docstring); other names unchanged."""
   if impl != "auto":
     return impl
-  if dropout_active:
-    return "chunked" if L > chunk else "plain"
   platform = platform or target_platform()
+  if dropout_active:
+    if L <= chunk or (platform == "cpu" and L <= _CPU_PLAIN_WITH_DROPOUT_UP_TO):
+      return "plain"
+    return "chunked"
   if platform == "tpu":
     return "splash"
   if platform == "gpu":
