@@ -26,6 +26,8 @@ def explain_flag_error(argv: list[str], error: Exception) -> str | None:
   config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if config_arg is None:
     config_arg = default_config_file()
+    if config_arg is None:
+      return NO_DEFAULT_CONFIG
   overrides = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--config.")]
   if config_arg:
     path, _, arg = config_arg.partition(":")
@@ -105,20 +107,32 @@ def _first_line(error: Exception) -> str:
   return "; ".join(lines) if len(lines[0]) < 24 and len(lines) > 1 else lines[0]
 
 
-def default_config_file() -> str:
-  """The quickstart config's path: the configs/ beside the imported efftx package when it is a source tree (so a
-  second checkout or worktree uses its own configs, not the installed one's), else the installed package
-  efftx.configs (pyproject.toml maps configs/ to it)."""
-  beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "quickstart.py")
-  if os.path.isfile(beside):
+def default_config_file() -> str | None:
+  """The quickstart config's path, or None where there is none: the configs/ of the source tree efftx was imported
+  from (the folder holding efftx/ and a pyproject.toml naming it), so that a second checkout or worktree uses its
+  own configs rather than the installed one's; else the installed package efftx.configs (pyproject.toml maps
+  configs/ to it)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  beside = os.path.join(root, "configs", "quickstart.py")
+  if os.path.isfile(beside) and _names_efftx(os.path.join(root, "pyproject.toml")):
     return beside
   try:
     spec = importlib.util.find_spec("efftx.configs.quickstart")
-  except ModuleNotFoundError:  # efftx imported from a tree that has no configs/ and is not the installed one
+  except ModuleNotFoundError:  # efftx imported from a tree that is not the installed one, and has no configs/
     spec = None
-  if spec is None or spec.origin is None:
-    raise UserError("efftx.configs is not installed: pass --config=PATH/TO/configs/quickstart.py")
-  return spec.origin
+  return spec.origin if spec is not None and spec.origin is not None else None
+
+
+NO_DEFAULT_CONFIG = ("no --config given, and no default: efftx.configs is not installed and no configs/ is beside "
+                     "the efftx package; pass --config=PATH/TO/configs/quickstart.py")
+
+
+def _names_efftx(pyproject: str) -> bool:
+  try:
+    with open(pyproject, encoding="utf-8") as f:
+      return any(line.replace(" ", "") == 'name="efftx"' for line in f.read().splitlines())
+  except OSError:
+    return False
 
 
 def quiet_library_logs() -> None:

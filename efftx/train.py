@@ -347,6 +347,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with one clear line instead of a traceback for a bad config or override."""
   try:
     rest = flags.FLAGS(argv)
+    if _CONFIG.value is None:  # no --config, and no default config file to fall back on
+      cli.exit_with("efftx.train", cli.NO_DEFAULT_CONFIG)
     _CONFIG.value.model  # a config file that failed to load raises here  # pylint: disable=pointless-statement
     return rest
   except Exception as e:  # pylint: disable=broad-except  # flags.Error, or whatever the config file raised

@@ -148,7 +148,7 @@ def test_auto_takes_splash_where_traced_for_a_tpu_and_not_elsewhere(causal):
   for dtype in (jnp.float32, jnp.bfloat16):
     assert "Pallas TPU kernel" not in profiling.kernels(_lowered_text(auto, "cuda", dtype))
     assert "Pallas TPU kernel" not in profiling.kernels(_lowered_text(auto, "cpu", dtype))
-  # With attention dropout active, every platform takes the chunked path (the kernel has no dropout).
+  # With attention dropout active, a TPU takes the chunked path (the kernel has no dropout).
   dropping = MIXERS["attention"](num_heads=2, causal=causal, attention_dropout=0.1, attention_chunk=64)
   assert not profiling.kernels(_lowered_text(dropping, "tpu", deterministic=False))
 
@@ -163,8 +163,11 @@ def test_auto_paths_per_platform_and_dtype():
   for platform in ("gpu", "tpu"):
     assert resolve("auto", 1024, 256, True, platform) == "chunked"
     assert resolve("auto", 200, 256, True, platform) == "plain"
-  # On a CPU plain keeps the dropout up to 1,024 positions (faster there), chunked beyond.
+  # On a CPU plain keeps the dropout up to 1,024 positions and 2^26 probabilities (faster there), chunked beyond.
   assert [resolve("auto", L, 256, True, "cpu") for L in (200, 784, 1024, 1025)] == ["plain"] * 3 + ["chunked"]
+  assert resolve("auto", 1024, 256, True, "cpu", batch_heads=64) == "plain"     # 2^26
+  assert resolve("auto", 1024, 256, True, "cpu", batch_heads=65) == "chunked"
+  assert resolve("auto", 1024, 256, True, "cpu", batch_heads=256) == "chunked"  # LRA's CIFAR-10 batch
   assert resolve("splash", 10, 256, False, "cpu") == "splash"
 
 

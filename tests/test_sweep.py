@@ -370,7 +370,6 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
   assert (workdir / "long-seed0" / "train.log").read_text() == long_log  # not run again
 
 
-@pytest.mark.slow
 def test_points_to_retry_are_pending_in_the_status_line_not_failed(tmp_path, data_dir, monkeypatch, capsys):
   """A resumed sweep whose earlier attempt failed at two points: they wait as pending (and count in the ETA), and
   "failed" counts only this run's failures."""
@@ -384,11 +383,13 @@ def test_points_to_retry_are_pending_in_the_status_line_not_failed(tmp_path, dat
       "status": outcomes[os.path.basename(folder)], "error": "again", "seconds": 1.0})
   states = launch.run(study_lib.load(path, workdir=str(workdir)), str(workdir), launch.Launch())
   lines = [l.split(";")[0].split(" (")[0] for l in capsys.readouterr().err.splitlines() if l.startswith("sweep:")]
-  assert lines[:2] == ["sweep: 0 done, 1 running, 0 failed, 2 pending", "sweep: 1 done, 0 running, 0 failed, 2 pending"]
+  assert lines[:2] == ["sweep: 0 done, 1 running, 0 failed, 2 pending",
+                       "sweep: 1 done, 0 running, 0 failed, 2 pending"]
   assert lines[-1] == "sweep: 2 done, 0 running, 1 failed, 0 pending"
   assert states == {"a-seed0": "done", "b-seed0": "failed", "c-seed0": "done"}
 
 
+@pytest.mark.slow
 def test_slurm_launcher_through_submitits_local_executor(tmp_path, data_dir):
   path = _sweep_file(tmp_path, data_dir, {"fnet": {"arg": "smoke,mixer=fnet", "overrides": {"total_steps": 4}}})
   workdir = tmp_path / "runs"

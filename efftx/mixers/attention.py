@@ -18,9 +18,9 @@ Six implementations of the same function (config `attention_impl`):
                kernel; elsewhere it runs in Pallas's interpret mode (exact, very slow: for tests). No dropout;
   - "auto":    chosen for the platform the model is traced for (spec.target_platform(): this process's backend,
                or the platform efftx.lowering lowers for, spec.lowering_for): with attention dropout active, plain
-               when the sequence fits one chunk (on a CPU up to 1,024 positions, where plain is faster: B·H·L²
-               probabilities and their mask are then held for the backward pass), else chunked; without, on a TPU
-               splash, on a GPU fused for bfloat16/float16 (cuDNN) and flash for float32 (cuDNN has no float32
+               when the sequence fits one chunk (on a CPU up to 1,024 positions and 2^26 probabilities B·H·L²,
+               where plain is faster and holds them and their mask for the backward pass), else chunked; without,
+               on a TPU splash, on a GPU fused for bfloat16/float16 (cuDNN) and flash for float32 (cuDNN has no float32
                kernel, XLA's unfused attention holds B·H·L² float32 scores where flash holds B·H·L·chunk, and both
                compute the same float32 softmax; not yet timed on a GPU: experiments/performance/DECISIONS.md:
                auto-per-platform-when-lowered), on a CPU flash, the fastest path there (`python -m efftx.bench --mode=attention`;
@@ -306,20 +306,23 @@ def _splash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, interpret: bo
 
 
 # With attention dropout on a CPU, "plain" (one mask over the B×H×L×L probabilities, kept for the backward pass) is
-# faster than "chunked" (a mask per block, redrawn when the backward pass rematerialises it) up to this length:
-# experiments/performance/DECISIONS.md: plain-attention-dropout-on-cpu.
+# faster than "chunked" (a mask per block, redrawn when the backward pass rematerialises it) up to this length
+# (experiments/performance/DECISIONS.md: plain-attention-dropout-on-cpu), while B·H·L² stays within the second
+# bound: 2**26 float32 probabilities are 256 MiB, and plain holds a few such tensors per layer.
 _CPU_PLAIN_WITH_DROPOUT_UP_TO = 1024
+_CPU_PLAIN_WITH_DROPOUT_SCORES = 2**26
 
 
 def _resolve(impl: str, L: int, chunk: int, dropout_active: bool, platform: str | None = None,
-             dtype=jnp.float32) -> str:
+             dtype=jnp.float32, batch_heads: int = 1) -> str:
   """The path "auto" takes on `platform` ("cpu", "gpu" or "tpu"; default: spec.target_platform()) for `dtype`
-  (see the module docstring); other names unchanged."""
+  and B·H = `batch_heads` sequences of attention (see the module docstring); other names unchanged."""
   if impl != "auto":
     return impl
   platform = platform or target_platform()
   if dropout_active:
-    if L <= chunk or (platform == "cpu" and L <= _CPU_PLAIN_WITH_DROPOUT_UP_TO):
+    if L <= chunk or (platform == "cpu" and L <= _CPU_PLAIN_WITH_DROPOUT_UP_TO
+                      and batch_heads * L * L <= _CPU_PLAIN_WITH_DROPOUT_SCORES):
       return "plain"
     return "chunked"
   if platform == "tpu":
@@ -355,7 +358,8 @@ class Attention(nn.Module):
       return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
     dropout_active = self.attention_dropout > 0 and not deterministic
-    impl = _resolve(self.attention_impl, L, self.attention_chunk, dropout_active, dtype=q_BxLxHxK.dtype)
+    impl = _resolve(self.attention_impl, L, self.attention_chunk, dropout_active, dtype=q_BxLxHxK.dtype,
+                    batch_heads=B * self.num_heads)
     if dropout_active:
       _check_dropout(impl, self.attention_dropout)
     if dropout_active and impl == "plain":

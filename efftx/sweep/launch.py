@@ -351,7 +351,7 @@ def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False,
   status = _Status({n: "retry" if s == "failed" else s for n, s in states.items()},
                    launch.parallel if launch.launcher == "local" else len(todo))
   if launch.launcher == "slurm":
-    return _run_slurm(study, workdir, launch, commands, todo, status)
+    return _with_retries_failed(_run_slurm(study, workdir, launch, commands, todo, status))
   stop = threading.Event()
 
   def one(name: str) -> None:
@@ -382,7 +382,12 @@ def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False,
     stop.set()
     for sig, handler in previous.items():
       signal.signal(sig, handler)
-  return {n: "failed" if s == "retry" else s for n, s in status.states.items()}  # stopped before its retry
+  return _with_retries_failed(status.states)
+
+
+def _with_retries_failed(states: dict[str, str]) -> dict[str, str]:
+  """A point stopped before its retry ran is still failed."""
+  return {n: "failed" if s == "retry" else s for n, s in states.items()}
 
 
 def _tick(status: _Status, stop: threading.Event) -> None:
