@@ -254,3 +254,34 @@ def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
   paper_claims = [v for v in verdicts if "FF-only" not in v["claim"] and "ff_only" not in v["claim"]]
   if any(p.program == "train" for p in study.points) and name != "mqar":
     assert all(v["verdict"] == stats.UNTESTED for v in paper_claims), verdicts
+
+
+def test_learning_curves_get_one_panel_per_task(tmp_path):
+  """PANEL(group) splits the curves into one panel per task, each line labelled without its task; a PANEL that is
+  not a function is refused when the sweep file loads."""
+  path = tmp_path / "study" / "sweep.py"
+  path.parent.mkdir(parents=True)
+  path.write_text('''"""Two tasks."""
+from efftx.sweep import grid
+CONFIG = "configs/quickstart.py"
+METRIC = "eval_accuracy"
+GOAL = "max"
+def PANEL(group):
+  return group.split()[0]
+def points(scale):
+  return grid({f"{t} {m}": {"arg": f"smoke,mixer={m}"} for t in ("listops", "images") for m in ("attention", "fnet")},
+              seeds=(0, 1))
+''')
+  study = study_lib.load(str(path))
+  curve = [(10, 0.2), (20, 0.3)]
+  panels = report.curve_panels(study, {"listops attention": [curve, curve], "listops fnet": [curve],
+                                       "images attention": [curve, curve], "images fnet": []})
+  assert panels == {"listops": {"attention (2 seeds)": [curve, curve], "fnet (1 seed)": [curve]},
+                    "images": {"attention (2 seeds)": [curve, curve]}}
+  workdir = tmp_path / "runs"
+  _fake_runs(study, workdir, np.random.default_rng(0))
+  paths = report.report(study, str(workdir), "cpu", "test")
+  assert open(paths["curves"], "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
+  path.write_text(path.read_text().replace("def PANEL(group):\n  return group.split()[0]", "PANEL = 'task'"))
+  with pytest.raises(study_lib.UserError, match="PANEL is a str"):
+    study_lib.load(str(path))

@@ -30,6 +30,7 @@ A sweep file is plain Python that defines:
   PAPER_SCALES    optional: the scales whose setting is the paper's; only there are the paper's numbers put beside
                   ours in the table (elsewhere the report gives them in its text)
   CHANCE          optional {metric: {label: value}}: chance and majority lines, drawn and stated
+  PANEL           optional function group -> panel title: the learning curves get one panel per title (per task)
   claim(rows, scale)  optional: the paper's claims judged, a list of efftx.sweep.stats.Claim (claim, paper, ours,
                   verdict, why), from the aggregated rows: each has the group's mean, std, "ci95" (95 % interval over
                   seeds), "n", its seeds' values ("seeds"), the paired difference from its baseline ("delta"), its

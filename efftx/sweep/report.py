@@ -257,30 +257,46 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   return {k: os.fspath(v) for k, v in paths.items()}
 
 
-def _plot_curves(study: Study, group_curves: dict[str, list], path: epath.Path) -> None:
-  """METRIC against step, one line per group (the mean over its seeds at the steps they all logged) with the band
-  from the lowest to the highest seed."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(8, 5))
+def curve_panels(study: Study, group_curves: dict[str, list]) -> dict[str, dict[str, list]]:
+  """{panel title: {line label: seeds' curves}}: one panel per PANEL(group) (one untitled panel without PANEL),
+  in the groups' order; a label drops its panel's title where the group's name starts with it."""
+  panels = {}
   for group, seeds in group_curves.items():
     if not seeds:
       continue
-    steps = sorted(set.intersection(*(set(s for s, _ in curve) for curve in seeds)))
-    if not steps:
-      continue
-    values = [[dict(curve)[s] for s in steps] for curve in seeds]
-    mean = [sum(column) / len(column) for column in zip(*values)]
-    line, = ax.plot(steps, mean, label=f"{group} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
-    if len(seeds) > 1:
-      ax.fill_between(steps, [min(c) for c in zip(*values)], [max(c) for c in zip(*values)],
-                      color=line.get_color(), alpha=0.2)
-  ax.set_xlabel("step")
-  ax.set_ylabel(study.metric)
-  ax.set_title(f"{study.name}: learning curves (band: lowest to highest seed)")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8, ncol=2)
+    title = study.panel(group) if study.panel else ""
+    label = group[len(title):].strip() if title and group.startswith(title) else group
+    panels.setdefault(title, {})[f"{label} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"] = seeds
+  return panels
+
+
+def _plot_curves(study: Study, group_curves: dict[str, list], path: epath.Path) -> None:
+  """METRIC against step, one line per group (the mean over its seeds at the steps they all logged) with the band
+  from the lowest to the highest seed; one panel per PANEL value, the legend beside it; past ten lines in a panel
+  the colours repeat dashed."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  panels = curve_panels(study, group_curves)
+  fig, axes = plt.subplots(max(len(panels), 1), 1, figsize=(11, 0.5 + 4.0 * max(len(panels), 1)), squeeze=False)
+  colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for ax, (title, lines) in zip(axes[:, 0], panels.items()):
+    for i, (label, seeds) in enumerate(lines.items()):
+      steps = sorted(set.intersection(*(set(s for s, _ in curve) for curve in seeds)))
+      if not steps:
+        continue
+      values = [[dict(curve)[s] for s in steps] for curve in seeds]
+      mean = [sum(column) / len(column) for column in zip(*values)]
+      colour = colours[i % len(colours)]
+      ax.plot(steps, mean, label=label, color=colour, linestyle="-" if i < len(colours) else "--")
+      if len(seeds) > 1:
+        ax.fill_between(steps, [min(c) for c in zip(*values)], [max(c) for c in zip(*values)], color=colour,
+                        alpha=0.15)
+    ax.set_xlabel("step")
+    ax.set_ylabel(study.metric)
+    ax.set_title(f"{study.name}{': ' + title if title else ''}: learning curves (band: lowest to highest seed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
   fig.tight_layout()
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=120)

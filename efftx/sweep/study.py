@@ -124,6 +124,7 @@ class Study:
   paper_scales: tuple[str, ...] | None = None  # scales whose setting is the paper's (None: every scale)
   chance: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # metric -> {line label: value}
   adaptive: bool = False  # points(scale, finished): the grid grows as points finish (best_then_seeds)
+  panel: Callable[[str], str] | None = None  # group -> its learning-curve panel (e.g. its task)
 
   @property
   def measured(self) -> bool:
@@ -210,6 +211,8 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
   for name in ("SETTING", "PROTOCOL", "CHANCE"):
     if not isinstance(module.get(name, {}), dict):
       raise UserError(f"{path}: {name} is a {type(module[name]).__name__}, not a dict")
+  if module.get("PANEL") is not None and not callable(module["PANEL"]):
+    raise UserError(f"{path}: PANEL is a {type(module['PANEL']).__name__}, not a function of a group's name")
   setting = module.get("SETTING", {})
   if setting and (scale not in setting or not module.get("PAPER_SETTING")):
     raise UserError(f"{path}: SETTING needs this scale's setting ('{scale}') and PAPER_SETTING the paper's")
@@ -217,4 +220,5 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
                module.get("PAPER", {}), module.get("SOURCE", ""), module.get("X"), module.get("claim"),
                tuple(module.get("METRICS", ())), baseline, module.get("SERIES", {}), module.get("XSCALE", ""),
                module.get("PAPER_SETTING", ""), setting, module.get("PROTOCOL", {}),
-               tuple(module["PAPER_SCALES"]) if "PAPER_SCALES" in module else None, module.get("CHANCE", {}), adaptive)
+               tuple(module["PAPER_SCALES"]) if "PAPER_SCALES" in module else None, module.get("CHANCE", {}), adaptive,
+               module.get("PANEL"))
