@@ -16,8 +16,8 @@ tokens instead of 500–2000; 2 layers, width 64, batch 32, 1,250 steps = 2 epoc
 CIFAR-10's 1,024; batch 32, 1,800 steps = 1.05 epochs); every mixer in efftx's defaults (pre-LN, mean pooling),
 FF-only (no mixing: the control every mixer must beat), and attention and FNet also in their published
 conventions (post-LN blocks and CLS pooling, FNet with its embedding projection: "attention (LRA)", "fnet
-(published)"); 3 seeds — 72 runs, several hours on 2 cores (the sweep resumes where it stopped). Metric:
-validation accuracy at the last step. "paper": LRA's own configs (lra_listops.py, lra_image.py on CIFAR-10),
+(published)"); 3 seeds — 72 runs, about 1 h (ListOps) and 2.5 h (images) on 2 cores with --parallel=2 (the
+sweep resumes where it stopped). Metric: validation accuracy at the last step. "paper": LRA's own configs (lra_listops.py, lra_image.py on CIFAR-10),
 same groups and seeds.
 """
 from efftx.sweep import grid

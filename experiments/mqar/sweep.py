@@ -73,7 +73,6 @@ def _group(mixer, setting, width):
 X = ("d_model", {_group(*k): k[2] for k in _ALL})
 SERIES = {_group(m, s, d): f"{m} {s}" for m, s, d in _ALL}
 PAPER = {_group("attention", s, d): 1.0 for s in SCALES["paper"]["settings"] for d in SCALES["paper"]["widths"]}
-PAPER.update({_group("attention", "64x4_v256", d): 1.0 for d in SCALES["paper"]["widths"]})  # see the docstring
 
 
 def points(scale, finished):

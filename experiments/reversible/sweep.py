@@ -34,7 +34,7 @@ GOAL = "min"
 PAPER_SETTING = ("Reformer: enwik8 / imagenet64 models of 12–20 layers, width 1024, length 4096–65536, TPU; the claim "
                  "is analytic (activation memory without a factor of layers), with no per-depth table")
 SETTING = {"cpu": "attention, width 512, 8 heads, FF 2048, 2,048 tokens a step, lengths 256 and 1024, depths 2–48, "
-                  "float32, one CPU device; 3 interleaved repeats",
+                  "float32, one CPU device; 3 interleaved repeats (8 for plain and reversible at depth 24)",
            "paper": "width 1024, FF 4096, 16 heads, length 4096, depths 2–96 on an accelerator; 3 repeats"}
 PAPER_SCALES = ()
 REPEATS = 3
