@@ -17,8 +17,8 @@ CIFAR-10's 1,024; batch 32, 1,800 steps = 1.05 epochs); every mixer in efftx's d
 FF-only (no mixing: the control every mixer must beat), and attention and FNet also in their published
 conventions (post-LN blocks and CLS pooling, FNet with its embedding projection: "attention (LRA)", "fnet
 (published)"); 3 seeds — 72 runs, about 1 h (ListOps) and 2.5 h (images) on 2 cores with --parallel=2 (the
-sweep resumes where it stopped). Metric: validation accuracy at the last step. "paper": LRA's own configs (lra_listops.py, lra_image.py on CIFAR-10),
-same groups and seeds.
+sweep resumes where it stopped). Metric: validation accuracy at the last step. "paper": LRA's own configs
+(lra_listops.py, lra_image.py on CIFAR-10), same groups and seeds.
 """
 from efftx.sweep import grid
 from efftx.sweep import stats
@@ -120,7 +120,7 @@ def claim(rows, scale):
   compare(listops, "fnet (published)", f"{listops}: fnet no more than 3 points below attention, both as published",
           paper["fnet"], -0.03, True, base="attention (LRA)")
   compare(image, "fnet (published)", f"{image}: fnet no more than 5 points below attention, both as published",
-          "38.67 vs 42.44", -0.05, True, base="attention (LRA)")
+          f"{_LRA['image']['fnet']} vs {_LRA['image']['attention']}", -0.05, True, base="attention (LRA)")
   for task in (listops, image):
     control = row.get(f"{task} ff_only")
     if not control:
