@@ -52,6 +52,7 @@ import threading
 import time
 
 from efftx import peers
+from efftx import platform as platform_lib
 from efftx import profiling
 from efftx.errors import UserError
 
@@ -126,7 +127,7 @@ def jax_row(mixer: str, c: dict, seq: int, warmup: int, steps: int) -> dict:
              peak_how="compiled temp + argument bytes",
              # the worker's device peak so far (its earlier rows included: it never goes down); None on a CPU
              process_peak_mib=stats["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in stats else None,
-             kernels=sorted(profiling.kernels(run.program_text)), program_sha1=info["program_sha1"])
+             kernels=sorted(platform_lib.kernels(run.program_text)), program_sha1=info["program_sha1"])
   del run
   gc.collect()
   return row

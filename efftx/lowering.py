@@ -3,13 +3,13 @@
     python -m efftx.lowering --config=configs/lra_listops.py:mixer=fnet --platforms=tpu,cuda
     python -m efftx.lowering --config=configs/lm_bytes.py:mixer=aft_local --config.model.reversible=true
 
-Traces for each platform (efftx.mixers.spec.lowering_for: the mixers' "auto" paths are that platform's) and lowers
+Traces for each platform (efftx.platform.lowering_for: the mixers' "auto" paths are that platform's) and lowers
 to its StableHLO (jax.jit(...).trace(...).lower(lowering_platforms=...), what jax.export does before it
 serializes), without running or compiling anything and without the hardware, the training step exactly as efftx.train
 jits it (model, objective, AdamW, the state's fsdp layout and the batch's split over a (data, fsdp) mesh of this
 machine's devices, under that mesh), and for a causal model whose mixers all decode the one-token decoding step
 efftx.sample runs, for each platform. Prints, per step and platform, the kernels beyond XLA's own code that the
-lowered program calls (efftx.profiling.KERNELS: a Pallas TPU kernel, cuDNN attention, an FFT) and the size of its
+lowered program calls (efftx.platform.KERNELS: a Pallas TPU kernel, cuDNN attention, an FFT) and the size of its
 StableHLO; a step that does not lower stops with the platform, the step and JAX's error. On a CPU, fake devices
 give the mesh its shape: XLA_FLAGS=--xla_force_host_platform_device_count=8 (config.mesh.fsdp must divide them).
 What lowers may still fail to compile or run out of memory on the chip: this catches what cannot lower at all (an
@@ -30,13 +30,12 @@ from ml_collections import config_flags
 from efftx import cli
 from efftx import config as config_lib
 from efftx import patterns
-from efftx import profiling
+from efftx import platform as platform_lib
 from efftx import sharding
 from efftx import train
 from efftx import trainer
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
-from efftx.mixers import spec as spec_lib
 
 PLATFORMS = ("tpu", "cuda")
 
@@ -45,7 +44,7 @@ PLATFORMS = ("tpu", "cuda")
 class Lowered:
   step: str                 # "train" or "decode"
   platform: str             # as jax.export names it: "tpu", "cuda", "rocm", "cpu"
-  kernels: dict[str, int]   # efftx.profiling.kernels of its StableHLO
+  kernels: dict[str, int]   # efftx.platform.kernels of its StableHLO
   stablehlo_chars: int
 
 
@@ -65,7 +64,7 @@ def _batch_spec(config: ml_collections.ConfigDict, parts: trainer.Parts) -> dict
 
 def lower_steps(config: ml_collections.ConfigDict, platforms=PLATFORMS, devices=None) -> list[Lowered]:
   """Lowers the run's training step (and, for a causal model whose mixers all decode, its decoding step) for each
-  platform, each traced anew for that platform (efftx.mixers.spec.lowering_for: the mixers' "auto" paths are the
+  platform, each traced anew for that platform (efftx.platform.lowering_for: the mixers' "auto" paths are the
   platform's); raises LoweringError naming the step and platform that do not lower. Not serialized: efftx's FFT
   runs per device through custom_partitioning, whose partitioner is a Python callback that jax.export cannot
   write (and whose body, each device's FFT, is lowered only when the step is compiled)."""
@@ -78,7 +77,7 @@ def lower_steps(config: ml_collections.ConfigDict, platforms=PLATFORMS, devices=
   for step in ("train", "decode") if decodes else ("train",):
     for platform in platforms:
       try:
-        with spec_lib.lowering_for(platform), jax.set_mesh(mesh):
+        with platform_lib.lowering_for(platform), jax.set_mesh(mesh):
           fn, args = _train_step(config, mesh) if step == "train" else _decode_step(config)
           lowered = fn.trace(*args).lower(lowering_platforms=(platform,))
       except Exception as e:  # pylint: disable=broad-except  # whatever tracing or lowering raised, named
@@ -86,7 +85,7 @@ def lower_steps(config: ml_collections.ConfigDict, platforms=PLATFORMS, devices=
         raise LoweringError(f"{config.model.mixer}: the {step} step does not lower for {platform}: "
                             f"{type(e).__name__}: {message}") from e
       text = lowered.as_text()
-      out.append(Lowered(step, platform, profiling.kernels(text), len(text)))
+      out.append(Lowered(step, platform, platform_lib.kernels(text), len(text)))
   return out
 
 

@@ -18,22 +18,6 @@ import re
 
 _DOT = re.compile(r"\b(dot|convolution)\(")
 
-# Kernels a compiled program calls beyond XLA's own fusions, as they appear in the compiled HLO text
-# (Compiled.as_text()) or in the exported StableHLO (jax.export's mlir_module()).
-KERNELS = {
-    "cuDNN fused attention": re.compile(r"__cudnn\$fmha"),
-    "Pallas TPU kernel": re.compile(r"\btpu_custom_call\b"),
-    "Pallas GPU kernel": re.compile(r"__gpu\$xla\.gpu\.triton"),
-    "FFT": re.compile(r"(?:\bfft\(|stablehlo\.fft\b)"),
-}
-
-
-def kernels(program_text: str) -> dict[str, int]:
-  """How many calls of each of KERNELS a compiled or exported program's text holds (those it holds at all)."""
-  found = {name: len(pattern.findall(program_text)) for name, pattern in KERNELS.items()}
-  return {name: n for name, n in found.items() if n}
-
-
 def instructions(hlo_text: str) -> dict[str, tuple[str, bool]]:
   """HLO instruction name → (its op_name, whether it is or fuses a matmul), from a compiled program's text. A fusion
   without metadata of its own is named by what it computes, or else by the computation it is in (a loop body)."""

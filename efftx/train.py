@@ -33,7 +33,7 @@ from efftx import config as config_lib
 from efftx import distributed
 from efftx import metrics as metrics_lib
 from efftx import patterns
-from efftx import profiling
+from efftx import platform as platform_lib
 from efftx import sharding
 from efftx import trainer
 from efftx.data import pipeline
@@ -131,11 +131,11 @@ def build_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
 
 def report_kernels(config: ml_collections.ConfigDict, program_text: str,
                    platform: str | None = None) -> list[str]:
-  """Logs which kernels beyond XLA's own code the compiled step calls (efftx.profiling.KERNELS), and warns for each
+  """Logs which kernels beyond XLA's own code the compiled step calls (efftx.platform.KERNELS), and warns for each
   mixer of the model whose expected kernel on `platform` (default: this backend) is missing, e.g. attention in
   bfloat16 on a GPU whose cuDNN refused the shape and fell back to XLA's attention. Returns the warnings."""
   platform = platform or jax.default_backend()
-  found = profiling.kernels(program_text)
+  found = platform_lib.kernels(program_text)
   m = config.model
   options = {name: {**MIXERS[name].defaults(), **section}
              for name, section in patterns.sections(m.mixer, config.mixer).items()}

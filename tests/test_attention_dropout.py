@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_close_sums, compiled, padded_inputs
+from efftx import platform
 from efftx.mixers import spec
 from efftx.mixers.attention import Attention, dropout_keep_block
 from efftx.mixers.local import LocalAttention
@@ -147,7 +148,7 @@ def test_auto_on_gpu_is_fused_in_16_bit_flash_in_float32_and_chunked_with_dropou
   apply = lambda impl, deterministic: np.asarray(compiled(make(impl)).apply(
       variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}), np.float32)
   expected, want_chunked = apply(want, True), apply("chunked", False)
-  with spec.lowering_for("gpu"):
+  with platform.lowering_for("gpu"):
     np.testing.assert_array_equal(apply("auto", True), expected)
     np.testing.assert_array_equal(apply("auto", False), want_chunked)
   assert not np.array_equal(apply("auto", True), expected) or want == "flash"  # on the CPU: flash, not fused

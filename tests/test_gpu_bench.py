@@ -5,21 +5,21 @@ import json
 
 import pytest
 
+from efftx import platform
 from efftx import gpu_bench
-from efftx import profiling
 from efftx.errors import UserError
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 
 
 def test_kernels_are_found_by_their_custom_call_targets_and_ops():
-  """efftx.profiling.kernels, which the rows' "kernels" and efftx.train's log line come from."""
-  assert profiling.kernels("fusion(...) custom_call_target=\"__cudnn$fmhaSoftmax\"") == {"cuDNN fused attention": 1}
-  assert profiling.kernels("custom-call(x), custom_call_target=\"tpu_custom_call\"") == {"Pallas TPU kernel": 1}
-  assert profiling.kernels("custom_call_target=\"__gpu$xla.gpu.triton\"") == {"Pallas GPU kernel": 1}
-  assert profiling.kernels("%f = c64[2,16,8]{2,1,0} fft(c64[2,16,8] %x), fft_type=FFT") == {"FFT": 1}
-  assert profiling.kernels("%0 = stablehlo.fft %arg0, type =  RFFT") == {"FFT": 1}
-  assert profiling.kernels("ROOT fusion = f32[8] fusion(p0), kind=kLoop, fft_type_note") == {}
+  """efftx.platform.kernels, which the rows' "kernels" and efftx.train's log line come from."""
+  assert platform.kernels("fusion(...) custom_call_target=\"__cudnn$fmhaSoftmax\"") == {"cuDNN fused attention": 1}
+  assert platform.kernels("custom-call(x), custom_call_target=\"tpu_custom_call\"") == {"Pallas TPU kernel": 1}
+  assert platform.kernels("custom_call_target=\"__gpu$xla.gpu.triton\"") == {"Pallas GPU kernel": 1}
+  assert platform.kernels("%f = c64[2,16,8]{2,1,0} fft(c64[2,16,8] %x), fft_type=FFT") == {"FFT": 1}
+  assert platform.kernels("%0 = stablehlo.fft %arg0, type =  RFFT") == {"FFT": 1}
+  assert platform.kernels("ROOT fusion = f32[8] fusion(p0), kind=kLoop, fft_type_note") == {}
 
 
 @pytest.mark.parametrize("mixer", ["attention", "fnet"])

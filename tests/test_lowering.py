@@ -8,12 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from efftx import platform
 from efftx import config as config_lib
 from efftx import lowering
-from efftx import profiling
 from efftx.mixers import fourier
 from efftx.mixers import MIXERS
-from efftx.mixers import spec
 
 
 def _config(mixer: str, causal: bool, **model):
@@ -73,7 +72,7 @@ def test_a_step_that_cannot_lower_for_a_platform_is_reported(monkeypatch, platfo
 
 def _lower(fn, x, platform):
   """fn traced for platform (a fresh function: jit caches traces by function, not by lowering_for) and lowered."""
-  with spec.lowering_for(platform):
+  with platform.lowering_for(platform):
     return jax.jit(lambda x: fn(x)).trace(x).lower(lowering_platforms=(platform,)).as_text()  # pylint: disable=unnecessary-lambda
 
 
@@ -85,11 +84,11 @@ def test_fnet_auto_is_dft_matmuls_on_tpu_up_to_the_papers_crossover_and_fft_else
   monkeypatch.setitem(fourier._IMPLS, "rfft", fourier._rfft)  # pylint: disable=protected-access
   fnet = lambda L: (lambda x: MIXERS["fnet"](causal=False).apply({}, x), jnp.zeros((2, L, 8)))
   fn, x = fnet(16)
-  assert not profiling.kernels(_lower(fn, x, "tpu")) and "dot_general" in _lower(fn, x, "tpu")
-  assert "FFT" in profiling.kernels(_lower(fn, x, "cuda")) and "dot_general" not in _lower(fn, x, "cuda")
-  assert "FFT" in profiling.kernels(_lower(fn, x, "cpu"))
+  assert not platform.kernels(_lower(fn, x, "tpu")) and "dot_general" in _lower(fn, x, "tpu")
+  assert "FFT" in platform.kernels(_lower(fn, x, "cuda")) and "dot_general" not in _lower(fn, x, "cuda")
+  assert "FFT" in platform.kernels(_lower(fn, x, "cpu"))
   fn, x = fnet(24)
-  assert "FFT" in profiling.kernels(_lower(fn, x, "tpu")) and "dot_general" not in _lower(fn, x, "tpu")
+  assert "FFT" in platform.kernels(_lower(fn, x, "tpu")) and "dot_general" not in _lower(fn, x, "tpu")
 
 
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
@@ -97,7 +96,7 @@ def test_fnets_per_device_transforms_lower_for_accelerators(platform):
   """What custom_partitioning lowers at compile time, each device's FFT, lowers for the platform."""
   x = jnp.zeros((2, 16, 8))
   for transform in (fourier._fft, fourier._rfft):  # pylint: disable=protected-access
-    assert "FFT" in profiling.kernels(_lower(transform, x, platform))
+    assert "FFT" in platform.kernels(_lower(transform, x, platform))
     np.testing.assert_allclose(transform(x + 1.0)[0, 0, 0], 16 * 8)
 
 

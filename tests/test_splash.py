@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_close_sums
-from efftx import profiling
+from efftx import platform
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 from efftx.mixers import attention as attention_lib
@@ -134,7 +134,7 @@ def _lowered_text(module, platform, dtype=jnp.float32, deterministic=True):
   """The gradient's program traced for `platform` (spec.lowering_for) and lowered for it."""
   x, mask = _inputs()
   variables = module.init(jax.random.key(0), x)
-  with spec.lowering_for(platform):
+  with platform.lowering_for(platform):
     fn = jax.jit(jax.grad(lambda v, x: module.apply(v, x, mask=mask, deterministic=deterministic,
                                                      rngs={"dropout": jax.random.key(1)}).astype(jnp.float32).sum(),
                           argnums=(0, 1)))
@@ -144,13 +144,13 @@ def _lowered_text(module, platform, dtype=jnp.float32, deterministic=True):
 @pytest.mark.parametrize("causal", [False, True])
 def test_auto_takes_splash_where_traced_for_a_tpu_and_not_elsewhere(causal):
   auto = MIXERS["attention"](num_heads=2, causal=causal)
-  assert profiling.kernels(_lowered_text(auto, "tpu")) == {"Pallas TPU kernel": 3}  # forward, dq, dkv
+  assert platform.kernels(_lowered_text(auto, "tpu")) == {"Pallas TPU kernel": 3}  # forward, dq, dkv
   for dtype in (jnp.float32, jnp.bfloat16):
-    assert "Pallas TPU kernel" not in profiling.kernels(_lowered_text(auto, "cuda", dtype))
-    assert "Pallas TPU kernel" not in profiling.kernels(_lowered_text(auto, "cpu", dtype))
+    assert "Pallas TPU kernel" not in platform.kernels(_lowered_text(auto, "cuda", dtype))
+    assert "Pallas TPU kernel" not in platform.kernels(_lowered_text(auto, "cpu", dtype))
   # With attention dropout active, a TPU takes the chunked path (the kernel has no dropout).
   dropping = MIXERS["attention"](num_heads=2, causal=causal, attention_dropout=0.1, attention_chunk=64)
-  assert not profiling.kernels(_lowered_text(dropping, "tpu", deterministic=False))
+  assert not platform.kernels(_lowered_text(dropping, "tpu", deterministic=False))
 
 
 def test_auto_paths_per_platform_and_dtype():
@@ -178,10 +178,10 @@ def test_splash_exports_for_tpu_with_its_kernel():
   splash, _ = _modules(True)
   variables = splash.init(jax.random.key(0), x[:, :8])
   grad = jax.jit(jax.grad(lambda v, x: splash.apply(v, x, mask=mask).sum(), argnums=(0, 1)))
-  with spec.lowering_for("tpu"):
+  with platform.lowering_for("tpu"):
     exported = jax.export.export(grad, platforms=["tpu"])(variables, x)
   assert exported.platforms == ("tpu",)
-  assert profiling.kernels(exported.mlir_module()) == {"Pallas TPU kernel": 3}
+  assert platform.kernels(exported.mlir_module()) == {"Pallas TPU kernel": 3}
 
 
 @pytest.mark.parametrize("causal", [False, True])

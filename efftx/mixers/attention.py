@@ -16,8 +16,8 @@ Six implementations of the same function (config `attention_impl`):
                in segment 1, real keys in 1, padded keys in 0: each query sees the real keys), the batch
                vmapped and, under a mesh, split over the devices by shard_map. Traced for a TPU it is the Mosaic
                kernel; elsewhere it runs in Pallas's interpret mode (exact, very slow: for tests). No dropout;
-  - "auto":    chosen for the platform the model is traced for (spec.target_platform(): this process's backend,
-               or the platform efftx.lowering lowers for, spec.lowering_for): with attention dropout active, plain
+  - "auto":    chosen for the platform the model is traced for (efftx.platform.target_platform(): this process's backend,
+               or the platform efftx.lowering lowers for, efftx.platform.lowering_for): with attention dropout active, plain
                when the sequence fits one chunk (on a CPU up to 1,024 positions and 2^26 probabilities B·H·L²,
                where plain is faster and holds them and their mask for the backward pass), else chunked; without,
                on a TPU splash, on a GPU fused for bfloat16/float16 (cuDNN) and flash for float32 (cuDNN has no float32
@@ -26,7 +26,7 @@ Six implementations of the same function (config `attention_impl`):
                auto-per-platform-when-lowered), on a CPU flash, the fastest path there (`python -m efftx.bench --mode=attention`;
                experiments/performance/DECISIONS.md: flash-attention-on-cpu).
 
-Which kernels a compiled step calls is in its program text (efftx.profiling.kernels; efftx.train logs it).
+Which kernels a compiled step calls is in its program text (efftx.platform.kernels; efftx.train logs it).
 
 Every path gives the same outputs at every query that has a key to see. A query with none (causal, before a
 sequence's first real key; a sequence of padding only) gets a finite value that differs between paths and that
@@ -48,7 +48,8 @@ from jax.sharding import PartitionSpec
 
 from efftx.errors import UserError
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, Option, padded, target_platform
+from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.platform import target_platform
 
 ATTENTION_IMPLS = ("plain", "chunked", "flash", "fused", "splash", "auto")
 _NEG = jnp.finfo(jnp.float32).min  # not -inf: a row with no allowed key stays finite
@@ -315,7 +316,7 @@ _CPU_PLAIN_WITH_DROPOUT_SCORES = 2**26
 
 def _resolve(impl: str, L: int, chunk: int, dropout_active: bool, platform: str | None = None,
              dtype=jnp.float32, batch_heads: int = 1) -> str:
-  """The path "auto" takes on `platform` ("cpu", "gpu" or "tpu"; default: spec.target_platform()) for `dtype`
+  """The path "auto" takes on `platform` ("cpu", "gpu" or "tpu"; default: efftx.platform.target_platform()) for `dtype`
   and B·H = `batch_heads` sequences of attention (see the module docstring); other names unchanged."""
   if impl != "auto":
     return impl

@@ -11,7 +11,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
 from efftx.errors import UserError
-from efftx.mixers.spec import MixerSpec, Option, target_platform
+from efftx.mixers.spec import MixerSpec, Option
+from efftx.platform import target_platform
 
 FOURIER_IMPLS = ("fft", "rfft", "matmul", "auto")
 
@@ -91,7 +92,7 @@ TPU_MATMUL_MAX_LEN = 4096  # the FNet paper's crossover on TPU: DFT matmuls up t
 
 
 def _auto(x_BxLxD: jax.Array) -> jax.Array:
-  """Picks the path for the platform the model is traced for (spec.target_platform(): this process's backend, or
+  """Picks the path for the platform the model is traced for (efftx.platform.target_platform(): this process's backend, or
   the one efftx.lowering lowers for): on a TPU up to L = TPU_MATMUL_MAX_LEN the DFT as four matmuls (the FNet
   paper's choice: MXU matmuls, slow FFTs on TPU), FFT beyond; elsewhere the FFT as rfft — on a GPU cuFFT (the
   paper's GPU path), on a CPU the fastest of the three (`python -m efftx.bench --mode=fourier` times them;

@@ -14,8 +14,6 @@ patches, None for sequences); the model fills those from `config.model` and the 
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 from typing import Any, Callable
 
@@ -25,31 +23,6 @@ import jax
 from efftx.errors import UserError
 
 MODEL_FIELDS = ("causal", "max_len", "grid")  # module fields filled from the model, not options
-
-
-_TARGET_PLATFORM = contextvars.ContextVar("efftx_target_platform", default=None)
-PLATFORM_NAMES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}  # → jax.default_backend()'s
-
-
-def target_platform() -> str:
-  """The platform the mixers' "auto" paths are chosen for, while a model is traced: this process's backend
-  (jax.default_backend(): "cpu", "gpu" or "tpu"), or the one `lowering_for` names."""
-  return _TARGET_PLATFORM.get() or jax.default_backend()
-
-
-@contextlib.contextmanager
-def lowering_for(platform: str):
-  """Within it, models are traced for `platform` ("cpu", "tpu", "gpu", or jax.export's "cuda", "rocm"): "auto"
-  takes that platform's paths, and Pallas TPU kernels compile as Mosaic kernels only for "tpu". For lowering a step
-  for another platform than this process's (efftx.lowering); trace a fresh jit inside it (jit caches traces by
-  function and shapes, not by this setting)."""
-  if platform not in PLATFORM_NAMES:
-    raise ValueError(f"platform '{platform}': choose from {', '.join(PLATFORM_NAMES)}")
-  token = _TARGET_PLATFORM.set(PLATFORM_NAMES[platform])
-  try:
-    yield
-  finally:
-    _TARGET_PLATFORM.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +71,7 @@ class MixerSpec:
   # cells of the grid) → as `flops` (L − cells leading positions, a [CLS], take no part in the grid's terms).
   flops_grid: Callable[[dict[str, Any], int, int, int], float] | None = None
   # The kernel a layer of this mixer should compile to, where it is not XLA's own code: (every option, length L,
-  # compute dtype, platform: "cpu", "gpu" or "tpu", dropout active) → a key of efftx.profiling.KERNELS, or None.
+  # compute dtype, platform: "cpu", "gpu" or "tpu", dropout active) → a key of efftx.platform.KERNELS, or None.
   # efftx.train compares it with what the compiled step calls, and says so.
   kernel: Callable[[dict[str, Any], int, Any, str, bool], str | None] | None = None
 
