@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from efftx.sweep import launch
+from efftx.sweep import launchers
+from efftx.sweep import points as points_lib
+from efftx.sweep import records as records_lib
 from efftx.sweep import report
 from efftx.sweep import study as study_lib
 
@@ -58,7 +60,7 @@ def test_a_group_may_start_from_its_own_config_file(tmp_path, data_dir):
   path = _sweep_file(tmp_path, data_dir, {"listops": {"arg": "smoke"},
                                           "bytes": {"arg": "smoke", "config": "configs/lm_bytes.py"}})
   study = study_lib.load(path)
-  commands = launch._commands(study, "/w", launch.Launch())  # pylint: disable=protected-access
+  commands = launchers._commands(study, "/w", launchers.Launch())  # pylint: disable=protected-access
   assert commands["listops-seed0"][3] == "--config=configs/quickstart.py:smoke"  # relative to the checkout
   assert commands["bytes-seed0"][3] == "--config=configs/lm_bytes.py:smoke"
 
@@ -115,7 +117,7 @@ def _finished(folder, steps, value, total=10, outcome=None):
   (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
       {"step": 1, "eval_accuracy": 0.1}, {"step": steps, "loss": 1.5}, {"step": steps, "eval_accuracy": value})))
   if outcome:
-    (folder / launch.POINT_FILE).write_text(json.dumps(outcome))
+    (folder / points_lib.POINT_FILE).write_text(json.dumps(outcome))
 
 
 def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data_dir):
@@ -130,7 +132,7 @@ def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data
   _finished(first / "d-seed0", 5, 0.5)  # stopped halfway
   proc = _sweep(path, f"--workdir={first}", "--report", "--publish")
   assert proc.returncode == 0, proc.stderr
-  records = tmp_path / "study" / launch.RECORDS / "cpu"  # one folder per scale: point names repeat across scales
+  records = tmp_path / "study" / records_lib.RECORDS / "cpu"  # one folder per scale: point names repeat across scales
   assert f"published: 3 points' records in {records}" in proc.stdout
   assert "the report is not published while 1 of 4 points are not done" in proc.stderr
   assert not (tmp_path / "study" / "table.md").exists()  # a partial table does not replace the committed one
@@ -139,7 +141,7 @@ def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data
   assert a["flags"] == study.points[0].flags("configs/quickstart.py") and "--config.seed=0" in a["flags"]
   assert (a["commits"], a["seconds"], a["machine"]) == (["abc"], 12.5, "a test machine")
   assert a["config"] == json.loads((first / "a-seed0" / "config.json").read_text())
-  assert a["metrics"] == launch.metric_rows(first / "a-seed0")
+  assert a["metrics"] == points_lib.metric_rows(first / "a-seed0")
   assert "Machine: a test machine (1 run); " in proc.stdout  # the others ran here, before outcomes named one
   # A record whose flags changed since (c's, edited by hand) or that cannot make its point done (d's) is not taken.
   (records / "c-seed0.json").write_text(json.dumps({**a, "flags": a["flags"][:-1] + ["--config.seed=7"]}))
@@ -155,19 +157,19 @@ def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data
   assert not (second / "a-seed0").exists()  # a dry run writes nothing
   proc = _sweep(path, f"--workdir={second}", "--report", "--reuse_published")
   assert proc.returncode == 0, proc.stderr
-  head = launch.checkout_commit()[:12]
+  head = points_lib.checkout_commit()[:12]
   assert proc.stdout.splitlines()[:4] == [
       f"reuse        a-seed0: its published record (commit abc; this checkout {head})",
       "not reused   b-seed0: unfinished in the workdir, which goes on with its own run",
       "not reused   c-seed0: its record ran with other flags",
       "not reused   d-seed0: its record is incomplete"]
-  assert launch.state(second / "a-seed0") == "done"
-  assert launch.state(second / "c-seed0") == launch.state(second / "d-seed0") == "pending"
-  assert launch.metric_rows(second / "a-seed0") == a["metrics"]
-  assert json.loads((second / "a-seed0" / launch.POINT_FILE).read_text())["reused_record"] == (
+  assert points_lib.state(second / "a-seed0") == "done"
+  assert points_lib.state(second / "c-seed0") == points_lib.state(second / "d-seed0") == "pending"
+  assert points_lib.metric_rows(second / "a-seed0") == a["metrics"]
+  assert json.loads((second / "a-seed0" / points_lib.POINT_FILE).read_text())["reused_record"] == (
       os.path.relpath(records / "a-seed0.json", REPO))
   assert "| a | — | 0.75 | 1/1 |" in proc.stdout
-  assert launch.metric_rows(second / "b-seed0")[-1]["eval_accuracy"] == 0.4  # the workdir's own run, untouched
+  assert points_lib.metric_rows(second / "b-seed0")[-1]["eval_accuracy"] == 0.4  # the workdir's own run, untouched
 
 
 def test_a_bench_record_is_reused_only_on_the_machine_that_measured_it(tmp_path):
@@ -175,19 +177,19 @@ def test_a_bench_record_is_reused_only_on_the_machine_that_measured_it(tmp_path)
                                       "fnet L=32": {"mixers": "fnet", "lengths": 32}})
   study = study_lib.load(path)
   first = tmp_path / "first"
-  for p, where in zip(study.points, (launch.machine(), "another machine")):
+  for p, where in zip(study.points, (points_lib.machine(), "another machine")):
     (first / p.name).mkdir(parents=True)
     (first / p.name / "bench.json").write_text(json.dumps({"rows": [{"temp_mib": 3.0, "argument_mib": 1.0}]}))
-    (first / p.name / launch.POINT_FILE).write_text(json.dumps({"status": "done", "machine": where}))
-  written = launch.publish_records(study, str(first), "cpu")
+    (first / p.name / points_lib.POINT_FILE).write_text(json.dumps({"status": "done", "machine": where}))
+  written = records_lib.publish_records(study, str(first), "cpu")
   assert [os.path.basename(w) for w in written] == ["attention_L=32.json", "fnet_L=32.json"]
   second = tmp_path / "second"
-  assert launch.reuse_records(study, str(second), "cpu") == {
+  assert records_lib.reuse_records(study, str(second), "cpu") == {
       "attention_L=32": (True, "its published record"),
       "fnet_L=32": (False, "a timing measured on another machine, not this one")}
   assert json.loads((second / "attention_L=32" / "bench.json").read_text()) == {
       "rows": [{"temp_mib": 3.0, "argument_mib": 1.0}]}
-  assert launch.state(second / "attention_L=32") == "done" and launch.state(second / "fnet_L=32") == "pending"
+  assert points_lib.state(second / "attention_L=32") == "done" and points_lib.state(second / "fnet_L=32") == "pending"
 
 
 def test_a_grown_grid_reuses_the_records_of_its_later_points(tmp_path, data_dir):
@@ -220,7 +222,7 @@ def points(scale, finished):
 
 def test_a_points_outcome_names_the_commit_it_ran():
   head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-  assert len(head) == 40 and launch.checkout_commit().split("+")[0] == head
+  assert len(head) == 40 and points_lib.checkout_commit().split("+")[0] == head
 
 
 def _bench_sweep_file(tmp_path, groups: dict) -> str:
@@ -258,7 +260,7 @@ def test_bench_points_metrics_and_ratios_to_a_baseline(tmp_path):
     (workdir / name).mkdir(parents=True)
     row = {"argument_mib": argument, **({"temp_mib": temp} if temp is not None else {})}
     (workdir / name / "bench.json").write_text(json.dumps({"rows": [row]}))
-  assert all(launch.state(workdir / name) == "done" for name in measured)
+  assert all(points_lib.state(workdir / name) == "done" for name in measured)
   proc = _sweep(path, f"--workdir={workdir}", "--report")
   assert proc.returncode == 0, proc.stderr
   table = (workdir / "report.md").read_text()
@@ -338,7 +340,7 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
   out, err = first.communicate(timeout=120)
   assert first.returncode == 0, err
   assert "efftx.sweep: stopping" in err and "not finished: long-seed0, short-seed0, broken-seed0" in err
-  assert launch.state(workdir / "long-seed0") == "unfinished" and not (workdir / "short-seed0").exists()
+  assert points_lib.state(workdir / "long-seed0") == "unfinished" and not (workdir / "short-seed0").exists()
 
   again = _sweep(path, f"--workdir={workdir}", "--parallel=2")
   assert again.returncode == 1, again.stderr  # a point failed
@@ -377,11 +379,11 @@ def test_points_to_retry_are_pending_in_the_status_line_not_failed(tmp_path, dat
   workdir = tmp_path / "runs"
   for name in ("a-seed0", "b-seed0"):
     (workdir / name).mkdir(parents=True)
-    (workdir / name / launch.POINT_FILE).write_text(json.dumps({"status": "failed", "error": "killed"}))
+    (workdir / name / points_lib.POINT_FILE).write_text(json.dumps({"status": "failed", "error": "killed"}))
   outcomes = {"a-seed0": "done", "b-seed0": "failed", "c-seed0": "done"}
-  monkeypatch.setattr(launch, "run_point", lambda command, folder: {
+  monkeypatch.setattr(launchers, "run_point", lambda command, folder: {
       "status": outcomes[os.path.basename(folder)], "error": "again", "seconds": 1.0})
-  states = launch.run(study_lib.load(path, workdir=str(workdir)), str(workdir), launch.Launch())
+  states = launchers.run(study_lib.load(path, workdir=str(workdir)), str(workdir), launchers.Launch())
   lines = [l.split(";")[0].split(" (")[0] for l in capsys.readouterr().err.splitlines() if l.startswith("sweep:")]
   assert lines[:2] == ["sweep: 0 done, 1 running, 0 failed, 2 pending",
                        "sweep: 1 done, 0 running, 0 failed, 2 pending"]
@@ -396,23 +398,23 @@ def test_slurm_launcher_through_submitits_local_executor(tmp_path, data_dir):
   proc = _sweep(path, f"--workdir={workdir}", "--launcher=slurm", "--submitit_cluster=local")
   assert proc.returncode == 0, proc.stderr
   assert "submitted    fnet-seed0: job " in proc.stdout
-  assert launch.state(workdir / "fnet-seed0") == "done"
+  assert points_lib.state(workdir / "fnet-seed0") == "done"
   assert os.listdir(workdir / "submitit")  # submitit's own job folder and logs
-  outcome = json.loads((workdir / "fnet-seed0" / launch.POINT_FILE).read_text())
+  outcome = json.loads((workdir / "fnet-seed0" / points_lib.POINT_FILE).read_text())
   assert outcome["status"] == "done" and outcome["returncode"] == 0
 
 
 def test_a_point_stopped_by_a_signal_is_resumable_and_one_killed_is_failed(tmp_path):
   die = "import os, signal, sys; print('starting'); sys.stdout.flush(); os.kill(os.getpid(), signal.{})"
-  stopped = launch.run_point([sys.executable, "-c", die.format("SIGTERM")], str(tmp_path / "a"))
-  assert stopped["status"] == "stopped" and launch.state(tmp_path / "a") == "pending"
-  killed = launch.run_point([sys.executable, "-c", die.format("SIGKILL")], str(tmp_path / "b"))
+  stopped = launchers.run_point([sys.executable, "-c", die.format("SIGTERM")], str(tmp_path / "a"))
+  assert stopped["status"] == "stopped" and points_lib.state(tmp_path / "a") == "pending"
+  killed = launchers.run_point([sys.executable, "-c", die.format("SIGKILL")], str(tmp_path / "b"))
   assert killed["status"] == "failed" and killed["error"] == "killed by SIGKILL; its last output: starting"
-  silent = launch.run_point([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+  silent = launchers.run_point([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                             str(tmp_path / "c"))
-  assert silent["error"] == "killed by SIGKILL" and launch.state(tmp_path / "c") == "failed"
-  outcome = json.loads((tmp_path / "c" / launch.POINT_FILE).read_text())
-  assert outcome["commits"] == [launch.checkout_commit()] and outcome["machine"] == launch.machine()
+  assert silent["error"] == "killed by SIGKILL" and points_lib.state(tmp_path / "c") == "failed"
+  outcome = json.loads((tmp_path / "c" / points_lib.POINT_FILE).read_text())
+  assert outcome["commits"] == [points_lib.checkout_commit()] and outcome["machine"] == points_lib.machine()
 
 
 @pytest.mark.parametrize("scale", ["cpu", "paper"])

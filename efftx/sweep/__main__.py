@@ -15,15 +15,15 @@ from efftx import checkpoints
 from efftx import cli
 from efftx import sweep
 from efftx.errors import UserError
-from efftx.sweep.launch import LAUNCHERS
-from efftx.sweep.launch import Launch
-from efftx.sweep.launch import publish_records
-from efftx.sweep.launch import reuse_records
-from efftx.sweep.launch import run
-from efftx.sweep.launch import state as launch_state
+from efftx.sweep.launchers import LAUNCHERS
+from efftx.sweep.launchers import Launch
+from efftx.sweep.launchers import run
+from efftx.sweep.points import REPO
+from efftx.sweep.points import state
+from efftx.sweep.records import publish_records
+from efftx.sweep.records import reuse_records
 from efftx.sweep.report import publish
 from efftx.sweep.report import report
-from efftx.sweep.study import REPO
 from efftx.sweep.study import load
 
 
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> None:
     if _PUBLISH.value:
       records = publish_records(study, workdir, _SCALE.value)
       print(f"published: {len(records)} points' records in {os.path.dirname(records[0]) if records else '—'}")
-      unfinished = [p.name for p in study.points if launch_state(epath.Path(workdir) / p.name) != "done"]
+      unfinished = [p.name for p in study.points if state(epath.Path(workdir) / p.name) != "done"]
       if unfinished:
         print(f"efftx.sweep: the report is not published while {len(unfinished)} of {len(study.points)} points are "
               "not done (the committed one stays)", file=sys.stderr)

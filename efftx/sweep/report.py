@@ -16,10 +16,44 @@ from typing import Any
 from etils import epath
 
 from efftx.sweep import stats
-from efftx.sweep.launch import collect
-from efftx.sweep.launch import curves
-from efftx.sweep.launch import machine
+from efftx.sweep.points import POINT_FILE
+from efftx.sweep.points import final_value
+from efftx.sweep.points import machine
+from efftx.sweep.points import metric_rows
+from efftx.sweep.points import read_json
+from efftx.sweep.points import state
 from efftx.sweep.study import Study
+
+
+def collect(study: Study, workdir: str) -> list[dict]:
+  """One row per point: group, seed, learning rate, state, the last logged value of its metric ("value") and of
+  each of study.metrics ("values"), and its seconds."""
+  rows = []
+  for p in study.points:
+    folder = epath.Path(workdir) / p.name
+    logged = metric_rows(folder)
+    last = {m: final_value(folder, m, logged) for m in (study.metric, *study.metrics)}
+    outcome = read_json(folder / POINT_FILE) or {}
+    rows.append({"point": p.name, "group": p.group, "seed": p.seed, "learning_rate": p.learning_rate,
+                 "state": state(folder), "value": last[study.metric],
+                 "values": {m: last[m] for m in study.metrics}, "seconds": outcome.get("total_seconds"),
+                 "error": outcome.get("error"), "machine": outcome.get("machine")})
+  return rows
+
+
+def curves(study: Study, workdir: str) -> dict[str, list[tuple[int, float]]]:
+  """Each finished or started training point's learning curve of METRIC from its metrics.jsonl: {point name:
+  [(step, value), ...]} in step order (bench points have none)."""
+  out = {}
+  for p in study.points:
+    if p.program != "train":
+      continue
+    logged = metric_rows(epath.Path(workdir) / p.name)
+    curve = sorted((int(r["step"]), float(r[study.metric])) for r in logged
+                   if study.metric in r and "step" in r and r[study.metric] is not None)
+    if curve:
+      out[p.name] = curve
+  return out
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:

@@ -14,9 +14,10 @@ from typing import Any, Callable
 from etils import epath
 
 from efftx.errors import UserError
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
-BENCH_FILE = "bench.json"  # in a bench point's folder: efftx.bench's rows, written when the measurement is done
+from efftx.sweep.points import BENCH_FILE
+from efftx.sweep.points import REPO
+from efftx.sweep.points import final_value
+from efftx.sweep.points import state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,13 +164,11 @@ def _config_path(config: str) -> str:
 
 def _finished(workdir: str | None, metric: str) -> Callable[[Point], Any]:
   """A point's final METRIC in workdir, None until it is done (what an adaptive grid's points() reads)."""
-  from efftx.sweep import launch  # pylint: disable=g-import-not-at-top  (launch imports this module)
-
   def value(point: Point):
     if not workdir:
       return None
     folder = epath.Path(workdir) / point.name
-    return launch.final_value(folder, metric) if launch.state(folder) == "done" else None
+    return final_value(folder, metric) if state(folder) == "done" else None
   return value
 
 

@@ -1,18 +1,15 @@
-"""Running points: a point's state from its folder, one point as a subprocess, and the launchers (local,
-SLURM through submitit, TPU VM through gcloud) with the sweep's status line.
+"""Launchers: one point as a subprocess (its outcome recorded in its folder), and a sweep's points run where
+--launcher says (local processes, SLURM jobs through submitit, a TPU VM slice through gcloud) with the sweep's
+status line.
 
-A point's folder holds everything about it: a re-run skips done points, resumes unfinished ones from their
-checkpoints and retries failed ones. SIGINT / SIGTERM to the sweep reach each running point once, so it saves a
-checkpoint and stops."""
+SIGINT / SIGTERM to the sweep reach each running point once, so it saves a checkpoint and stops."""
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import datetime
-import functools
 import json
 import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -24,191 +21,15 @@ from typing import Any
 
 from etils import epath
 
-from efftx.errors import UserError
-from efftx.sweep.study import BENCH_FILE
-from efftx.sweep.study import REPO
+from efftx.sweep.points import POINT_FILE
+from efftx.sweep.points import REPO
+from efftx.sweep.points import checkout_commit
+from efftx.sweep.points import machine
+from efftx.sweep.points import read_json
+from efftx.sweep.points import state
 from efftx.sweep.study import Study
 
 LAUNCHERS = ("local", "slurm", "tpu")
-POINT_FILE = "sweep_point.json"  # in a point's workdir: its last attempt's outcome, error line and time
-RECORDS = "runs"  # beside the sweep file: one published record per finished point (see publish_records)
-
-
-# ---------------------------------------------------------------------------------------------- Point state
-
-def _read_json(path: epath.Path) -> dict | None:
-  try:
-    return json.loads(path.read_text())
-  except (OSError, ValueError):
-    return None
-
-
-def metric_rows(folder: epath.Path) -> list[dict]:
-  """A training point's metrics.jsonl rows, or a bench point's bench.json rows."""
-  bench = _read_json(folder / BENCH_FILE)
-  if bench is not None:
-    return bench["rows"]
-  try:
-    text = (folder / "metrics.jsonl").read_text()
-  except OSError:
-    return []
-  return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def final_value(folder: epath.Path, metric: str, rows: list[dict] | None = None):
-  """The last logged value of metric in a point's folder (its metric_rows, or `rows` already read), None without."""
-  rows = metric_rows(folder) if rows is None else rows
-  return next((r[metric] for r in reversed(rows) if r.get(metric) is not None), None)
-
-
-def state(folder: epath.Path) -> str:
-  """"done" (trained to its config's total_steps, or its bench.json written), "failed" (its last attempt failed),
-  "unfinished" (started, stopped before the end) or "pending"."""
-  if (folder / BENCH_FILE).exists():
-    return "done"
-  config = _read_json(folder / "config.json")
-  rows = metric_rows(folder)
-  if config and rows and max(r["step"] for r in rows) >= config["total_steps"]:
-    return "done"
-  outcome = _read_json(folder / POINT_FILE) or {}
-  if outcome.get("status") == "failed":
-    return "failed"
-  return "unfinished" if rows or config else "pending"
-
-
-def checkout_commit() -> str | None:
-  """The checkout's git commit, with "+dirty" when efftx/ or configs/ (the code a point runs) differ from it; None
-  outside a git checkout. Recorded in each point's outcome, so a published record says which code produced it."""
-  try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "efftx", "configs"],
-                           cwd=REPO, capture_output=True, text=True, timeout=30)
-  except (OSError, subprocess.SubprocessError):
-    return None
-  if head.returncode != 0:
-    return None
-  return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
-
-
-@functools.cache
-def machine() -> str:
-  """This machine in words: CPU model, cores, JAX version."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  import jax  # pylint: disable=g-import-not-at-top
-  return f"{cpu}, {os.cpu_count()} cores, JAX {jax.__version__}"
-
-
-# ---------------------------------------------------------------------------------------------- Published records
-# A finished point's record holds what the report reads from its folder (the config efftx.train wrote, its metric
-# rows or bench.json), the flags it ran with, its run time, commits and machine, in
-# experiments/<study>/runs/<scale>/<point>.json. Committed with the study, the records are its raw data, and a sweep
-# started elsewhere with --reuse_published takes each one whose flags are the point's as done instead of running
-# the point again: a sweep longer than one machine's life finishes across several.
-
-def records_folder(study: Study, scale: str) -> str:
-  return os.path.join(os.path.dirname(os.path.abspath(study.path)), RECORDS, scale)
-
-
-def record(folder: epath.Path, flags: list[str]) -> dict:
-  """A finished point's published record, from its folder."""
-  outcome = _read_json(folder / POINT_FILE) or {}
-  out = {"flags": flags, "commits": outcome.get("commits", []), "machine": outcome.get("machine"),
-         "seconds": outcome.get("total_seconds")}
-  bench = _read_json(folder / BENCH_FILE)
-  if bench is not None:
-    return {**out, "bench": bench}
-  return {**out, "config": _read_json(folder / "config.json"), "metrics": metric_rows(folder)}
-
-
-def _complete(published: dict) -> bool:
-  """A record that makes its point done: a bench row, or a config with total_steps and metric rows reaching it."""
-  if "bench" in published:
-    return isinstance(published["bench"], dict) and bool(published["bench"].get("rows"))
-  config, rows = published.get("config"), published.get("metrics")
-  return (isinstance(config, dict) and isinstance(config.get("total_steps"), int) and isinstance(rows, list)
-          and all(isinstance(r, dict) for r in rows)
-          and max((r.get("step", -1) for r in rows), default=-1) >= config["total_steps"])
-
-
-def _dump(value: dict) -> str:
-  """JSON with one metric row per line: small, and a diff shows which rows changed."""
-  if not value.get("metrics"):
-    return json.dumps(value, indent=1) + "\n"
-  head = json.dumps({k: v for k, v in value.items() if k != "metrics"}, indent=1)
-  rows = ",\n  ".join(json.dumps(r) for r in value["metrics"])
-  return head[:-2] + ',\n "metrics": [\n  ' + rows + "\n ]\n}\n"
-
-
-def publish_records(study: Study, workdir: str, scale: str) -> list[str]:
-  """Writes the record of every point done in workdir to experiments/<study>/runs/<scale>/<point>.json (replacing
-  an older record of the same point); returns the paths written."""
-  folder = records_folder(study, scale)
-  out = []
-  for p in study.points:
-    source = epath.Path(workdir) / p.name
-    if state(source) != "done":
-      continue
-    published = record(source, p.flags(p.config or study.config))
-    if not _complete(published):  # done, but a file could not be read back (a bucket's passing error)
-      raise UserError(f"{source}: done, but its config.json / metrics.jsonl / bench.json could not be read back")
-    os.makedirs(folder, exist_ok=True)
-    target = os.path.join(folder, f"{p.name}.json")
-    with open(target, "w") as f:
-      f.write(_dump(published))
-    out.append(target)
-  return out
-
-
-def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False) -> dict[str, tuple[bool, str]]:
-  """For each point not started in workdir (no config written, no failed attempt) whose published record ran with
-  the point's own flags: writes the record into its folder (config.json and metrics.jsonl, or bench.json, and an
-  outcome that names the record), so that it counts as done. A bench record (a timing) is taken only on the
-  machine that measured it. Returns {point: (reused, what to say)} for every record of a point not done in
-  workdir."""
-  folder = records_folder(study, scale)
-  commit = checkout_commit()
-  out = {}
-  for p in study.points:
-    path = os.path.join(folder, f"{p.name}.json")
-    published = _read_json(epath.Path(path))
-    now = state(epath.Path(workdir) / p.name)
-    if published is None or now == "done":
-      continue
-    if published.get("flags") != p.flags(p.config or study.config):
-      out[p.name] = (False, "its record ran with other flags")
-      continue
-    if not _complete(published):
-      out[p.name] = (False, "its record is incomplete")
-      continue
-    if now != "pending":
-      out[p.name] = (False, f"{now} in the workdir, which goes on with its own run")
-      continue
-    if "bench" in published and published.get("machine") != machine():
-      out[p.name] = (False, f"a timing measured on {published.get('machine') or 'an unnamed machine'}, not this one")
-      continue
-    commits = published.get("commits") or []
-    note = "its published record" + (f" (commit {', '.join(c[:12] for c in commits)}; this checkout "
-                                     f"{(commit or 'unknown')[:12]})" if commits and commits[-1] != commit else "")
-    out[p.name] = (True, note)
-    if dry_run:
-      continue
-    target = epath.Path(workdir) / p.name
-    target.mkdir(parents=True, exist_ok=True)
-    if "bench" in published:
-      (target / BENCH_FILE).write_text(json.dumps(published["bench"], indent=2))
-    else:
-      (target / "config.json").write_text(json.dumps(published["config"], indent=2))
-      (target / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in published["metrics"]))
-    (target / POINT_FILE).write_text(json.dumps(
-        {"status": "done", "reused_record": os.path.relpath(path, REPO), "commits": commits,
-         "machine": published.get("machine"), "total_seconds": published.get("seconds"), "seconds": 0.0},
-        indent=2))
-  return out
 
 
 _RUNNING: set[subprocess.Popen] = set()  # the points running now (launcher local), for stop()
@@ -241,7 +62,7 @@ def run_point(command: list[str], folder: str) -> dict:
     text = log.read()
   previous_log = log_path.read_text() if log_path.exists() else ""
   log_path.write_text(previous_log + text)
-  previous = _read_json(folder / POINT_FILE) or {}
+  previous = read_json(folder / POINT_FILE) or {}
   outcome = {"command": command, "returncode": proc.returncode, "seconds": time.time() - start,
              "total_seconds": (previous.get("total_seconds") or 0.0) + time.time() - start,
              "commits": list(dict.fromkeys([*previous.get("commits", []), *([commit] if commit else [])])),
@@ -262,8 +83,6 @@ def run_point(command: list[str], folder: str) -> dict:
   (folder / POINT_FILE).write_text(json.dumps(outcome, indent=2))
   return outcome
 
-
-# ---------------------------------------------------------------------------------------------- Launchers
 
 @dataclasses.dataclass
 class Launch:
@@ -423,33 +242,3 @@ def _run_slurm(study, workdir, launch, commands, todo, status) -> dict[str, str]
     status.set(name, {"done": "done", "failed": "failed"}.get(outcome["status"], "unfinished"), outcome["seconds"])
   return status.states
 
-
-def collect(study: Study, workdir: str) -> list[dict]:
-  """One row per point: group, seed, learning rate, state, the last logged value of its metric ("value") and of
-  each of study.metrics ("values"), and its seconds."""
-  rows = []
-  for p in study.points:
-    folder = epath.Path(workdir) / p.name
-    logged = metric_rows(folder)
-    last = {m: final_value(folder, m, logged) for m in (study.metric, *study.metrics)}
-    outcome = _read_json(folder / POINT_FILE) or {}
-    rows.append({"point": p.name, "group": p.group, "seed": p.seed, "learning_rate": p.learning_rate,
-                 "state": state(folder), "value": last[study.metric],
-                 "values": {m: last[m] for m in study.metrics}, "seconds": outcome.get("total_seconds"),
-                 "error": outcome.get("error"), "machine": outcome.get("machine")})
-  return rows
-
-
-def curves(study: Study, workdir: str) -> dict[str, list[tuple[int, float]]]:
-  """Each finished or started training point's learning curve of METRIC from its metrics.jsonl: {point name:
-  [(step, value), ...]} in step order (bench points have none)."""
-  out = {}
-  for p in study.points:
-    if p.program != "train":
-      continue
-    logged = metric_rows(epath.Path(workdir) / p.name)
-    curve = sorted((int(r["step"]), float(r[study.metric])) for r in logged
-                   if study.metric in r and "step" in r and r[study.metric] is not None)
-    if curve:
-      out[p.name] = curve
-  return out

@@ -1,0 +1,87 @@
+"""A point's folder: everything about one run of a sweep, read back as its state, its metric rows and its last
+attempt's outcome; and where the code and machine that ran it came from.
+
+A re-run of a sweep goes by these states alone: done points are skipped, unfinished ones resume from their
+checkpoints, failed ones are retried."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import subprocess
+
+from etils import epath
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+BENCH_FILE = "bench.json"  # in a bench point's folder: efftx.bench's rows, written when the measurement is done
+POINT_FILE = "sweep_point.json"  # in a point's folder: its last attempt's outcome, error line and time
+
+
+def read_json(path: epath.Path) -> dict | None:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def metric_rows(folder: epath.Path) -> list[dict]:
+  """A training point's metrics.jsonl rows, or a bench point's bench.json rows."""
+  bench = read_json(folder / BENCH_FILE)
+  if bench is not None:
+    return bench["rows"]
+  try:
+    text = (folder / "metrics.jsonl").read_text()
+  except OSError:
+    return []
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def final_value(folder: epath.Path, metric: str, rows: list[dict] | None = None):
+  """The last logged value of metric in a point's folder (its metric_rows, or `rows` already read), None without."""
+  rows = metric_rows(folder) if rows is None else rows
+  return next((r[metric] for r in reversed(rows) if r.get(metric) is not None), None)
+
+
+def state(folder: epath.Path) -> str:
+  """"done" (trained to its config's total_steps, or its bench.json written), "failed" (its last attempt failed),
+  "unfinished" (started, stopped before the end) or "pending"."""
+  if (folder / BENCH_FILE).exists():
+    return "done"
+  config = read_json(folder / "config.json")
+  rows = metric_rows(folder)
+  if config and rows and max(r["step"] for r in rows) >= config["total_steps"]:
+    return "done"
+  outcome = read_json(folder / POINT_FILE) or {}
+  if outcome.get("status") == "failed":
+    return "failed"
+  return "unfinished" if rows or config else "pending"
+
+
+def checkout_commit() -> str | None:
+  """The checkout's git commit, with "+dirty" when efftx/ or configs/ (the code a point runs) differ from it; None
+  outside a git checkout. Recorded in each point's outcome, so a published record says which code produced it."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "efftx", "configs"],
+                           cwd=REPO, capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  if head.returncode != 0:
+    return None
+  return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+@functools.cache
+def machine() -> str:
+  """This machine in words: CPU model, cores, JAX version."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  import jax  # pylint: disable=g-import-not-at-top
+  return f"{cpu}, {os.cpu_count()} cores, JAX {jax.__version__}"
+
+
