@@ -88,7 +88,7 @@ def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
 def test_report_from_existing_workdirs(tmp_path, data_dir):
   path = _sweep_file(tmp_path, data_dir, {"a": {"arg": "smoke"}, "b": {"arg": "smoke,mixer=fnet"}},
                      extra='PAPER = {"a": 0.5}\nSOURCE = "Somebody et al. (2020), Table 1"\n'
-                           'X = ("width", {"a": 1, "b": 2})\n'
+                           'from efftx.sweep import Plot\nPLOT = Plot(x=("width", {"a": 1, "b": 2}))\n'
                            'def claim(rows):\n  return "held" if rows[0]["mean"] > rows[1]["mean"] else "did not hold"\n')
   study = study_lib.load(path)
   workdir = tmp_path / "runs"
@@ -229,13 +229,14 @@ def _bench_sweep_file(tmp_path, groups: dict) -> str:
   path = tmp_path / "costs" / "sweep.py"
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(f'''"""A test cost study."""
+from efftx.sweep import Plot
 from efftx.sweep import grid
 METRIC = "temp_mib"
 METRICS = ("argument_mib",)
 GOAL = "min"
 GROUPS = {groups!r}
-X = ("length", {{g: f["lengths"] for g, f in GROUPS.items()}})
-SERIES = {{g: f["mixers"] for g, f in GROUPS.items()}}
+PLOT = Plot(x=("length", {{g: f["lengths"] for g, f in GROUPS.items()}}),
+            series={{g: f["mixers"] for g, f in GROUPS.items()}})
 BASELINE = {{g: "attention L=32" for g in GROUPS}}
 PAPER = {{"fnet L=32": {{"argument_mib": 0.5}}}}
 

@@ -151,6 +151,7 @@ def _study(tmp_path) -> study_lib.Study:
   path = tmp_path / "study" / "sweep.py"
   path.parent.mkdir(parents=True)
   path.write_text('''"""A test study."""
+from efftx.sweep import Plot
 from efftx.sweep import grid
 CONFIG = "configs/quickstart.py"
 METRIC = "eval_loss"
@@ -160,7 +161,7 @@ PAPER = {"attention": 0.5, "fnet": 0.6}
 PAPER_SCALES = ("paper",)
 PAPER_SETTING = "the paper's data, 12 layers"
 SETTING = {"cpu": "ListOps-small, 2 layers", "paper": "the paper's data, 12 layers"}
-CHANCE = {"eval_loss": {"uniform guess": 2.5}}
+PLOT = Plot(chance={"eval_loss": {"uniform guess": 2.5}})
 
 def points(scale):
   return grid({"attention": {"arg": "smoke"}, "fnet": {"arg": "smoke,mixer=fnet"}}, seeds=(0, 1, 2))
@@ -257,17 +258,19 @@ def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
 
 
 def test_learning_curves_get_one_panel_per_task(tmp_path):
-  """PANEL(group) splits the curves into one panel per task, each line labelled without its task; a PANEL that is
-  not a function is refused when the sweep file loads."""
+  """PLOT's panel(group) splits the curves into one panel per task, each line labelled without its task; a panel
+  that is not a function, or a plot setting outside PLOT, is refused when the sweep file loads."""
   path = tmp_path / "study" / "sweep.py"
   path.parent.mkdir(parents=True)
   path.write_text('''"""Two tasks."""
+from efftx.sweep import Plot
 from efftx.sweep import grid
 CONFIG = "configs/quickstart.py"
 METRIC = "eval_accuracy"
 GOAL = "max"
-def PANEL(group):
+def _task(group):
   return group.split()[0]
+PLOT = Plot(panel=_task)
 def points(scale):
   return grid({f"{t} {m}": {"arg": f"smoke,mixer={m}"} for t in ("listops", "images") for m in ("attention", "fnet")},
               seeds=(0, 1))
@@ -282,6 +285,9 @@ def points(scale):
   _fake_runs(study, workdir, np.random.default_rng(0))
   paths = report.report(study, str(workdir), "cpu", "test")
   assert open(paths["curves"], "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
-  path.write_text(path.read_text().replace("def PANEL(group):\n  return group.split()[0]", "PANEL = 'task'"))
-  with pytest.raises(study_lib.UserError, match="PANEL is a str"):
+  path.write_text(path.read_text().replace("Plot(panel=_task)", "Plot(panel='task')"))
+  with pytest.raises(study_lib.UserError, match="PLOT's panel is a str"):
+    study_lib.load(str(path))
+  path.write_text(path.read_text().replace("PLOT = Plot(panel='task')", "PANEL = _task"))
+  with pytest.raises(study_lib.UserError, match=r"PANEL go in PLOT = efftx.sweep.Plot\(panel=...\)"):
     study_lib.load(str(path))

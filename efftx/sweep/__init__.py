@@ -56,8 +56,9 @@ baseline also gets the paired difference from it over the seeds both ran, with i
 study's learning curves are drawn (curves.png, the seeds' band). The report is
 written after every run (and alone with --report); the exit status is 1 when a point failed.
 """
-from efftx.sweep.study import Point  # what sweep files use
+from efftx.sweep.study import Plot  # what sweep files use
+from efftx.sweep.study import Point
 from efftx.sweep.study import best_then_seeds
 from efftx.sweep.study import grid
 
-__all__ = ["Point", "best_then_seeds", "grid"]
+__all__ = ["Plot", "Point", "best_then_seeds", "grid"]

@@ -229,7 +229,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   if regime:
     lines += [f"The last column is the mean over seeds of {study.metric}'s change over the last fifth of training "
               f"({'falling' if study.goal == 'min' else 'rising'}: still improving).", ""]
-  for metric, marks in study.chance.items():
+  for metric, marks in study.plot.chance.items():
     lines += [f"Reference lines for {metric}: " + ", ".join(f"{label} {value:.4g}" for label, value in marks.items())
               + ".", ""]
   if study.paper and not study.paper_in_table(scale):
@@ -292,13 +292,13 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
 
 
 def curve_panels(study: Study, group_curves: dict[str, list]) -> dict[str, dict[str, list]]:
-  """{panel title: {line label: seeds' curves}}: one panel per PANEL(group) (one untitled panel without PANEL),
+  """{panel title: {line label: seeds' curves}}: one panel per plot.panel(group) (one untitled panel without it),
   in the groups' order; a label drops its panel's title where the group's name starts with it."""
   panels = {}
   for group, seeds in group_curves.items():
     if not seeds:
       continue
-    title = study.panel(group) if study.panel else ""
+    title = study.plot.panel(group) if study.plot.panel else ""
     label = group[len(title):].strip() if title and group.startswith(title) else group
     panels.setdefault(title, {})[f"{label} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"] = seeds
   return panels
@@ -306,7 +306,7 @@ def curve_panels(study: Study, group_curves: dict[str, list]) -> dict[str, dict[
 
 def _plot_curves(study: Study, group_curves: dict[str, list], path: epath.Path) -> None:
   """METRIC against step, one line per group (the mean over its seeds at the steps they all logged) with the band
-  from the lowest to the highest seed; one panel per PANEL value, the legend beside it; past ten lines in a panel
+  from the lowest to the highest seed; one panel per plot.panel value, the legend beside it; past ten lines in a panel
   the colours repeat dashed."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -351,19 +351,19 @@ def _errors(r: dict, metric: str, ratio: bool) -> tuple[float, float]:
 
 
 def _scale_x(ax, study: Study) -> None:
-  """XSCALE, or log base 2 where X's positive values span 16× or more."""
-  xs = study.x[1]
-  if study.xscale == "log" or (not study.xscale and all(v > 0 for v in xs.values())
+  """plot.xscale, or log base 2 where plot.x's positive values span 16× or more."""
+  xs = study.plot.x[1]
+  if study.plot.xscale == "log" or (not study.plot.xscale and all(v > 0 for v in xs.values())
                                and max(xs.values()) / min(xs.values()) >= 16):
     ax.set_xscale("log", base=2)
 
 
 def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> None:
   """One panel per question: each metric (ours as ratios where BASELINE is set, with the range of paired repeats;
-  else the mean with its 95 % interval), against X (one line per SERIES) or as one labelled dot per group on an
-  axis that starts where the values do; and, where groups have several seeds and a baseline, a panel of the paired
-  differences from it with their intervals and the zero line. The paper's numbers only where the scale's setting
-  is the paper's; CHANCE's reference lines on their metric's panel."""
+  else the mean with its 95 % interval), against plot.x (one line per plot.series) or as one labelled dot per group
+  on an axis that starts where the values do; and, where groups have several seeds and a baseline, a panel of the
+  paired differences from it with their intervals and the zero line. The paper's numbers only where the scale's
+  setting is the paper's; plot.chance's reference lines on their metric's panel."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -372,14 +372,14 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   # Measurements get ratios to the baseline; training runs their paired differences from it.
   deltas = [r for r in rows if (r.get("delta") or {}).get(study.metric)] if not study.measured else []
   panels = [("metric", m) for m in metrics] + ([("delta", study.metric)] if deltas else [])
-  tall = max(4.5, 0.35 * len(rows) + 1.5) if not study.x else 4.5
+  tall = max(4.5, 0.35 * len(rows) + 1.5) if not study.plot.x else 4.5
   fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), tall), squeeze=False)
   for ax, (kind, metric) in zip(axes[0], panels):
-    if kind == "delta" and study.x:  # the paired difference against X, with its 95 % interval
-      label, xs = study.x
+    if kind == "delta" and study.plot.x:  # the paired difference against plot.x, with its 95 % interval
+      label, xs = study.plot.x
       shown = [r for r in rows if r["delta"].get(metric) and r["group"] in xs]
-      for series in dict.fromkeys(study.series.get(r["group"], "ours") for r in shown):
-        line = [r for r in shown if study.series.get(r["group"], "ours") == series]
+      for series in dict.fromkeys(study.plot.series.get(r["group"], "ours") for r in shown):
+        line = [r for r in shown if study.plot.series.get(r["group"], "ours") == series]
         ds = [r["delta"][metric] for r in line]
         errors = list(zip(*map(_spread, ds)))
         ax.errorbar([xs[r["group"]] for r in line], [d["mean"] for d in ds], yerr=errors, marker="o", capsize=3,
@@ -408,26 +408,26 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
     ratio = bool(study.baseline) and study.measured  # training: the delta panel
     value = lambda r, m=metric: r["ratio"][m] if ratio else r["metrics"][m]["mean"]
     done = [r for r in rows if value(r) is not None]
-    if study.x:
-      label, xs = study.x
+    if study.plot.x:
+      label, xs = study.plot.x
       on_axis = [r for r in done if r["group"] in xs]
-      for series in dict.fromkeys(study.series.get(r["group"], "ours") for r in on_axis):
-        line = [r for r in on_axis if study.series.get(r["group"], "ours") == series]
+      for series in dict.fromkeys(study.plot.series.get(r["group"], "ours") for r in on_axis):
+        line = [r for r in on_axis if study.plot.series.get(r["group"], "ours") == series]
         errors = list(zip(*(_errors(r, metric, ratio) for r in line)))
         ax.errorbar([xs[r["group"]] for r in line], [value(r) for r in line], yerr=errors, marker="o", capsize=3,
                     label=series)
         paper = sorted((xs[g], study.paper_value(g, metric)) for g in study.paper
-                       if g in xs and study.series.get(g, "ours") == series
+                       if g in xs and study.plot.series.get(g, "ours") == series
                        and study.paper_value(g, metric) is not None) if with_paper else []
         if paper:
           ax.plot(*zip(*paper), "s--", color=ax.lines[-1].get_color(), label=f"{series} (paper)"
-                  if study.series else "paper")
+                  if study.plot.series else "paper")
       _scale_x(ax, study)
       for r in done:  # groups off the axis (baselines): horizontal lines
         if r["group"] not in xs:
           ax.axhline(value(r), linestyle=":", color="gray")
           ax.annotate(r["group"], (ax.get_xlim()[0], value(r)), fontsize=8, va="bottom")
-      for name, level in study.chance.get(metric, {}).items():
+      for name, level in study.plot.chance.get(metric, {}).items():
         ax.axhline(level, linestyle="--", color="red", linewidth=0.8)
         ax.annotate(name, (ax.get_xlim()[0], level), fontsize=8, va="bottom", color="red")
       ax.set_xlabel(label)
@@ -443,17 +443,17 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
                if study.paper_value(r["group"], metric) is not None] if with_paper else []
       if paper:
         ax.plot(*zip(*paper), "k|", markersize=14, label="paper")
-      for name, level in study.chance.get(metric, {}).items():
+      for name, level in study.plot.chance.get(metric, {}).items():
         ax.axvline(level, linestyle="--", color="red", linewidth=0.8, label=name)
       ax.set_yticks(range(len(done)), [r["group"] for r in done], fontsize=8)
       ax.invert_yaxis()
       ax.set_xlabel(f"{metric} ÷ baseline" if ratio else metric)
       ax.legend(fontsize=8)
     if ratio:
-      (ax.axhline if study.x else ax.axvline)(1.0, color="black", linewidth=0.8)
+      (ax.axhline if study.plot.x else ax.axvline)(1.0, color="black", linewidth=0.8)
       shown = [value(r) for r in done]
       if shown and min(shown) > 0 and max(shown) / min(shown) >= 10:
-        (ax.set_yscale if study.x else ax.set_xscale)("log")
+        (ax.set_yscale if study.plot.x else ax.set_xscale)("log")
     ax.set_title(study.name if len(metrics) == 1 else f"{study.name}: {metric}")
     ax.grid(alpha=0.3)
   fig.tight_layout()

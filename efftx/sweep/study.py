@@ -4,6 +4,7 @@
 is the same wherever the sweep was started (config files relative to the checkout)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import os
@@ -102,6 +103,16 @@ def best_then_seeds(groups: dict[str, dict[str, Any]], learning_rates, seeds, fi
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Plot:
+  """How the report draws a study: a sweep file's PLOT = Plot(...), every field optional."""
+  x: tuple[str, dict[str, float]] | None = None  # (axis label, {group: x}); None: one labelled dot per group
+  series: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> its line against x
+  xscale: str = ""  # "linear" or "log" (base 2); "": log where x spans 16× or more
+  chance: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # metric -> {line label: value}
+  panel: Callable[[str], str] | None = None  # group -> its learning-curve panel (e.g. its task)
+
+
 @dataclasses.dataclass
 class Study:
   """A sweep file, loaded."""
@@ -113,19 +124,15 @@ class Study:
   doc: str
   paper: dict[str, Any]
   source: str
-  x: tuple[str, dict[str, float]] | None
   claim: Callable[..., Any] | None  # claim(rows[, scale]) -> [stats.Claim] (or one line, in older sweep files)
   metrics: tuple[str, ...] = ()  # more columns, aggregated like metric (at the group's best learning rate)
   baseline: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> the group it is divided by
-  series: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> its line in the plot
-  xscale: str = ""  # "linear" or "log" (base 2); "": log where X spans 16× or more
   paper_setting: str = ""  # what the paper trained: data, depth, width, steps
   setting: dict[str, str] = dataclasses.field(default_factory=dict)  # scale -> what that scale trains
   protocol: dict[str, str] = dataclasses.field(default_factory=dict)  # scale -> how each group is trained
   paper_scales: tuple[str, ...] | None = None  # scales whose setting is the paper's (None: every scale)
-  chance: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # metric -> {line label: value}
+  plot: Plot = dataclasses.field(default_factory=Plot)
   adaptive: bool = False  # points(scale, finished): the grid grows as points finish (best_then_seeds)
-  panel: Callable[[str], str] | None = None  # group -> its learning-curve panel (e.g. its task)
 
   @property
   def measured(self) -> bool:
@@ -172,52 +179,64 @@ def _finished(workdir: str | None, metric: str) -> Callable[[Point], Any]:
   return value
 
 
+# Every name a sweep file may set, with its default (REQUIRED: none); efftx/sweep/README.md says what each means.
+REQUIRED = object()
+NAMES = {"points": REQUIRED, "METRIC": REQUIRED, "GOAL": REQUIRED, "CONFIG": "", "METRICS": (), "BASELINE": {},
+         "PAPER": {}, "SOURCE": "", "PAPER_SETTING": "", "SETTING": {}, "PROTOCOL": {}, "PAPER_SCALES": None,
+         "PLOT": Plot(), "claim": None}
+_IN_PLOT = {"X": "x", "SERIES": "series", "XSCALE": "xscale", "CHANCE": "chance", "PANEL": "panel"}
+
+
 def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
-  """Reads a sweep file and builds its grid at `scale` (an adaptive grid, points(scale, finished), from the points
-  finished in workdir), with one clear error for what is missing or wrong."""
+  """Reads a sweep file's NAMES and builds its grid at `scale` (an adaptive grid, points(scale, finished), from
+  the points finished in workdir), with one clear error for what is missing or wrong."""
   if not os.path.exists(path):
     raise UserError(f"{path}: no such sweep file")
   try:
     module = runpy.run_path(path)
   except UserError as e:
     raise UserError(f"{path}: {e}") from None
-  missing = [n for n in ("points", "METRIC", "GOAL") if n not in module]
+  missing = [n for n, default in NAMES.items() if default is REQUIRED and n not in module]
   if missing:
-    raise UserError(f"{path} does not define {', '.join(missing)} (see `python -m efftx.sweep --help`)")
-  if module["GOAL"] not in ("min", "max"):
-    raise UserError(f"{path}: GOAL is '{module['GOAL']}', not 'min' or 'max'")
-  adaptive = len(inspect.signature(module["points"]).parameters) > 1
+    raise UserError(f"{path} does not define {', '.join(missing)} (see efftx/sweep/README.md)")
+  moved = [n for n in _IN_PLOT if n in module]
+  if moved:
+    raise UserError(f"{path}: {', '.join(moved)} go in PLOT = efftx.sweep.Plot("
+                    + ", ".join(f"{_IN_PLOT[n]}=..." for n in moved) + ")")
+  given = {n: module.get(n, copy.copy(default)) for n, default in NAMES.items()}
+  if given["GOAL"] not in ("min", "max"):
+    raise UserError(f"{path}: GOAL is '{given['GOAL']}', not 'min' or 'max'")
+  adaptive = len(inspect.signature(given["points"]).parameters) > 1
   if adaptive:
-    points = module["points"](scale, _finished(workdir, module["METRIC"]))
+    points = given["points"](scale, _finished(workdir, given["METRIC"]))
   else:
-    points = module["points"](scale)
+    points = given["points"](scale)
   if not points:
     raise UserError(f"{path}: no points at scale '{scale}'")
   names = [p.name for p in points]
   if len(set(names)) != len(names):
     raise UserError(f"{path}: two points share the name {next(n for n in names if names.count(n) > 1)}")
-  if "CONFIG" not in module and any(p.program == "train" and not p.config for p in points):
+  if not given["CONFIG"] and any(p.program == "train" and not p.config for p in points):
     raise UserError(f"{path} does not define CONFIG, the config file its training points start from")
   points = [dataclasses.replace(p, config=_config_path(p.config)) if p.config else p for p in points]
-  config = _config_path(module.get("CONFIG", ""))
   groups = {p.group for p in points}
-  baseline = module.get("BASELINE", {})
-  unknown = sorted({b for g, b in baseline.items() if g in groups} - groups)
+  unknown = sorted({b for g, b in given["BASELINE"].items() if g in groups} - groups)
   if unknown:
     raise UserError(f"{path}: BASELINE names groups that are not points: {', '.join(unknown)}")
-  if module.get("XSCALE", "") not in ("", "linear", "log"):
-    raise UserError(f"{path}: XSCALE is '{module['XSCALE']}', not 'linear' or 'log'")
-  for name in ("SETTING", "PROTOCOL", "CHANCE"):
-    if not isinstance(module.get(name, {}), dict):
-      raise UserError(f"{path}: {name} is a {type(module[name]).__name__}, not a dict")
-  if module.get("PANEL") is not None and not callable(module["PANEL"]):
-    raise UserError(f"{path}: PANEL is a {type(module['PANEL']).__name__}, not a function of a group's name")
-  setting = module.get("SETTING", {})
-  if setting and (scale not in setting or not module.get("PAPER_SETTING")):
+  plot = given["PLOT"]
+  if not isinstance(plot, Plot):
+    raise UserError(f"{path}: PLOT is a {type(plot).__name__}, not an efftx.sweep.Plot")
+  if plot.xscale not in ("", "linear", "log"):
+    raise UserError(f"{path}: PLOT's xscale is '{plot.xscale}', not 'linear' or 'log'")
+  for name, value in (("SETTING", given["SETTING"]), ("PROTOCOL", given["PROTOCOL"]), ("PLOT's chance", plot.chance)):
+    if not isinstance(value, dict):
+      raise UserError(f"{path}: {name} is a {type(value).__name__}, not a dict")
+  if plot.panel is not None and not callable(plot.panel):
+    raise UserError(f"{path}: PLOT's panel is a {type(plot.panel).__name__}, not a function of a group's name")
+  if given["SETTING"] and (scale not in given["SETTING"] or not given["PAPER_SETTING"]):
     raise UserError(f"{path}: SETTING needs this scale's setting ('{scale}') and PAPER_SETTING the paper's")
-  return Study(path, config, points, module["METRIC"], module["GOAL"], module.get("__doc__") or "",
-               module.get("PAPER", {}), module.get("SOURCE", ""), module.get("X"), module.get("claim"),
-               tuple(module.get("METRICS", ())), baseline, module.get("SERIES", {}), module.get("XSCALE", ""),
-               module.get("PAPER_SETTING", ""), setting, module.get("PROTOCOL", {}),
-               tuple(module["PAPER_SCALES"]) if "PAPER_SCALES" in module else None, module.get("CHANCE", {}), adaptive,
-               module.get("PANEL"))
+  paper_scales = None if given["PAPER_SCALES"] is None else tuple(given["PAPER_SCALES"])
+  return Study(path, _config_path(given["CONFIG"]), points, given["METRIC"], given["GOAL"],
+               module.get("__doc__") or "", given["PAPER"], given["SOURCE"], given["claim"], tuple(given["METRICS"]),
+               given["BASELINE"], given["PAPER_SETTING"], given["SETTING"], given["PROTOCOL"], paper_scales, plot,
+               adaptive)

@@ -15,6 +15,7 @@ validation bits/byte. Scale "cpu" asks whether the best window moves as training
 1,600, 3 seeds — 18 runs, about an hour on 2 cores with --parallel=2. "paper": the paper's 24 layers, width 256,
 context 1024, windows to 1024, 3 seeds. SETTING and the verdicts say why the cpu scale is not the paper's regime.
 """
+from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
 
@@ -40,7 +41,7 @@ PROTOCOL = {"cpu": "Every window, AFT-simple and AFT-full: the same config (Adam
 WINDOWS = {"cpu": (4, 8, 32, 128), "paper": (1, 2, 4, 8, 32, 64, 128, 256, 512, 1024)}
 PAPER = {"aft_simple": 1.209, "s=1": 1.205, "s=2": 1.176, "s=4": 1.165, "s=8": 1.162, "s=32": 1.154,
          "s=64": 1.160, "s=128": 1.165, "s=256": 1.164, "s=512": 1.171, "s=1024": 1.173}
-X = ("window s (AFT-simple and AFT-full: dotted)", {f"s={s}": s for s in WINDOWS["paper"] + (16,)})
+PLOT = Plot(x=("window s (AFT-simple and AFT-full: dotted)", {f"s={s}": s for s in WINDOWS["paper"] + (16,)}))
 
 SCALES = {
     "cpu": {"model.num_layers": 2, "model.d_model": 64, "model.d_ff": 256, "model.max_len": 256,

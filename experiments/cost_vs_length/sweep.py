@@ -26,6 +26,7 @@ hour): every point once, then every point again, so that a slow spell of the sha
 alike; ratios are medians of the repeats' paired ratios. Run with --parallel=1: points that run together share the
 cores and each other's timings. "paper": the same grid plus 16384, timed for 10 s each.
 """
+from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
 
@@ -73,8 +74,9 @@ def _group(label, length):
 
 
 _ALL_LENGTHS = sorted(set(LENGTHS["cpu"] + LENGTHS["paper"]))
-X = ("sequence length (8192 tokens a step)", {_group(m, L): L for m in MIXERS for L in _ALL_LENGTHS})
-SERIES = {_group(m, L): m for m in MIXERS for L in _ALL_LENGTHS}
+_LENGTH = {_group(m, L): L for m in MIXERS for L in _ALL_LENGTHS}  # group -> its length
+_MIXER = {_group(m, L): m for m in MIXERS for L in _ALL_LENGTHS}  # group -> its mixer's label
+PLOT = Plot(x=("sequence length (8192 tokens a step)", _LENGTH), series=_MIXER)
 BASELINE = {_group(m, L): _group(BASELINE_MIXER, L) for m in MIXERS for L in _ALL_LENGTHS}
 PAPER = {
     _group("lsh", 1024): {"tokens_per_sec": 0.54, "memory_mib": 0.56},
@@ -100,14 +102,15 @@ def points(scale):
         flags["set"] = overrides
       groups[_group(label, length)] = {"bench": flags}
   # Repeats in the outer loop, then lengths: a length's mixers are measured one after another, close in time.
-  return sorted(grid(groups, repeats=REPEATS), key=lambda p: (p.seed, X[1][p.group],
-                                                                 list(MIXERS).index(SERIES[p.group])))
+  return sorted(grid(groups, repeats=REPEATS),
+                key=lambda p: (p.seed, _LENGTH[p.group], list(MIXERS).index(_MIXER[p.group])))
 
 
 def _exponents(rows, label, metric, shortest=1024):
   """The exponent p of cost per sequence ∝ L^p for one mixer, one per repeat: time per sequence is L / tokens/s,
   memory per sequence is memory ÷ (8192 / L) sequences (batch × length is fixed)."""
-  by_length = {X[1][r["group"]]: r for r in rows if SERIES.get(r["group"]) == label and X[1][r["group"]] >= shortest}
+  by_length = {_LENGTH[r["group"]]: r for r in rows
+               if _MIXER.get(r["group"]) == label and _LENGTH[r["group"]] >= shortest}
   lengths = sorted(by_length)
   repeats = set.intersection(*(set(by_length[L]["seeds"]) for L in lengths)) if lengths else set()
   out = []

@@ -17,6 +17,7 @@ steps of batch 32 (2 epochs), 3 seeds — 27 runs, about 1.5 h on 2 cores with -
 width 512, lengths up to 2000), hybrids with 2 attention layers of 6, 3 seeds. Metric: validation accuracy at the
 last step.
 """
+from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
 
@@ -36,7 +37,7 @@ PROTOCOL = {s: "Every model in the f_net code's conventions: post-LN blocks, a d
                "embeddings, CLS pooling; one config (learning rate, schedule) for all; hybrids put attention in 2 "
                "layers." for s in ("cpu", "paper")}
 CONVENTIONS = {"model.block_layout": "post_ln", "model.embed_projection": True, "model.pooling": "cls"}
-CHANCE = {"eval_accuracy": {"chance (10 classes)": 0.1}}
+PLOT = Plot(chance={"eval_accuracy": {"chance (10 classes)": 0.1}})
 LAYOUTS = ("bottom", "middle", "top", "mixed")
 SCALES = {  # scale -> (config file, config argument prefix, overrides, seeds)
     "cpu": ("configs/quickstart.py", "", {"model.num_layers": 4, "total_steps": 1_250, "eval_every": 250,

@@ -16,6 +16,7 @@ CIFAR-10's rows; 2.67 of these rows are 37 pixels), batch 32, 1,500 steps (0.87 
 on the first 1,000 test images, 4 seeds — 20 runs, about 1.5 h with --parallel=2. "paper": the config's CIFAR-10
 defaults (24 layers, width 256, 100k steps; the whole test split), 4 seeds.
 """
+from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
 
@@ -35,7 +36,7 @@ SETTING = {"cpu": "Fashion-MNIST at 14 × 14 (196 grey pixels), 2 layers × 64, 
 PROTOCOL = {"cpu": "Every mixer: the same config (AdamW 1e-3, 100 warmup steps, cosine decay, batch 32), the same "
                    "seeds and data order; the paper gives no per-mixer protocol."}
 BASELINE = {m: "attention" for m in MIXERS}
-CHANCE = {"eval_bits_per_dim": {"uniform over 256 values": 8.0}}
+PLOT = Plot(chance={"eval_bits_per_dim": {"uniform over 256 values": 8.0}})
 SCALES = {
     "cpu": ("data=fashion_mnist_14,", {"model.num_layers": 2, "model.d_model": 64, "model.d_ff": 256,
                                        "model.dropout": 0.0, "total_steps": 1_500, "optim.warmup_steps": 100,

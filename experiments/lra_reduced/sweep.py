@@ -20,6 +20,7 @@ conventions (post-LN blocks and CLS pooling, FNet with its embedding projection:
 sweep resumes where it stopped). Metric: validation accuracy at the last step. "paper": LRA's own configs
 (lra_listops.py, lra_image.py on CIFAR-10), same groups and seeds.
 """
+from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
 
@@ -44,8 +45,6 @@ PROTOCOL = {s: "Every mixer in efftx's defaults (pre-LN, mean pooling) with one 
                "rate and schedule; LRA tuned per model, which this does not); attention and FNet also in their "
                "published conventions (post-LN, CLS; FNet's embedding projection); FF-only: no mixing at all."
             for s in ("cpu", "paper")}
-# ListOps-small's validation split: its most common label (0) is 146 of 1,000 answers (efftx.data.listops, seed 0).
-CHANCE = {"eval_accuracy": {"chance (10 classes)": 0.1, "ListOps-small majority class": 0.146}}
 TASKS = {  # scale -> {task label: (config file, config argument, overrides)}
     "cpu": {
         "listops-small": ("configs/quickstart.py", "", {"total_steps": 1_250, "eval_every": 250,
@@ -61,9 +60,15 @@ TASKS = {  # scale -> {task label: (config file, config argument, overrides)}
 }
 
 
-def PANEL(group):  # pylint: disable=invalid-name
-  """One learning-curve panel per task: a group is "<task> <mixer>"."""
+def _task(group):
+  """A group is "<task> <mixer>"."""
   return group.split()[0]
+
+
+# One learning-curve panel per task. ListOps-small's validation split: its most common label (0) is 146 of 1,000
+# answers (efftx.data.listops, seed 0).
+PLOT = Plot(chance={"eval_accuracy": {"chance (10 classes)": 0.1, "ListOps-small majority class": 0.146}},
+            panel=_task)
 
 
 _LRA = {"listops": {"attention": 36.37, "lsh": 37.27, "linear": 16.13, "local": 15.82, "fnet": 35.33},

@@ -26,6 +26,7 @@ steps (6.4 epochs), the others 6,000 — 24 search runs and 22 seed runs, about 
 SCALES["cpu"]["widths"] = (64, 128, 256) (about three times as long). "paper": Figure 2's settings 64x4, 128x8,
 256x16 at vocab 8192, widths 64–512, 64 epochs for every mixer.
 """
+from efftx.sweep import Plot
 from efftx.sweep import best_then_seeds
 from efftx.sweep import stats
 
@@ -48,7 +49,6 @@ PROTOCOL = {s: "Zoology's per mixer: attention 2 layers, every other mixer 4; no
                + ("attention 2,000 steps, the others 6,000 (the slow learners get 3×)." if s != "paper" else
                   "64 epochs for every mixer.") + " LSH: 4 buckets, chunks of 16."
             for s in ("cpu", "paper")}
-CHANCE = {"eval_accuracy": {"a guess among the example's 4 values (64x4)": 0.25}}
 LEARNING_RATES = (1e-4, 4.6e-4, 2.2e-3, 1e-2)  # Zoology: logspace(1e-4, 1e-2, 4)
 DEPTH = {"attention": 2}  # every other mixer: 4 (zoology experiments/iclr24_zoology_figure2/configs.py)
 # LSH learns the task on some seeds and not on others; 8 seeds (attention too, for paired differences) estimate how
@@ -70,8 +70,8 @@ def _group(mixer, setting, width):
   return f"{mixer} {setting} d={width}"
 
 
-X = ("d_model", {_group(*k): k[2] for k in _ALL})
-SERIES = {_group(m, s, d): f"{m} {s}" for m, s, d in _ALL}
+PLOT = Plot(x=("d_model", {_group(*k): k[2] for k in _ALL}), series={_group(m, s, d): f"{m} {s}" for m, s, d in _ALL},
+            chance={"eval_accuracy": {"a guess among the example's 4 values (64x4)": 0.25}})
 PAPER = {_group("attention", s, d): 1.0 for s in SCALES["paper"]["settings"] for d in SCALES["paper"]["widths"]}
 
 

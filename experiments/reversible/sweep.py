@@ -25,6 +25,7 @@ and the 8 compiled at depth 48 once (compiled memory is deterministic), about an
 over layers, reversible ones a scan: the time ratio includes that difference. "paper": width 1024, FF 4096,
 16 heads, length 4096, depths 2 to 96, timed for 10 s (accelerators).
 """
+from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
 
@@ -56,9 +57,9 @@ def _group(variant, length, depth):
 
 
 _KEYS = [(v, L, d) for v in VARIANTS for s in SCALES.values() for L in s["lengths"] for d in s["depths"]]
-X = ("layers", {_group(*k): k[2] for k in _KEYS})
-XSCALE = "linear"  # memory grows linearly with depth: a straight line on this axis
-SERIES = {_group(*k): f"{k[0]}, length {k[1]}" for k in _KEYS}
+# Memory grows linearly with depth: a straight line on a linear axis.
+PLOT = Plot(x=("layers", {_group(*k): k[2] for k in _KEYS}),
+            series={_group(*k): f"{k[0]}, length {k[1]}" for k in _KEYS}, xscale="linear")
 
 
 def points(scale):

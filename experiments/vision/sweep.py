@@ -16,6 +16,7 @@ patch (the mean over positions of a DFT along them is the first position's value
 DeiT-S setting (configs/vision.py:data=imagenet; without DeiT's augmentations, see that file). Metric:
 validation accuracy at the last step.
 """
+from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
 
@@ -41,7 +42,7 @@ SETTING = {"cpu": "Fashion-MNIST in 4 × 4 patches (7 × 7 grid), 4 layers × 12
 PROTOCOL = {s: "Every mixer: configs/vision.py's one recipe (the same learning rate and schedule; pre-LN, mean "
                "pooling); FNet also in its paper's conventions (post-LN, embedding projection, [CLS] "
                "classifier)." for s in ("cpu", "paper")}
-CHANCE = {"eval_accuracy": {"chance (10 classes)": 0.1}}
+PLOT = Plot(chance={"eval_accuracy": {"chance (10 classes)": 0.1}})
 BASELINE = {m: "attention" for m in (*MIXERS, *PUBLISHED)}
 
 
