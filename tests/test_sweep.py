@@ -1,5 +1,6 @@
 """efftx.sweep: the grid, skip / resume / retry of points, a failing point, aggregation, the report, each
 launcher's dry run, and the SLURM path through submitit's local executor."""
+import dataclasses
 import json
 import os
 import signal
@@ -49,6 +50,19 @@ def test_grid_names_and_commands():
   assert points[3].command("configs/lm_bytes.py", "/w/x", python="python") == [
       "python", "-m", "efftx.train", "--config=configs/lm_bytes.py:mixer=aft_local", "--config.mixer.window=8",
       "--config.seed=1", "--config.optim.learning_rate=0.0003", "--workdir=/w/x"]
+
+
+def test_the_readme_lists_every_name_the_loader_reads_once():
+  """efftx/sweep/README.md's table of a sweep file's names is the loader's NAMES, each once; its table of Plot's
+  fields is Plot's."""
+  text = open(os.path.join(REPO, "efftx", "sweep", "README.md")).read()
+  names_section, plot_section = text.split("## A sweep file's names")[1].split("\n## ")[0].split("`Plot` fields")
+
+  def listed(section):
+    return [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+  assert sorted(listed(names_section)) == sorted(study_lib.NAMES) and len(set(listed(names_section))) == len(
+      listed(names_section))
+  assert listed(plot_section) == [f.name for f in dataclasses.fields(study_lib.Plot)]
 
 
 def test_a_bench_points_list_flag_is_comma_joined():

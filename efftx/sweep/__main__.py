@@ -1,6 +1,6 @@
 """The command line: flags → load the sweep file → run its points → write the report (and publish it).
 
-`--help` prints the package's docstring, the sweep file's format."""
+`--help` prints the package's docstring, which points to efftx/sweep/README.md (the sweep file's names)."""
 from __future__ import annotations
 
 import os
@@ -137,6 +137,6 @@ def _grown(study, path: str, workdir: str):
 
 
 if __name__ == "__main__":
-  __doc__ = sweep.__doc__  # what absl's --help prints: the sweep file's format
+  __doc__ = sweep.__doc__  # what absl's --help prints
   _define_flags()
   app.run(main)

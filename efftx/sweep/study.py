@@ -179,9 +179,9 @@ def _finished(workdir: str | None, metric: str) -> Callable[[Point], Any]:
   return value
 
 
-# Every name a sweep file may set, with its default (REQUIRED: none); efftx/sweep/README.md says what each means.
-REQUIRED = object()
-NAMES = {"points": REQUIRED, "METRIC": REQUIRED, "GOAL": REQUIRED, "CONFIG": "", "METRICS": (), "BASELINE": {},
+# Every name a sweep file may set, with its default (_REQUIRED: none); efftx/sweep/README.md says what each means.
+_REQUIRED = object()
+NAMES = {"points": _REQUIRED, "METRIC": _REQUIRED, "GOAL": _REQUIRED, "CONFIG": "", "METRICS": (), "BASELINE": {},
          "PAPER": {}, "SOURCE": "", "PAPER_SETTING": "", "SETTING": {}, "PROTOCOL": {}, "PAPER_SCALES": None,
          "PLOT": Plot(), "claim": None}
 _IN_PLOT = {"X": "x", "SERIES": "series", "XSCALE": "xscale", "CHANCE": "chance", "PANEL": "panel"}
@@ -196,7 +196,7 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
     module = runpy.run_path(path)
   except UserError as e:
     raise UserError(f"{path}: {e}") from None
-  missing = [n for n, default in NAMES.items() if default is REQUIRED and n not in module]
+  missing = [n for n, default in NAMES.items() if default is _REQUIRED and n not in module]
   if missing:
     raise UserError(f"{path} does not define {', '.join(missing)} (see efftx/sweep/README.md)")
   moved = [n for n in _IN_PLOT if n in module]
