@@ -30,8 +30,6 @@ from efftx.sweep.points import state
 from efftx.sweep.study import Study
 
 LAUNCHERS = ("local", "slurm", "tpu")
-
-
 _RUNNING: set[subprocess.Popen] = set()  # the points running now (launcher local), for stop()
 _RUNNING_LOCK = threading.Lock()
 
