@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from efftx import ab
+from efftx.perf import ab
 from efftx.errors import UserError
 
 QUICKSTART = os.path.join(REPO, "configs", "quickstart.py") + ":smoke"

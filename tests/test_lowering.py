@@ -10,7 +10,7 @@ import pytest
 
 from efftx import platform
 from efftx import config as config_lib
-from efftx import lowering
+from efftx.perf import lowering
 from efftx.mixers import fourier
 from efftx.mixers import MIXERS
 

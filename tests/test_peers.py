@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from efftx import peers
+from efftx.perf import peers
 from efftx.errors import UserError
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
@@ -55,7 +55,7 @@ def test_efftx_rows_are_the_flax_peers_block_built_by_efftx():
   """efftx-fnet and efftx-attention rows: post-LN, exact GELU, epsilon 1e-12, FNet's embedding projection, and the
   same matmul weights as the plain-flax peers (so the same dense FLOPs)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from efftx import ab  # pylint: disable=g-import-not-at-top
+  from efftx.perf import ab  # pylint: disable=g-import-not-at-top
   from efftx import model as model_lib  # pylint: disable=g-import-not-at-top
   from efftx.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
   c = peers.SHAPES["tiny"]
@@ -79,8 +79,8 @@ def test_a_profile_of_an_efftx_step_puts_its_kernels_in_the_categories_of_what_t
   instruction of the program, and the model's parts — the dense layers' matmuls, attention's core, LayerNorm, GELU,
   the embedding, the loss, the optimizer — each get time; "other" is a small share."""
   import jax  # pylint: disable=g-import-not-at-top
-  from efftx import ab  # pylint: disable=g-import-not-at-top
-  from efftx import profiling  # pylint: disable=g-import-not-at-top
+  from efftx.perf import ab  # pylint: disable=g-import-not-at-top
+  from efftx.perf import profiling  # pylint: disable=g-import-not-at-top
   run, info = ab.prepare(peers.efftx_variant("attention", peers.SHAPES["tiny"], 64))
   program, dense = profiling.instructions(run.program_text), profiling.dense_modules(run.params)
   assert {"block_0/mixing/mixer/qkv", "block_0/feed_forward/ff/up", "lm_head"} <= dense

@@ -216,7 +216,7 @@ def _flax_row(peer: str, c: dict, seq: int, a) -> dict:
 
 def efftx_variant(mixer: str, c: dict, seq: int) -> dict:
   """The efftx.ab variant of an efftx-<mixer> row: shape `c` at length `seq` in the peers' block."""
-  from efftx import ab  # pylint: disable=g-import-not-at-top
+  from efftx.perf import ab  # pylint: disable=g-import-not-at-top
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
   heads = f",mixer.num_heads={c['heads']}" if "num_heads" in config_lib.mixer_options(mixer) else ""
   return ab.variant(mixer=mixer, length=seq, tokens=c["tokens"], overrides=(
@@ -226,7 +226,7 @@ def efftx_variant(mixer: str, c: dict, seq: int) -> dict:
 
 
 def _efftx_row(mixer: str, c: dict, seq: int, a) -> dict:
-  from efftx import ab  # pylint: disable=g-import-not-at-top
+  from efftx.perf import ab  # pylint: disable=g-import-not-at-top
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
   if mixer not in MIXERS:
     raise UserError(f"peer 'efftx-{mixer}': '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
@@ -248,7 +248,7 @@ def _jax_timed(step, a, profiled: dict | None = None) -> dict:
   out = dict(step_times_s=times, foreign_cpu_frac=foreign)
   if a.profile:
     import jax  # pylint: disable=g-import-not-at-top
-    from efftx import profiling  # pylint: disable=g-import-not-at-top
+    from efftx.perf import profiling  # pylint: disable=g-import-not-at-top
     with jax.profiler.trace(a.profile):
       for _ in range(3):
         step()

@@ -42,7 +42,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from efftx import ab
 from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import model as model_lib
@@ -53,6 +52,7 @@ from efftx.data import TASKS
 from efftx.errors import UserError
 from efftx import patterns
 from efftx.mixers import MIXERS
+from efftx.perf import ab
 
 _MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "attention", "reversible", "pipeline", "sharding"],
                           "What to measure.")

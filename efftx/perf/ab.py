@@ -301,7 +301,7 @@ def compare(spec_a: dict, spec_b: dict, rounds: int = 8, steps: int = 1, commits
 
 def _extract(rev: str, folder: pathlib.Path) -> pathlib.Path:
   """The tree of commit `rev` of the checkout this efftx comes from, written into `folder`."""
-  repo = pathlib.Path(__file__).resolve().parents[1]
+  repo = pathlib.Path(__file__).resolve().parents[2]  # efftx/perf/ab.py → the checkout
   git = lambda *args: subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=False)
   sha = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
   if sha.returncode:
@@ -328,7 +328,7 @@ class _Worker:
     self.proc = subprocess.Popen([sys.executable, "-c", boot], cwd=tree, env=env, stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
     path, colon, arg = spec["config"].partition(":")
-    repo = pathlib.Path(__file__).resolve().parents[1]
+    repo = pathlib.Path(__file__).resolve().parents[2]  # efftx/perf/ab.py → the checkout
     if path and pathlib.Path(path).is_absolute() and pathlib.Path(path).resolve().is_relative_to(repo):
       path = str(pathlib.Path(path).resolve().relative_to(repo))  # a file of this checkout: read the commit's
     if path:  # read from the commit's tree where it has the file, else from here

@@ -51,10 +51,10 @@ import sys
 import threading
 import time
 
-from efftx import peers
 from efftx import platform as platform_lib
-from efftx import profiling
 from efftx.errors import UserError
+from efftx.perf import peers
+from efftx.perf import profiling
 
 SHAPES = {"gpu": {**peers.SHAPES["full"], "tokens": 32768}, "dry": peers.SHAPES["tiny"]}
 LENGTHS = {"gpu": [512, 1024, 2048, 4096, 8192, 16384], "dry": [64, 128]}
@@ -111,7 +111,7 @@ def jax_matmul_tflops(n: int) -> float:
 def jax_row(mixer: str, c: dict, seq: int, warmup: int, steps: int) -> dict:
   """An efftx-<mixer> row: efftx's train step in bfloat16, compiled as efftx.train compiles it, timed."""
   import jax  # pylint: disable=g-import-not-at-top
-  from efftx import ab  # pylint: disable=g-import-not-at-top
+  from efftx.perf import ab  # pylint: disable=g-import-not-at-top
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
   spec = peers.efftx_variant(mixer, c, seq)
   spec["set"]["model.dtype"] = "bfloat16"
