@@ -9,5 +9,6 @@ efftx.perf. Each command keeps its short name through an alias module, efftx/<na
     python -m efftx.gpu_bench  # every mixer's step beside Hugging Face's BERT and FNet on one GPU
     python -m efftx.lowering   # a run's steps lowered for a TPU and a GPU from any machine
 
-profiling.py sums a jax.profiler trace's kernels by what they compute (for `python -m efftx.peers --profile`).
+step.py holds the training step they share: a variant (a config file, or a mixer at the peer shape) compiled as
+efftx.train compiles it. profiling.py sums a jax.profiler trace's kernels by what they compute (peers --profile).
 """

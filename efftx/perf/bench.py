@@ -52,7 +52,7 @@ from efftx.data import TASKS
 from efftx.errors import UserError
 from efftx import patterns
 from efftx.mixers import MIXERS
-from efftx.perf import ab
+from efftx.perf import step as step_lib
 
 _MODE = flags.DEFINE_enum("mode", "mixers", ["mixers", "fourier", "attention", "reversible", "pipeline", "sharding"],
                           "What to measure.")
@@ -82,7 +82,7 @@ _TIME_DEPTHS = flags.DEFINE_list("time_depths", ["2", "8", "24"],
 
 
 def _model_config(mixer: str, length: int) -> ml_collections.ConfigDict:
-  config = ab.peer_shape(mixer, length)
+  config = step_lib.peer_shape(mixer, length)
   config.model.update(causal=_CAUSAL.value, dtype=_DTYPE.value)
   for item in _OVERRIDES.value:
     key, value = item.split("=", 1)

@@ -10,12 +10,12 @@ A row is one model's training step (forward, backward, AdamW at lr 1e-4, weight 
 a Linear(d, vocab) head at every position) at one length, at efftx.peers' shape — d 256, 4 layers, 4 heads, FF 1024,
 vocab 256 — with 32,768 random tokens a step (batch = 32768 // length), on one GPU:
   - efftx-<mixer>, every mixer of efftx.mixers.MIXERS: efftx's model in the peers' block (post-LN, exact GELU,
-    LayerNorm epsilon 1e-12, FNet's embedding projection; efftx.peers.efftx_variant) with config.model.dtype
+    LayerNorm epsilon 1e-12, FNet's embedding projection; efftx.perf.peers.efftx_variant) with config.model.dtype
     bfloat16 (bfloat16 compute, float32 parameters and AdamW), compiled as efftx.train compiles its step
-    (efftx.ab.prepare: state replicated on the one device, donated, efftx.train's compiler options);
+    (efftx.perf.step.prepare: state replicated on the one device, donated, efftx.train's compiler options);
   - hf-bert-sdpa (transformers BertModel, attn_implementation="sdpa") and hf-fnet (FNetModel, torch's FFT), eager
     PyTorch under torch.autocast(bfloat16): float32 parameters and AdamW, bfloat16 matmuls and attention, as
-    efftx's bfloat16; efftx.peers.hf_model builds them.
+    efftx's bfloat16; efftx.perf.peers.hf_model builds them.
 Per row: tokens/s (the median of --steps timed steps after --warmup, each waited for), MFU (achieved FLOP/s over the
 chip's bfloat16 matmul rate: the larger of JAX's and torch's 8192³ matmul, measured at each worker's start; FLOPs
 per token as efftx.peers counts them), peak memory (efftx: the compiled step's temp + argument bytes, XLA's
@@ -54,7 +54,6 @@ import time
 from efftx import platform as platform_lib
 from efftx.errors import UserError
 from efftx.perf import peers
-from efftx.perf import profiling
 
 SHAPES = {"gpu": {**peers.SHAPES["full"], "tokens": 32768}, "dry": peers.SHAPES["tiny"]}
 LENGTHS = {"gpu": [512, 1024, 2048, 4096, 8192, 16384], "dry": [64, 128]}
@@ -111,12 +110,12 @@ def jax_matmul_tflops(n: int) -> float:
 def jax_row(mixer: str, c: dict, seq: int, warmup: int, steps: int) -> dict:
   """An efftx-<mixer> row: efftx's train step in bfloat16, compiled as efftx.train compiles it, timed."""
   import jax  # pylint: disable=g-import-not-at-top
-  from efftx.perf import ab  # pylint: disable=g-import-not-at-top
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
   spec = peers.efftx_variant(mixer, c, seq)
   spec["set"]["model.dtype"] = "bfloat16"
-  run, info = ab.prepare(spec)  # compiled, and one step run
-  config, _ = ab.load_config(spec)
+  run, info = step_lib.prepare(spec)  # compiled, and one step run
+  config, _ = step_lib.load_config(spec)
   median_s, times = _median_seconds(lambda: run(1), max(0, warmup - 1), steps)
   stats = jax.local_devices()[0].memory_stats() or {}
   row = dict(batch=info["batch"], devices=info["devices"], median_step_s=median_s, step_times_s=times,

@@ -13,7 +13,7 @@ Peers: hf-fnet (transformers FNetModel, torch's FFT), hf-bert-sdpa and hf-bert-e
 nn.MultiHeadDotProductAttention or fft2(x).real and FNet's embedding projection, jit + optax.adamw on JAX's default
 device), and efftx-<mixer> for any key of efftx.mixers.MIXERS: efftx's own model and train step in the peers'
 block (post-LN, exact GELU, LayerNorm epsilon 1e-12, FNet's embedding projection, dropout 0), compiled as
-efftx.train compiles it (efftx.ab.prepare: the batch split over one device per core, state replicated, its XLA
+efftx.train compiles it (efftx.perf.step.prepare: the batch split over one device per core, state replicated, its XLA
 options). Where they differ from the HF models: no token-type embedding, position embeddings for exactly the
 length (HF: max(512, length)).
 
@@ -25,8 +25,8 @@ FLOPs per token are 6 × the matmul weights (head included, embeddings not) plus
 FFT 10·L·d·log2(S·d) (efftx rows: MixerSpec.train_flops). --ratio_to=PEER adds each row's tokens/s over PEER's.
 Writes peers.json, peers.md and peers.png to --out; --profile also writes a trace per row under --out/profile
 (JAX: jax.profiler's, for TensorBoard or Perfetto, and the ms per XLA kernel kind, for efftx rows also per category
-of what the kernels compute, efftx.profiling: matmuls, mixer core, LayerNorm, GELU, ...; torch: a Chrome trace and the
-ops' self-time table).
+of what the kernels compute, efftx.perf.profiling: matmuls, mixer core, LayerNorm, GELU, ...; torch: a Chrome trace
+and the ops' self-time table).
 torch and transformers are needed for the hf-* peers only: pip install -e '.[peers]'.
 """
 from __future__ import annotations
@@ -215,24 +215,24 @@ def _flax_row(peer: str, c: dict, seq: int, a) -> dict:
 
 
 def efftx_variant(mixer: str, c: dict, seq: int) -> dict:
-  """The efftx.ab variant of an efftx-<mixer> row: shape `c` at length `seq` in the peers' block."""
-  from efftx.perf import ab  # pylint: disable=g-import-not-at-top
+  """The efftx.perf.step variant of an efftx-<mixer> row: shape `c` at length `seq` in the peers' block."""
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
   heads = f",mixer.num_heads={c['heads']}" if "num_heads" in config_lib.mixer_options(mixer) else ""
-  return ab.variant(mixer=mixer, length=seq, tokens=c["tokens"], overrides=(
+  return step_lib.variant(mixer=mixer, length=seq, tokens=c["tokens"], overrides=(
       f"model.d_model={c['d']},model.num_layers={c['layers']},model.d_ff={c['ff']},model.block_layout=post_ln,"
       f"model.activation=gelu,model.norm_eps=1e-12,model.embed_projection={str(mixer == 'fnet').lower()},"
       f"optim.learning_rate={c['lr']},optim.warmup_steps=0,optim.weight_decay={WEIGHT_DECAY}" + heads))
 
 
 def _efftx_row(mixer: str, c: dict, seq: int, a) -> dict:
-  from efftx.perf import ab  # pylint: disable=g-import-not-at-top
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
   if mixer not in MIXERS:
     raise UserError(f"peer 'efftx-{mixer}': '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
   spec = efftx_variant(mixer, c, seq)
-  run, info = ab.prepare(spec)  # its one step is the first warm-up step
-  config, _ = ab.load_config(spec)
+  run, info = step_lib.prepare(spec)  # its one step is the first warm-up step
+  config, _ = step_lib.load_config(spec)
   mixing = c["layers"] * MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False)
   a.warmup = max(0, a.warmup - 1)
   profiled = dict(program=run.program_text, params=run.params, devices=info["devices"]) if a.profile else None
