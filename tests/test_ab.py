@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from efftx import ab
+from efftx.perf import ab
+from efftx.perf import step
 from efftx.errors import UserError
 
 QUICKSTART = os.path.join(REPO, "configs", "quickstart.py") + ":smoke"
@@ -28,8 +29,8 @@ def _check_arithmetic(out: dict, rounds: int) -> None:
 
 
 def test_two_config_variants_give_both_variants_and_the_median_of_the_paired_ratios():
-  out = ab.compare(ab.variant(config=QUICKSTART, overrides="model.activation=gelu_tanh"),
-                   ab.variant(config=QUICKSTART, overrides="model.activation=gelu,devices=4"), rounds=4)
+  out = ab.compare(step.variant(config=QUICKSTART, overrides="model.activation=gelu_tanh"),
+                   step.variant(config=QUICKSTART, overrides="model.activation=gelu,devices=4"), rounds=4)
   _check_arithmetic(out, rounds=4)
   assert out["a"]["overrides"] == {"model.activation": "gelu_tanh"}
   assert (out["a"]["batch"], out["a"]["length"], out["a"]["devices"], out["b"]["devices"]) == (32, 48, 8, 4)
@@ -38,12 +39,13 @@ def test_two_config_variants_give_both_variants_and_the_median_of_the_paired_rat
 
 
 def test_compiler_options_are_added_to_the_train_steps_and_an_empty_change_compiles_the_same_program():
-  out = ab.compare(ab.variant(config=QUICKSTART), ab.variant(config=QUICKSTART, compiler="xla_cpu_use_xnnpack=false"),
-                   rounds=2)
+  out = ab.compare(step.variant(config=QUICKSTART),
+                   step.variant(config=QUICKSTART, compiler="xla_cpu_use_xnnpack=false"), rounds=2)
   assert out["b"]["compiler_options"]["xla_cpu_use_xnnpack"] is False and not out["a"]["compiler_options"]
   _check_arithmetic(out, rounds=2)
-  same = ab.compare(ab.variant(config=QUICKSTART, overrides="model.activation=gelu"),
-                    ab.variant(config=QUICKSTART, overrides="model.activation=gelu,data.data_dir=/nowhere"), rounds=2)
+  same = ab.compare(step.variant(config=QUICKSTART, overrides="model.activation=gelu"),
+                    step.variant(config=QUICKSTART, overrides="model.activation=gelu,data.data_dir=/nowhere"),
+                    rounds=2)
   assert same["same_program"] and same["a"]["first_loss"] == same["b"]["first_loss"]
 
 
@@ -57,20 +59,22 @@ def test_compiler_options_are_added_to_the_train_steps_and_an_empty_change_compi
 ])
 def test_a_bad_override_is_refused_in_one_line(overrides, words):
   with pytest.raises(UserError) as error:
-    ab.load_config(ab.variant(config=QUICKSTART, overrides=overrides))
+    step.load_config(step.variant(config=QUICKSTART, overrides=overrides))
   assert "\n" not in str(error.value)
   for word in words:
     assert word in str(error.value)
 
 
 def test_other_bad_input_is_refused_in_one_line():
-  cases = [(lambda: ab.compare(ab.variant(config=QUICKSTART), ab.variant(config=QUICKSTART)), "A and B are the same"),
-           (lambda: ab.compare(ab.variant(config=QUICKSTART), ab.variant(config=QUICKSTART), rounds=1), "--rounds=1"),
-           (lambda: ab.load_config(ab.variant(mixer="fnet", config=QUICKSTART)), "give one of"),
-           (lambda: ab.load_config(ab.variant(config="nowhere.py")), "no such config file"),
-           (lambda: ab.load_config(ab.variant(mixer="fnett")), "'fnett' is not a mixer"),
-           (lambda: ab.prepare(ab.variant(config=QUICKSTART, overrides="devices=3")), "devices=3"),
-           (lambda: ab.compare(ab.variant(config=QUICKSTART), ab.variant(config=QUICKSTART),
+  cases = [(lambda: ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART)),
+            "A and B are the same"),
+           (lambda: ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART), rounds=1),
+            "--rounds=1"),
+           (lambda: step.load_config(step.variant(mixer="fnet", config=QUICKSTART)), "give one of"),
+           (lambda: step.load_config(step.variant(config="nowhere.py")), "no such config file"),
+           (lambda: step.load_config(step.variant(mixer="fnett")), "'fnett' is not a mixer"),
+           (lambda: step.prepare(step.variant(config=QUICKSTART, overrides="devices=3")), "devices=3"),
+           (lambda: ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART),
                                commits=("no-such-rev", "HEAD")), "'no-such-rev' is not a commit")]
   for call, words in cases:
     with pytest.raises(UserError, match=words) as error:
@@ -79,17 +83,18 @@ def test_other_bad_input_is_refused_in_one_line():
 
 
 def test_the_mixer_mode_has_the_peer_shape():
-  config, devices = ab.load_config(ab.variant(mixer="attention", length=512, overrides="devices=2"))
+  config, devices = step.load_config(step.variant(mixer="attention", length=512, overrides="devices=2"))
   assert (config.model.d_model, config.model.num_layers, config.model.d_ff, config.mixer.num_heads) == (256, 4, 1024, 4)
   assert (config.model.max_len, config.data.batch_size, devices) == (512, 16, 2)
-  config, _ = ab.load_config(ab.variant(mixer="attention", overrides="model.mixer=linear"))
+  config, _ = step.load_config(step.variant(mixer="attention", overrides="model.mixer=linear"))
   assert config.model.mixer == "linear" and "attention_impl" not in config.mixer
 
 
 @pytest.mark.slow
 def test_commits_mode_runs_each_commit_in_its_own_worker():
   """HEAD~1 and HEAD, each extracted and imported by its own process."""
-  out = ab.compare(ab.variant(config=QUICKSTART), ab.variant(config=QUICKSTART), rounds=3, commits=("HEAD~1", "HEAD"))
+  out = ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART), rounds=3,
+                   commits=("HEAD~1", "HEAD"))
   _check_arithmetic(out, rounds=3)
   assert (out["a"]["commit"], out["b"]["commit"]) == ("HEAD~1", "HEAD")
   for label in "ab":

@@ -107,10 +107,10 @@ def test_quadratic_counts_grow_with_length_and_linear_ones_do_not():
 
 
 def test_bench_flops_per_token_is_the_dense_matmuls_plus_the_mixing():
-  """efftx.bench.flops_per_token of the peer shape (d 256, 4 layers, FF 1024, vocab 256), written out by hand:
+  """efftx.perf.bench.flops_per_token of the peer shape (d 256, 4 layers, FF 1024, vocab 256), written out by hand:
   per layer Q, K, V and output projections (4·d²) and the feed-forward (2·d·FF), the head d·vocab; 6 FLOPs per
   weight per token (forward and backward), plus 3 × layers × the mixing (attention: 4·L·d forward)."""
-  from efftx import bench  # pylint: disable=g-import-not-at-top
+  from efftx.perf import bench  # pylint: disable=g-import-not-at-top
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
   d, ff, layers, vocab, L = 256, 1024, 4, 256, 512
   config = config_lib.default_config("attention")

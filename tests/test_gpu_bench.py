@@ -6,7 +6,7 @@ import json
 import pytest
 
 from efftx import platform
-from efftx import gpu_bench
+from efftx.perf import gpu_bench
 from efftx.errors import UserError
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))

@@ -10,9 +10,9 @@ import pytest
 
 from efftx import platform
 from efftx import config as config_lib
-from efftx import lowering
 from efftx.mixers import fourier
 from efftx.mixers import MIXERS
+from efftx.perf import lowering
 
 
 def _config(mixer: str, causal: bool, **model):
@@ -70,10 +70,10 @@ def test_a_step_that_cannot_lower_for_a_platform_is_reported(monkeypatch, platfo
     lowering.lower_steps(config)
 
 
-def _lower(fn, x, platform):
-  """fn traced for platform (a fresh function: jit caches traces by function, not by lowering_for) and lowered."""
-  with platform.lowering_for(platform):
-    return jax.jit(lambda x: fn(x)).trace(x).lower(lowering_platforms=(platform,)).as_text()  # pylint: disable=unnecessary-lambda
+def _lower(fn, x, target):
+  """fn traced for target (a fresh function: jit caches traces by function, not by lowering_for) and lowered."""
+  with platform.lowering_for(target):
+    return jax.jit(lambda x: fn(x)).trace(x).lower(lowering_platforms=(target,)).as_text()  # pylint: disable=unnecessary-lambda
 
 
 def test_fnet_auto_is_dft_matmuls_on_tpu_up_to_the_papers_crossover_and_fft_elsewhere(monkeypatch):
@@ -91,12 +91,12 @@ def test_fnet_auto_is_dft_matmuls_on_tpu_up_to_the_papers_crossover_and_fft_else
   assert "FFT" in platform.kernels(_lower(fn, x, "tpu")) and "dot_general" not in _lower(fn, x, "tpu")
 
 
-@pytest.mark.parametrize("platform", ["tpu", "cuda"])
-def test_fnets_per_device_transforms_lower_for_accelerators(platform):
+@pytest.mark.parametrize("target", ["tpu", "cuda"])
+def test_fnets_per_device_transforms_lower_for_accelerators(target):
   """What custom_partitioning lowers at compile time, each device's FFT, lowers for the platform."""
   x = jnp.zeros((2, 16, 8))
   for transform in (fourier._fft, fourier._rfft):  # pylint: disable=protected-access
-    assert "FFT" in platform.kernels(_lower(transform, x, platform))
+    assert "FFT" in platform.kernels(_lower(transform, x, target))
     np.testing.assert_allclose(transform(x + 1.0)[0, 0, 0], 16 * 8)
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from conftest import assert_decodes_like_forward, lm_model
-from efftx import bench
 from efftx import config as config_lib
 from efftx import patterns
 from efftx import reversible
 from efftx import saved_configs
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
+from efftx.perf import bench
 
 L = 8
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from efftx import peers
+from efftx.perf import peers
 from efftx.errors import UserError
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
@@ -55,14 +55,14 @@ def test_efftx_rows_are_the_flax_peers_block_built_by_efftx():
   """efftx-fnet and efftx-attention rows: post-LN, exact GELU, epsilon 1e-12, FNet's embedding projection, and the
   same matmul weights as the plain-flax peers (so the same dense FLOPs)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from efftx import ab  # pylint: disable=g-import-not-at-top
+  from efftx.perf import step  # pylint: disable=g-import-not-at-top
   from efftx import model as model_lib  # pylint: disable=g-import-not-at-top
   from efftx.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
   c = peers.SHAPES["tiny"]
   kernels = lambda params: sum(x.size for p, x in jax.tree_util.tree_leaves_with_path(params) if p[-1].key == "kernel")
   ids = jax.numpy.zeros((1, 64), int)
   for mixer, flax_mixer in (("fnet", "fft"), ("attention", "attn")):
-    config, _ = ab.load_config(peers.efftx_variant(mixer, c, 64))
+    config, _ = step.load_config(peers.efftx_variant(mixer, c, 64))
     m = config.model
     assert (m.d_model, m.num_layers, m.d_ff, m.max_len, config.data.batch_size) == (32, 1, 64, 64, 4)
     assert (m.block_layout, m.activation, m.norm_eps, m.embed_projection, m.dropout) == (
@@ -75,13 +75,13 @@ def test_efftx_rows_are_the_flax_peers_block_built_by_efftx():
 
 
 def test_a_profile_of_an_efftx_step_puts_its_kernels_in_the_categories_of_what_they_compute(tmp_path):
-  """efftx.profiling on efftx-attention's real compiled step (tiny shape): every kernel of the trace is an
+  """efftx.perf.profiling on efftx-attention's real compiled step (tiny shape): every kernel of the trace is an
   instruction of the program, and the model's parts — the dense layers' matmuls, attention's core, LayerNorm, GELU,
   the embedding, the loss, the optimizer — each get time; "other" is a small share."""
   import jax  # pylint: disable=g-import-not-at-top
-  from efftx import ab  # pylint: disable=g-import-not-at-top
-  from efftx import profiling  # pylint: disable=g-import-not-at-top
-  run, info = ab.prepare(peers.efftx_variant("attention", peers.SHAPES["tiny"], 64))
+  from efftx.perf import step  # pylint: disable=g-import-not-at-top
+  from efftx.perf import profiling  # pylint: disable=g-import-not-at-top
+  run, info = step.prepare(peers.efftx_variant("attention", peers.SHAPES["tiny"], 64))
   program, dense = profiling.instructions(run.program_text), profiling.dense_modules(run.params)
   assert {"block_0/mixing/mixer/qkv", "block_0/feed_forward/ff/up", "lm_head"} <= dense
   with jax.profiler.trace(str(tmp_path)):

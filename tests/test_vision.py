@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import compiled, write_idx
-from efftx import bench
 from efftx import config as config_lib
 from efftx import model as model_lib
 from efftx import trainer
 from efftx.errors import UserError
 from efftx.objectives import OBJECTIVES
+from efftx.perf import bench
 
 
 def _model(mixer="attention", image_shape=(8, 12, 3), patch=4, pooling="mean", **options):

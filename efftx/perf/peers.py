@@ -1,0 +1,450 @@
+"""The peer benchmark: efftx's training step beside PyTorch/Hugging Face and plain Flax, at one shared shape.
+
+    python -m efftx.peers --quick --out=/tmp/peers                           # lengths 256 and 1024
+    python -m efftx.peers --out=/tmp/peers --ratio_to=hf-fnet                # lengths 128 … 4096
+    python -m efftx.peers --peers=hf-bert-sdpa,efftx-attention --seqs=4096 --out=/tmp/peers --profile
+    python -m efftx.peers --tiny --peers=flax-fnet,efftx-fnet --out=/tmp/peers_tiny      # seconds: a plumbing check
+
+Every row times the training step (forward, backward, AdamW at lr 1e-4, weight decay 0.01) of one model at one
+length, with mean cross-entropy over every position of a Linear(d, vocab) head, at d 256, 4 layers, 4 heads, FF 1024,
+vocab 256, 8192 random tokens a step (batch = 8192 // length; --tiny: d 32, 1 layer, 2 heads, FF 64, 256 tokens).
+Peers: hf-fnet (transformers FNetModel, torch's FFT), hf-bert-sdpa and hf-bert-eager (BertModel; eager only up to
+--eager_max_seq: it holds the S × S scores), flax-attn and flax-fnet (a plain flax.linen post-LN encoder with
+nn.MultiHeadDotProductAttention or fft2(x).real and FNet's embedding projection, jit + optax.adamw on JAX's default
+device), and efftx-<mixer> for any key of efftx.mixers.MIXERS: efftx's own model and train step in the peers'
+block (post-LN, exact GELU, LayerNorm epsilon 1e-12, FNet's embedding projection, dropout 0), compiled as
+efftx.train compiles it (efftx.perf.step.prepare: the batch split over one device per core, state replicated, its XLA
+options). Where they differ from the HF models: no token-type embedding, position embeddings for exactly the
+length (HF: max(512, length)).
+
+Each (peer, length) runs in its own process, so its peak RSS is its own and only torch or only JAX is loaded:
+--warmup steps, then --steps timed ones, the median reported as tokens/s, and the share of the machine's CPU time
+other processes took meanwhile (above a few per cent, repeat the run). MFU: achieved FLOP/s over the float32
+2048³ matmul rate, the larger of JAX's and (with torch peers) torch's, measured first, each in its own process;
+FLOPs per token are 6 × the matmul weights (head included, embeddings not) plus the mixer's: attention 12·L·d·S,
+FFT 10·L·d·log2(S·d) (efftx rows: MixerSpec.train_flops). --ratio_to=PEER adds each row's tokens/s over PEER's.
+Writes peers.json, peers.md and peers.png to --out; --profile also writes a trace per row under --out/profile
+(JAX: jax.profiler's, for TensorBoard or Perfetto, and the ms per XLA kernel kind, for efftx rows also per category
+of what the kernels compute, efftx.perf.profiling: matmuls, mixer core, LayerNorm, GELU, ...; torch: a Chrome trace
+and the ops' self-time table).
+torch and transformers are needed for the hf-* peers only: pip install -e '.[peers]'.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from efftx.errors import UserError
+
+SHAPES = {"full": dict(d=256, layers=4, heads=4, ff=1024, vocab=256, tokens=8192, lr=1e-4),
+          "tiny": dict(d=32, layers=1, heads=2, ff=64, vocab=256, tokens=256, lr=1e-4)}
+TORCH_PEERS = ("hf-fnet", "hf-bert-sdpa", "hf-bert-eager")
+FLAX_PEERS = ("flax-attn", "flax-fnet")
+WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default, given to every peer
+INSTALL_HINT = "the hf-* peers need torch and transformers: pip install -e '.[peers]'"
+
+
+def _maxrss_mib() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _cpu_snapshot() -> tuple[int, int, int]:
+  """(the machine's busy jiffies, its total jiffies, this process's jiffies)."""
+  with open("/proc/stat") as f:
+    v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+  with open("/proc/self/stat") as f:
+    own = f.read().rsplit(")", 1)[1].split()
+  return sum(v) - v[3] - v[4], sum(v), int(own[11]) + int(own[12])
+
+
+def _foreign(a, b) -> float | None:
+  """The share of all CPU time between snapshots a and b that other processes used."""
+  total = b[1] - a[1]
+  return max(0.0, (b[0] - a[0]) - (b[2] - a[2])) / total if total > 0 else None
+
+
+def _timed(step, warmup: int, steps: int) -> tuple[list[float], float | None]:
+  """step() blocks until its work is done; (seconds of each timed step, the other processes' CPU share)."""
+  for _ in range(warmup):
+    step()
+  times, before = [], _cpu_snapshot()
+  for _ in range(steps):
+    start = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - start)
+  return times, _foreign(before, _cpu_snapshot())
+
+
+# ----------------------------------------------------------------------------------------------- torch peers
+def _torch_row(peer: str, c: dict, seq: int, a) -> dict:
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise UserError(INSTALL_HINT) from None
+  torch.set_num_threads(a.threads)
+  model = hf_model(peer, c, seq)
+  opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=WEIGHT_DECAY)
+  g = torch.Generator().manual_seed(1)
+  batch = max(1, c["tokens"] // seq)
+  ids, labels = (torch.randint(0, c["vocab"], (batch, seq), generator=g) for _ in range(2))
+  losses = []
+
+  def step():
+    opt.zero_grad(set_to_none=True)
+    logits = model["head"](model["base"](input_ids=ids).last_hidden_state)
+    loss = F.cross_entropy(logits.reshape(-1, c["vocab"]), labels.reshape(-1))
+    loss.backward()
+    opt.step()
+    losses.append(float(loss))
+
+  times, foreign = _timed(step, a.warmup, a.steps)
+  if a.profile:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+      for _ in range(3):
+        step()
+    prof.export_chrome_trace(f"{a.profile}.json")
+    pathlib.Path(f"{a.profile}.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+  n_mm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+  mixer = "fft" if peer == "hf-fnet" else "attn"
+  return dict(batch=batch, step_times_s=times, foreign_cpu_frac=foreign, loss_first=losses[0], compile_s=None,
+              flops_per_token=6 * n_mm + mixer_flops(mixer, c, seq),
+              n_params=sum(p.numel() for p in model.parameters()),
+              lib=dict(torch=torch.__version__, transformers=transformers.__version__, threads=torch.get_num_threads()))
+
+
+def hf_model(peer: str, c: dict, seq: int):
+  """The torch model of an hf-* peer at shape `c` and length `seq`, float32 on the CPU, in training mode, seeded:
+  the encoder (FNetModel, or BertModel with the peer's attention implementation) and a Linear(d, vocab) head."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  common = dict(vocab_size=c["vocab"], hidden_size=c["d"], num_hidden_layers=c["layers"], intermediate_size=c["ff"],
+                max_position_embeddings=max(512, seq), hidden_dropout_prob=0.0, hidden_act="gelu")
+  if peer == "hf-fnet":
+    base = transformers.FNetModel(transformers.FNetConfig(use_tpu_fourier_optimizations=False, **common),
+                                  add_pooling_layer=False)
+  else:
+    base = transformers.BertModel(transformers.BertConfig(
+        num_attention_heads=c["heads"], attention_probs_dropout_prob=0.0, attn_implementation=peer.split("-")[-1],
+        **common), add_pooling_layer=False)
+  return torch.nn.ModuleDict(dict(base=base, head=torch.nn.Linear(c["d"], c["vocab"]))).train()
+
+
+def mixer_flops(kind: str, c: dict, seq: int) -> float:
+  """Training FLOPs per token of the peers' mixers: QKᵀ and AV (2·S·d each forward, ×3), or the 2-D FFT
+  (5·d·log2(S·d) a token, forward and its transpose)."""
+  return {"attn": 12.0 * c["layers"] * c["d"] * seq, "fft": 10.0 * c["layers"] * c["d"] * math.log2(seq * c["d"])}[kind]
+
+
+# ------------------------------------------------------------------------------------------------- JAX peers
+def _flax_encoder(c: dict, mixer: str, max_len: int):
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  class Encoder(nn.Module):
+    @nn.compact
+    def __call__(self, ids_BxL):
+      x = nn.Embed(c["vocab"], c["d"])(ids_BxL) + nn.Embed(max_len, c["d"])(jnp.arange(ids_BxL.shape[1]))[None]
+      x = nn.LayerNorm(epsilon=1e-12)(x)
+      if mixer == "fft":
+        x = nn.Dense(c["d"])(x)  # FNet's embedding projection
+      for _ in range(c["layers"]):
+        if mixer == "attn":
+          y = nn.MultiHeadDotProductAttention(num_heads=c["heads"], qkv_features=c["d"], deterministic=True)(x)
+        else:
+          y = jnp.fft.fft2(x).real  # over (length, width)
+        x = nn.LayerNorm(epsilon=1e-12)(x + y)
+        x = nn.LayerNorm(epsilon=1e-12)(x + nn.Dense(c["d"])(nn.gelu(nn.Dense(c["ff"])(x), approximate=False)))
+      return nn.Dense(c["vocab"])(x)
+
+  return Encoder()
+
+
+def _jax_row(peer: str, c: dict, seq: int, a) -> dict:
+  if peer.startswith("efftx-"):
+    from efftx import sharding  # pylint: disable=g-import-not-at-top
+    sharding.use_cpu_cores()  # on a CPU: one device per core, as efftx.train sets up
+  import jax  # pylint: disable=g-import-not-at-top
+  row = _efftx_row(peer[len("efftx-"):], c, seq, a) if peer.startswith("efftx-") else _flax_row(peer, c, seq, a)
+  return {**row, "lib": dict(jax=jax.__version__, devices=str(jax.devices()))}
+
+
+def _flax_row(peer: str, c: dict, seq: int, a) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  mixer = "attn" if peer == "flax-attn" else "fft"
+  model = _flax_encoder(c, mixer, max(512, seq))
+  batch = max(1, c["tokens"] // seq)
+  ids, labels = (jax.random.randint(jax.random.key(i), (batch, seq), 0, c["vocab"]) for i in (0, 1))
+  params = jax.jit(model.init)(jax.random.key(2), ids)["params"]
+  tx = optax.adamw(c["lr"], weight_decay=WEIGHT_DECAY)
+
+  def train_step(params, opt_state):
+    loss_fn = lambda p: optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, ids), labels).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  start = time.perf_counter()
+  compiled = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, tx.init(params)).compile()
+  compile_s = time.perf_counter() - start
+  n_mm = sum(x.size for p, x in jax.tree_util.tree_leaves_with_path(params) if getattr(p[-1], "key", None) == "kernel")
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  box, losses = {"state": (params, tx.init(params))}, []
+
+  def step():
+    *state, loss = compiled(*box["state"])
+    box["state"] = state
+    losses.append(float(loss))
+
+  timed = _jax_timed(step, a)
+  return dict(batch=batch, devices=1, compile_s=compile_s, loss_first=losses[0], **timed,
+              flops_per_token=6 * n_mm + mixer_flops(mixer, c, seq), n_params=n_params)
+
+
+def efftx_variant(mixer: str, c: dict, seq: int) -> dict:
+  """The efftx.perf.step variant of an efftx-<mixer> row: shape `c` at length `seq` in the peers' block."""
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
+  from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
+  heads = f",mixer.num_heads={c['heads']}" if "num_heads" in config_lib.mixer_options(mixer) else ""
+  return step_lib.variant(mixer=mixer, length=seq, tokens=c["tokens"], overrides=(
+      f"model.d_model={c['d']},model.num_layers={c['layers']},model.d_ff={c['ff']},model.block_layout=post_ln,"
+      f"model.activation=gelu,model.norm_eps=1e-12,model.embed_projection={str(mixer == 'fnet').lower()},"
+      f"optim.learning_rate={c['lr']},optim.warmup_steps=0,optim.weight_decay={WEIGHT_DECAY}" + heads))
+
+
+def _efftx_row(mixer: str, c: dict, seq: int, a) -> dict:
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
+  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+  if mixer not in MIXERS:
+    raise UserError(f"peer 'efftx-{mixer}': '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
+  spec = efftx_variant(mixer, c, seq)
+  run, info = step_lib.prepare(spec)  # its one step is the first warm-up step
+  config, _ = step_lib.load_config(spec)
+  mixing = c["layers"] * MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False)
+  a.warmup = max(0, a.warmup - 1)
+  profiled = dict(program=run.program_text, params=run.params, devices=info["devices"]) if a.profile else None
+  return dict(batch=info["batch"], devices=info["devices"], compile_s=info["compile_s"], loss_first=info["first_loss"],
+              **_jax_timed(lambda: run(1), a, profiled), flops_per_token=6 * info["matmul_params"] + mixing,
+              n_params=info["params"])
+
+
+def _jax_timed(step, a, profiled: dict | None = None) -> dict:
+  """Times `step`; with --profile also traces 3 steps and writes the ms a step per XLA kernel kind, and (`profiled`:
+  an efftx row's compiled program, parameters and device count) per category of what the kernels compute."""
+  times, foreign = _timed(step, a.warmup, a.steps)
+  out = dict(step_times_s=times, foreign_cpu_frac=foreign)
+  if a.profile:
+    import jax  # pylint: disable=g-import-not-at-top
+    from efftx.perf import profiling  # pylint: disable=g-import-not-at-top
+    with jax.profiler.trace(a.profile):
+      for _ in range(3):
+        step()
+    program = profiling.instructions(profiled["program"]) if profiled else {}
+    dense = profiling.dense_modules(profiled["params"]) if profiled else set()
+    summary = profiling.summarize(a.profile, program, dense, steps=3, devices=profiled["devices"] if profiled else 1)
+    lines = ["ms a step (per device), summed over kernels, which overlap on several threads"]
+    if profiled:
+      lines += ["by what they compute:"] + [f"{v:9.2f}  {k}" for k, v in summary["categories"].items()]
+    lines += ["by XLA kernel kind:"] + [f"{v:9.2f}  {k}" for k, v in summary["kinds"].items()]
+    pathlib.Path(f"{a.profile}.txt").write_text("\n".join(lines) + "\n")
+    out["profile_ms"] = summary["categories"] if profiled else summary["kinds"]
+  return out
+
+
+def _peak(framework: str, n: int, threads: int) -> dict:
+  """float32 n³ matmul GFLOP/s (the median of 10 after 2 warm-ups) of JAX's default device, or of torch."""
+  def median_seconds(f):
+    for _ in range(2):
+      f()
+    times = []
+    for _ in range(10):
+      start = time.perf_counter()
+      f()
+      times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+  if framework == "torch":
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(threads)
+    x, y = torch.randn(n, n), torch.randn(n, n)
+    seconds = median_seconds(lambda: x @ y)
+  else:
+    import jax  # pylint: disable=g-import-not-at-top
+    x, y = (jax.random.normal(jax.random.key(i), (n, n)) for i in (0, 1))
+    matmul = jax.jit(lambda x, y: x @ y)
+    seconds = median_seconds(lambda: matmul(x, y).block_until_ready())
+  return {"matmul_gflops": 2 * n ** 3 / seconds / 1e9, "n": n}
+
+
+# ---------------------------------------------------------------------------------------------- the run
+def _child(argv: list[str], timeout: int) -> dict:
+  """One measurement in a fresh process: its RESULT line, or an "error"."""
+  env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), "TF_CPP_MIN_LOG_LEVEL": "3",
+         "TRANSFORMERS_VERBOSITY": "error"}
+  start = time.perf_counter()
+  try:
+    p = subprocess.run([sys.executable, "-m", "efftx.peers", *argv], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timeout after {timeout} s"}
+  results = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+  if not results:
+    lines = (p.stderr or "").strip().splitlines()
+    return {"error": f"exit {p.returncode}: {lines[-1] if lines else ''}", "stderr": p.stderr[-3000:]}
+  return {**results[-1], "wall_s": time.perf_counter() - start}
+
+
+def _table(rows: list[dict], peers: list[str], ratio_to: str | None, peak_line: str) -> str:
+  lines = [peak_line, "", "| length | peer | batch | devices | tokens/s | step ms | compile s | peak RSS MiB | "
+           "GFLOP/token | MFU % | other CPU % |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in sorted(rows, key=lambda r: (r["seq"], peers.index(r["peer"]))):
+    if "error" in r:
+      lines.append(f"| {r['seq']} | {r['peer']} | | | {r['error'][:60]} | | | | | | |")
+      continue
+    compile_s = "-" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"
+    foreign = "-" if r.get("foreign_cpu_frac") is None else f"{100 * r['foreign_cpu_frac']:.0f}"
+    lines.append(f"| {r['seq']} | {r['peer']} | {r['batch']} | {r.get('devices') or '-'} | {r['tokens_per_s']:.0f} | "
+                 f"{1e3 * r['median_step_s']:.1f} | {compile_s} | {r['peak_rss_mib']:.0f} | "
+                 f"{r['flops_per_token'] / 1e9:.4g} | {100 * r['mfu']:.1f} | {foreign} |")
+  if ratio_to:
+    by = {(r["peer"], r["seq"]): r.get("tokens_per_s") for r in rows}
+    lines += ["", f"tokens/s over {ratio_to}'s:", "", "| length | " + " | ".join(peers) + " |",
+              "|---:|" + "---:|" * len(peers)]
+    for seq in sorted({r["seq"] for r in rows}):
+      ref = by.get((ratio_to, seq))
+      lines.append(f"| {seq} | " + " | ".join(f"{by[(p, seq)] / ref:.2f}" if ref and by.get((p, seq)) else "-"
+                                              for p in peers) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict], path: pathlib.Path) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  rows = [r for r in rows if "tokens_per_s" in r]
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for peer in dict.fromkeys(r["peer"] for r in rows):
+    points = sorted((r["seq"], r["tokens_per_s"]) for r in rows if r["peer"] == peer)
+    ax.plot(*zip(*points), marker="o", label=peer, linestyle="--" if peer.startswith(("hf-", "flax-")) else "-")
+  seqs = sorted({r["seq"] for r in rows})
+  ax.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="training-step tokens/s",
+         title="efftx and its peers: same shape, same machine")
+  ax.set_xticks(seqs, [str(s) for s in seqs])
+  ax.set_xticks([], minor=True)  # the log axis's own minor labels would sit over the lengths'
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(prog="python -m efftx.peers", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  names = lambda text: [x for x in text.split(",") if x]
+  ap.add_argument("--peers", type=names, default=list(TORCH_PEERS + FLAX_PEERS) + ["efftx-fnet", "efftx-attention"],
+                  help="comma-separated: " + ", ".join(TORCH_PEERS + FLAX_PEERS) + ", efftx-<mixer>")
+  ap.add_argument("--seqs", type=lambda t: [int(x) for x in names(t)], default=None,
+                  help="lengths (default 128,...,4096; --quick 256,1024; --tiny 64,128)")
+  ap.add_argument("--quick", action="store_true", help="lengths 256 and 1024")
+  ap.add_argument("--tiny", action="store_true", help="d 32, 1 layer, 2 heads, FF 64, 256 tokens a step")
+  ap.add_argument("--eager_max_seq", type=int, default=1024, help="hf-bert-eager only up to this length")
+  ap.add_argument("--warmup", type=int, default=2)
+  ap.add_argument("--steps", type=int, default=5)
+  ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch's intra-op threads")
+  ap.add_argument("--timeout", type=int, default=600, help="seconds per row's process")
+  ap.add_argument("--no_peak", action="store_true", help="skip the matmul peak (no MFU)")
+  ap.add_argument("--ratio_to", default=None, help="a peer: every row's tokens/s over its, per length")
+  ap.add_argument("--profile", action="store_true", help="also trace 3 steps of every row into OUT/profile")
+  ap.add_argument("--out", help="the folder for peers.json, peers.md, peers.png (and profile/)")
+  ap.add_argument("--worker", help=argparse.SUPPRESS)
+  ap.add_argument("--worker_peak", help=argparse.SUPPRESS)
+  ap.add_argument("--seq", type=int, help=argparse.SUPPRESS)
+  return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+  a = _parse(argv)
+  c = SHAPES["tiny" if a.tiny else "full"]
+  if a.worker_peak:
+    return print("RESULT " + json.dumps(_peak(a.worker_peak, 512 if a.tiny else 2048, a.threads)), flush=True)
+  if a.worker:
+    a.profile = a.profile and str(pathlib.Path(a.out or ".") / "profile" / f"{a.worker}-{a.seq}")
+    row = (_torch_row if a.worker in TORCH_PEERS else _jax_row)(a.worker, c, a.seq, a)
+    return print("RESULT " + json.dumps({**row, "peak_rss_mib": _maxrss_mib()}), flush=True)
+
+  if not a.out:
+    raise UserError("--out=FOLDER is required (where peers.json, peers.md and peers.png go)")
+  unknown = [p for p in a.peers if p not in TORCH_PEERS + FLAX_PEERS and not p.startswith("efftx-")]
+  if unknown:
+    raise UserError(f"--peers: {', '.join(unknown)}: choose from {', '.join(TORCH_PEERS + FLAX_PEERS)}, efftx-<mixer>")
+  if a.ratio_to and a.ratio_to not in a.peers:
+    raise UserError(f"--ratio_to={a.ratio_to} is not one of --peers")
+  has_torch = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
+  if set(a.peers) & set(TORCH_PEERS) and not has_torch:
+    raise UserError(INSTALL_HINT)
+  if a.warmup < 1 or a.steps < 1:
+    raise UserError("--warmup and --steps must be >= 1")
+  seqs = a.seqs or ([64, 128] if a.tiny else [256, 1024] if a.quick else [128, 256, 512, 1024, 2048, 4096])
+  out = pathlib.Path(a.out)
+  (out / "profile" if a.profile else out).mkdir(parents=True, exist_ok=True)
+  common = ["--warmup", str(a.warmup), "--steps", str(a.steps), "--threads", str(a.threads), "--out", str(out)]
+  common += ["--tiny"] * a.tiny + ["--profile"] * a.profile
+  started = time.time()
+  peak = {}
+  for fw in ([] if a.no_peak else ["jax"] + ["torch"] * bool(set(a.peers) & set(TORCH_PEERS))):
+    peak[fw] = _child(["--worker_peak", fw] + common, a.timeout)
+    print(f"float32 matmul peak, {fw}: {peak[fw].get('matmul_gflops', float('nan')):.1f} GFLOP/s", flush=True)
+  peak_gflops = max([p["matmul_gflops"] for p in peak.values() if "matmul_gflops" in p] or [float("nan")])
+  rows, failed = [], set()
+  for peer in a.peers:
+    for seq in seqs:
+      if peer == "hf-bert-eager" and seq > a.eager_max_seq:
+        continue
+      r = ({"error": "skipped (a shorter length failed)"} if peer in failed
+           else _child(["--worker", peer, "--seq", str(seq)] + common, a.timeout))
+      r.update(peer=peer, seq=seq)
+      if "error" in r:
+        failed.add(peer)
+        print(f"{peer:<16} {seq:>5}: FAILED: {r['error']}", flush=True)
+      else:
+        r["median_step_s"] = statistics.median(r["step_times_s"])
+        r["tokens_per_s"] = r["batch"] * seq / r["median_step_s"]
+        r["mfu"] = r["tokens_per_s"] * r["flops_per_token"] / 1e9 / peak_gflops
+        print(f"{peer:<16} {seq:>5}: batch {r['batch']:>3}, {r['tokens_per_s']:>9.0f} tokens/s, step "
+              f"{1e3 * r['median_step_s']:.1f} ms, MFU {100 * r['mfu']:.1f} %, peak RSS {r['peak_rss_mib']:.0f} MiB, "
+              f"other CPU {100 * (r['foreign_cpu_frac'] or 0):.0f} %", flush=True)
+      rows.append(r)
+  size = "512³" if a.tiny else "2048³ (MFU's denominator: the larger)"
+  peak_line = f"float32 matmul {size}: " + ", ".join(
+      f"{fw} {p.get('matmul_gflops', float('nan')):.1f} GFLOP/s" for fw, p in peak.items())
+  table = _table(rows, a.peers, a.ratio_to, peak_line)
+  print("\n" + table)
+  meta = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), total_s=time.time() - started,
+              argv=argv, shape=c, seqs=seqs, warmup=a.warmup, steps=a.steps, threads=a.threads,
+              python=platform.python_version(), nproc=os.cpu_count(), peak_gflops=peak_gflops,
+              cpu=next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None))
+  (out / "peers.json").write_text(json.dumps(dict(meta=meta, peak=peak, results=rows), indent=1))
+  (out / "peers.md").write_text(table)
+  _plot(rows, out / "peers.png")
+  print(f"wrote {out / 'peers.json'}, peers.md, peers.png")
+
+
+if __name__ == "__main__":
+  try:
+    main(sys.argv[1:])
+  except UserError as e:  # one line and exit code 2, as every efftx entry point
+    print(f"efftx.peers: error: {e}", file=sys.stderr)
+    sys.exit(2)
