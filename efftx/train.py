@@ -31,6 +31,7 @@ from efftx import checkpoints as checkpoints_lib
 from efftx import cli
 from efftx import config as config_lib
 from efftx import distributed
+from efftx import init_from
 from efftx import metrics as metrics_lib
 from efftx import patterns
 from efftx import platform as platform_lib
@@ -196,8 +197,8 @@ def _set_up_workdir(config: ml_collections.ConfigDict, workdir: epath.Path, resu
       if config.init_from and not resuming:  # the encoder must load before anything is written
         parts = trainer.parts(config)
         abstract_params = jax.eval_shape(lambda: trainer.init_params(parts.model, jax.random.key(0)))
-        checkpoints_lib.load_encoder(abstract_params, config.init_from, parts.objective.fresh_params,
-                                     parts.objective.optional_params, config)
+        init_from.load_encoder(abstract_params, config.init_from, parts.objective.fresh_params,
+                               parts.objective.optional_params, config)
       try:
         checkpoints_lib.write_whole(workdir / "config.json", config.to_json_best_effort(indent=2, sort_keys=True))
       except OSError as e:
@@ -220,8 +221,8 @@ def _restore_or_init(config, checkpoints, parts: trainer.Parts, tx, init_key, ab
     return checkpoints_lib.restore_latest_readable(checkpoints, target)
   state = jax.jit(lambda: trainer.create_state(parts.model, tx, init_key), out_shardings=state_sharding)()
   if config.init_from:
-    params = checkpoints_lib.load_encoder(jax.device_get(state.params), config.init_from,
-                                          parts.objective.fresh_params, parts.objective.optional_params, config)
+    params = init_from.load_encoder(jax.device_get(state.params), config.init_from, parts.objective.fresh_params,
+                                    parts.objective.optional_params, config)
     state = jax.jit(lambda p: trainer.create_state(parts.model, tx, params=p), out_shardings=state_sharding)(params)
   return state, 0
 
