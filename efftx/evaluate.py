@@ -49,8 +49,8 @@ def evaluate(workdir: str, step: int | None = None, split: str = "validation") -
   if not (workdir / "config.json").exists():
     raise UserError(f"{workdir} is not a training run's workdir (no config.json)")
   config = checkpoints.read_config(workdir)
-  task = trainer.parts(config).task
-  tfds_split = task.split_names(config.data.variant)[1] if split == "validation" else task.test_split
+  parts = trainer.parts(config)
+  tfds_split = parts.task.split_names(config.data.variant)[1] if split == "validation" else parts.task.test_split
   if tfds_split is None:
     raise UserError(f"task '{config.data.task}' has no labelled test split: use --split=validation")
   # Any batch that splits over this machine's devices will do: padding rows carry weight 0.
@@ -62,7 +62,7 @@ def evaluate(workdir: str, step: int | None = None, split: str = "validation") -
   mesh = sharding.make_mesh(config.mesh.fsdp)
   _, params, step = checkpoints.restore_params(workdir, step, mesh)
   params_sharding = jax.tree.map(lambda x: x.sharding, params)
-  metrics = train.make_evaluator(config, trainer.parts(config), mesh, params_sharding, tfds_split)(params, prefix="")
+  metrics = train.make_evaluator(config, parts, mesh, params_sharding, tfds_split)(params, prefix="")
   if jax.process_index() == 0:
     record = {"step": step, "split": split, "tfds_split": tfds_split,
               "examples": len(pipeline.source(config, tfds_split)), **metrics}

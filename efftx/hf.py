@@ -11,7 +11,7 @@ rates, pooling="first") and the parameters of every part of efftx's model but th
 blocks and the checkpoint's pooler (dense + tanh on the first token, what pooling="first" classifies through).
 `convert(hf_config, weights)` does the same from a config dict and a {name: array} dict; `load_config(folder)`
 gives the config alone, reading only the weights file's header. `--config.init_from=<an HF
-folder>` fine-tunes from one (efftx.checkpoints.load_encoder; configs/glue_hf.py reads the model's settings from
+folder>` fine-tunes from one (efftx.init_from.load_encoder; configs/glue_hf.py reads the model's settings from
 the checkpoint), and config.data.tokenizer=<the folder> encodes text with its tokenizer (efftx/data/tokenizer.py).
 
 What the converter does with each HF config field:

@@ -31,6 +31,7 @@ from efftx import checkpoints as checkpoints_lib
 from efftx import cli
 from efftx import config as config_lib
 from efftx import distributed
+from efftx import init_from
 from efftx import metrics as metrics_lib
 from efftx import patterns
 from efftx import platform as platform_lib
@@ -53,28 +54,36 @@ def _define_flags() -> None:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains to config.total_steps (resuming from workdir if it holds a checkpoint); returns the last metrics."""
   config_lib.validate(config, jax.device_count())
+  # The task, objective and model, built once (set-up checks an init_from encoder against the model), and before
+  # the workdir is touched: a config that cannot be built leaves nothing behind.
+  parts = trainer.parts(config)
   workdir = checkpoints_lib.run_folder(workdir)
   # Process 0 holds the workdir's lock for the whole run: a second run on it is refused, not interleaved.
   lock = checkpoints_lib.WorkdirLock(workdir) if jax.process_index() == 0 else None
   try:
-    return _train(config, workdir)
+    return _train(config, parts, workdir)
   finally:
     if lock:
       lock.release()
 
 
-def _train(config: ml_collections.ConfigDict, workdir: epath.Path) -> dict[str, float]:
+def _train(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epath.Path) -> dict[str, float]:
   resuming = checkpoints_lib.has_checkpoint(workdir)
-  _set_up_workdir(config, workdir, resuming)
+  _set_up_workdir(config, parts, workdir, resuming)
 
   # --------------------------------------------------------------------------------------------------- Mesh
   # ("data", "fsdp") over every device of every process: the batch is split over both axes, parameters and
   # optimizer state along fsdp by the rule in efftx/sharding.py (fsdp = 1: replicated, plain data parallelism).
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  replicated, batch_sharding = sharding.replicated(mesh), sharding.batch(mesh)
+  batch_sharding = sharding.batch(mesh)
+
+  # --------------------------------------------------------------------------------------------------- Data
+  # The data position is the step: any number of processes reads the same global batches from a step on (the
+  # iterator starts at the step the state is restored at, below).
+  train_source = pipeline.source(config, "train")
 
   # ---------------------------------------------------------------------------------------- Model, optimizer
-  parts = trainer.parts(config)
+  # The model is parts.model, built once from the validated config (train_and_evaluate).
   tx, schedule = trainer.make_optimizer(config)
   init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
   abstract_state = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, init_key))
@@ -86,10 +95,7 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path) -> dict[str, 
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("model: %s mixer, %d parameters; %d devices (data %d × fsdp %d)", config.model.mixer, num_params,
                jax.device_count(), mesh.shape["data"], mesh.shape["fsdp"])
-
-  # --------------------------------------------------------------------------------------------------- Data
-  # The data position is the step: any number of processes reads the same global batches from start_step on.
-  train_iter = pipeline.train_iterator(config, pipeline.source(config, "train"), start_step)
+  train_iter = pipeline.train_iterator(config, train_source, start_step)
 
   # ---------------------------------------------------------------------------------------------- Steps
   # Compiled ahead of the first step, from its batch, so that the log can say which kernels the step calls.
@@ -181,7 +187,8 @@ def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh
   return evaluate
 
 
-def _set_up_workdir(config: ml_collections.ConfigDict, workdir: epath.Path, resuming: bool) -> None:
+def _set_up_workdir(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epath.Path,
+                    resuming: bool) -> None:
   """Process 0 checks the workdir, prepares the data, encodes a few examples of each split (so that a setting
   that cannot work fails before anything is written in workdir), then writes config.json; the others wait, and
   stop with it if it failed (instead of waiting forever at the next collective)."""
@@ -194,10 +201,9 @@ def _set_up_workdir(config: ml_collections.ConfigDict, workdir: epath.Path, resu
       pipeline.prepare(config)
       pipeline.check(config, pipeline.source(config, "train"), pipeline.source(config, "eval"))
       if config.init_from and not resuming:  # the encoder must load before anything is written
-        parts = trainer.parts(config)
         abstract_params = jax.eval_shape(lambda: trainer.init_params(parts.model, jax.random.key(0)))
-        checkpoints_lib.load_encoder(abstract_params, config.init_from, parts.objective.fresh_params,
-                                     parts.objective.optional_params, config)
+        init_from.load_encoder(abstract_params, config.init_from, parts.objective.fresh_params,
+                               parts.objective.optional_params, config)
       try:
         checkpoints_lib.write_whole(workdir / "config.json", config.to_json_best_effort(indent=2, sort_keys=True))
       except OSError as e:
@@ -220,8 +226,8 @@ def _restore_or_init(config, checkpoints, parts: trainer.Parts, tx, init_key, ab
     return checkpoints_lib.restore_latest_readable(checkpoints, target)
   state = jax.jit(lambda: trainer.create_state(parts.model, tx, init_key), out_shardings=state_sharding)()
   if config.init_from:
-    params = checkpoints_lib.load_encoder(jax.device_get(state.params), config.init_from,
-                                          parts.objective.fresh_params, parts.objective.optional_params, config)
+    params = init_from.load_encoder(jax.device_get(state.params), config.init_from, parts.objective.fresh_params,
+                                    parts.objective.optional_params, config)
     state = jax.jit(lambda p: trainer.create_state(parts.model, tx, params=p), out_shardings=state_sharding)(params)
   return state, 0
 
@@ -364,7 +370,6 @@ def main(argv: list[str]) -> None:
   with cli.one_line_errors("efftx.train"):
     distributed.initialize_from_flags()
     sharding.use_cpu_cores(_CONFIG.value.data.batch_size)  # on a CPU: one device per core
-    config_lib.validate(_CONFIG.value, jax.device_count())
     result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   if jax.process_index() == 0:
     row = {k: v for k, v in result.items() if k != "step"}

@@ -7,6 +7,7 @@ import tensorflow_datasets as tfds
 
 from efftx import checkpoints
 from efftx import config as config_lib
+from efftx import init_from
 from efftx import train
 from efftx import trainer
 
@@ -42,7 +43,7 @@ def test_load_encoder_takes_every_encoder_parameter_and_keeps_new_heads(pretrain
   parts = trainer.parts(config)
   new = trainer.init_params(parts.model, jax.random.key(5))
   fresh_names = parts.objective.fresh_params
-  loaded = flax.traverse_util.flatten_dict(checkpoints.load_encoder(jax.device_get(new), pretrained, fresh_names),
+  loaded = flax.traverse_util.flatten_dict(init_from.load_encoder(jax.device_get(new), pretrained, fresh_names),
                                            sep="/")
   source = flax.traverse_util.flatten_dict(jax.device_get(source_params), sep="/")
   fresh = flax.traverse_util.flatten_dict(jax.device_get(new), sep="/")
@@ -57,7 +58,7 @@ def test_load_encoder_takes_every_encoder_parameter_and_keeps_new_heads(pretrain
     else:
       np.testing.assert_array_equal(value, source[name])
   # The checkpoint's own step directory works too.
-  by_step = checkpoints.load_encoder(jax.device_get(new), f"{pretrained}/checkpoints/3", fresh_names)
+  by_step = init_from.load_encoder(jax.device_get(new), f"{pretrained}/checkpoints/3", fresh_names)
   np.testing.assert_array_equal(by_step["embed"]["embedding"], source["embed/embedding"])
 
 
@@ -83,13 +84,13 @@ def test_a_different_encoder_is_refused_clearly(pretrained, data_dir, change, me
     config.mixer = config_lib.mixer_options(change["mixer"])
   new = _abstract_params(config)
   with pytest.raises(ValueError, match=message):
-    checkpoints.load_encoder(new, pretrained, ("classifier", "pool_dense"))
+    init_from.load_encoder(new, pretrained, ("classifier", "pool_dense"))
 
 
 def test_init_from_must_be_a_run(pretrained, data_dir, tmp_path):
   config = _glue_config(data_dir)
   with pytest.raises(ValueError, match="init_from: .* neither a training run's workdir"):
-    checkpoints.load_encoder(_abstract_params(config), data_dir, ("classifier", "pool_dense"))
+    init_from.load_encoder(_abstract_params(config), data_dir, ("classifier", "pool_dense"))
   config.init_from = data_dir  # refused before the fine-tuning run writes anything
   with tfds.testing.mock_data(num_examples=24):
     with pytest.raises(ValueError, match="neither a training run's workdir"):

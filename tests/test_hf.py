@@ -15,6 +15,7 @@ from conftest import REPO
 from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import hf
+from efftx import init_from
 from efftx import model as model_lib
 from efftx import train
 from efftx import trainer
@@ -255,7 +256,7 @@ def test_glue_fine_tunes_from_an_hf_bert_folder(data_dir, tmp_path):
   _, tuned = checkpoints.restore_params(str(tmp_path))[:2]
   _, original = hf.load(folder, max_len=config.model.max_len)
   assert not np.array_equal(tuned["pooler"]["kernel"], original["pooler"]["kernel"])  # it trained, from there:
-  start = checkpoints.load_encoder(jax.device_get(tuned), folder, ("classifier",), ("pooler",), config)
+  start = init_from.load_encoder(jax.device_get(tuned), folder, ("classifier",), ("pooler",), config)
   np.testing.assert_array_equal(start["type_embed"]["embedding"], original["type_embed"]["embedding"])
 
 
@@ -267,7 +268,7 @@ def test_init_from_an_hf_folder_needs_the_checkpoints_architecture(data_dir):
   params = jax.eval_shape(lambda: trainer.init_params(model, jax.random.key(0)))
   with pytest.raises(UserError, match=r"the checkpoint has config.model.block_layout='post_ln' \(this run: 'pre_ln'\), "
                                       r"config.model.norm_eps=1e-12 \(this run: 1e-06\)"):
-    checkpoints.load_encoder(params, config.init_from, ("classifier",), ("pooler",), config)
+    init_from.load_encoder(params, config.init_from, ("classifier",), ("pooler",), config)
 
 
 def test_masked_lm_on_tokenized_pairs_uses_the_tokenizers_special_tokens():
@@ -313,7 +314,7 @@ def test_init_from_an_hf_folder_needs_its_tokenizer_and_its_first_token(tmp_path
   bert = os.path.join(FIXTURES, "hf_bert_tiny")
   config = get_config(f"smoke,hf={bert}")
   params = jax.eval_shape(lambda: trainer.init_params(trainer.parts(config).model, jax.random.key(0)))
-  load = lambda c: checkpoints.load_encoder(params, bert, ("classifier",), ("pooler",), c)
+  load = lambda c: init_from.load_encoder(params, bert, ("classifier",), ("pooler",), c)
   copy = tmp_path / "copy"
   copy.mkdir()
   shutil.copy(os.path.join(bert, "vocab.txt"), copy)
