@@ -157,12 +157,16 @@ def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
   what reaches the file descriptors, a fresh interpreter's defaults), tests start a real one."""
   import contextlib  # pylint: disable=g-import-not-at-top
   import io  # pylint: disable=g-import-not-at-top
+  import logging  # pylint: disable=g-import-not-at-top
   import runpy  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   app.define_help_flags()  # app.run defines them on its first call only: keep them among the flags kept
+  absl_logging.use_absl_handler()  # as app.run's first call does, resetting the log levels, before they are saved
+  levels = [(logger, logger.level) for logger in (logging.root, logging.getLogger("absl"))]
   defined, argv, cwd = set(flags.FLAGS), sys.argv, os.getcwd()
   out, err = io.StringIO(), io.StringIO()
   try:
@@ -182,6 +186,8 @@ def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
     for name in set(flags.FLAGS) - defined:
       delattr(flags.FLAGS, name)
     flags.FLAGS.unparse_flags()
+    for logger, level in levels:  # as they were (unparsing --verbosity sets them), for caplog.set_level
+      logger.setLevel(level)
   return code, out.getvalue(), err.getvalue()
 
 
