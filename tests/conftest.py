@@ -149,6 +149,48 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
+  """`python -m MODULE ARGS` from the checkout's root, run in this process the way python -m runs it (the module's
+  __main__ block: its flags, absl's app.run, the same parsing and error handling), without starting an interpreter
+  and importing JAX again: (exit code, stdout, stderr as the program printed them). The flags it defined are
+  removed afterwards, so that the next run defines them anew. Where the process itself is the property (signals,
+  what reaches the file descriptors, a fresh interpreter's defaults), tests start a real one."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  import logging  # pylint: disable=g-import-not-at-top
+  import runpy  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import warnings  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  app.define_help_flags()  # app.run defines them on its first call only: keep them among the flags kept
+  absl_logging.use_absl_handler()  # as app.run's first call does, resetting the log levels, before they are saved
+  levels = [(logger, logger.level) for logger in (logging.root, logging.getLogger("absl"))]
+  defined, argv, cwd = set(flags.FLAGS), sys.argv, os.getcwd()
+  out, err = io.StringIO(), io.StringIO()
+  try:
+    os.chdir(REPO)
+    sys.argv = [module] + list(args)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+      warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)  # runpy: efftx is imported
+      warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)  # ml_collections' config loading
+      try:
+        runpy.run_module(module, run_name="__main__")
+        code = 0
+      except SystemExit as e:
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+  finally:
+    sys.argv = argv
+    os.chdir(cwd)
+    for name in set(flags.FLAGS) - defined:
+      delattr(flags.FLAGS, name)
+    flags.FLAGS.unparse_flags()
+    for logger, level in levels:  # as they were (unparsing --verbosity sets them), for caplog.set_level
+      logger.setLevel(level)
+  return code, out.getvalue(), err.getvalue()
+
+
 class compiled:  # pylint: disable=invalid-name
   """A flax module whose init and apply run under jax.jit, as the training step runs them, not op by op.
 

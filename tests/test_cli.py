@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from conftest import run_in_process
 
 TRAIN_CASES = [
     # (extra arguments, words the one line must contain)
@@ -130,28 +131,60 @@ def _make_inputs(tmp, finished_run):
   (tmp / "syntax_error.py").write_text("def get_config(arg=None):\n  x = 1\n  return x +\n")
 
 
+# The cases run as real processes (two at a time): the exit code and stderr as a shell sees them, for each program
+# that takes a workdir, and for train through a config file and through data preparation (which logs first). The
+# others run in this process through the same __main__ path (conftest.run_in_process).
+REAL_PROCESS_CASES = [
+    ("train", ["--config={tmp}/syntax_error.py"]),
+    ("train", ["--config=configs/quickstart.py:smoke", "--config.data.data_dir={tmp}/afile"]),
+    ("evaluate", ["--workdir={tmp}/empty"]),
+    ("sample", ["--workdir={tmp}/nowhere"]),
+]
+
+
+class _Run:
+  """A finished case: returncode, stderr and args, as subprocess.CompletedProcess has them."""
+
+  def __init__(self, args, returncode, stderr):
+    self.args, self.returncode, self.stderr = args, returncode, stderr
+
+
 @pytest.fixture(scope="module")
 def bad_input_runs(data_dir, finished_run, tmp_path_factory):
-  """Every case run as a real process, two at a time (they are independent; each has its own {tmp}): a list of
-  (completed process, workdir snapshot before, snapshot after). Snapshots are taken before the first case starts
-  and after the last ends, so cases sharing the finished run's workdir cannot see each other."""
+  """Every case run, as a real process or in this process: a list of (finished run, workdir snapshot before,
+  snapshot after). Snapshots are taken before the first case starts and after the last ends, so cases sharing the
+  finished run's workdir cannot see each other."""
   jobs = []
   for i, (prog, args, _) in enumerate(CASES):
     tmp = tmp_path_factory.mktemp(f"bad_input_{i}")
     _make_inputs(tmp, finished_run)
+    real = (prog, args) in REAL_PROCESS_CASES
     args = [a.replace("{tmp}", str(tmp)).replace("{run}", finished_run).replace("{data_dir}", data_dir)
             for a in args]
-    argv = [sys.executable, "-m", f"efftx.{prog}"]
-    if prog == "train" and not any(a.startswith("--workdir=") for a in args):
-      argv.append(f"--workdir={tmp / 'run'}")
     if prog == "train" and not any(a.startswith("--config=") for a in args):
-      argv.append("--config=configs/quickstart.py")
-    jobs.append((argv + args, next(a for a in argv + args if a.startswith("--workdir=")).split("=", 1)[1]))
-  before = [_snapshot(workdir) for _, workdir in jobs]
+      args.insert(0, "--config=configs/quickstart.py")
+    if prog == "train" and not any(a.startswith("--workdir=") for a in args):
+      args.insert(0, f"--workdir={tmp / 'run'}")
+    jobs.append((real, [sys.executable, "-m", f"efftx.{prog}"] + args,
+                 next(a for a in args if a.startswith("--workdir=")).split("=", 1)[1]))
+  assert sum(real for real, _, _ in jobs) == len(REAL_PROCESS_CASES)
+  before = [_snapshot(workdir) for _, _, workdir in jobs]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    procs = list(pool.map(lambda job: subprocess.run(job[0], cwd=REPO, capture_output=True, text=True,
-                                                     timeout=300), jobs))
-  return list(zip(procs, before, [_snapshot(workdir) for _, workdir in jobs]))
+    procs = {i: pool.submit(subprocess.run, argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+             for i, (real, argv, _) in enumerate(jobs) if real}
+    runs = []
+    for i, (real, argv, _) in enumerate(jobs):
+      if not real:
+        code, _, stderr = run_in_process(argv[2], argv[3:])
+        runs.append(_Run(argv, code, stderr))
+      else:
+        runs.append(None)
+    runs = [procs[i].result() if run is None else run for i, run in enumerate(runs)]
+  return list(zip(runs, before, [_snapshot(workdir) for _, _, workdir in jobs]))
+
+
+def test_the_real_process_cases_are_cases():
+  assert all(any((prog, args) == (p, a) for p, a, _ in CASES) for prog, args in REAL_PROCESS_CASES)
 
 
 @pytest.mark.slow
@@ -188,31 +221,28 @@ def test_a_config_file_that_raises_is_one_line_naming_its_line(name, error, line
   assert proc.stderr.splitlines() == [f"efftx.train: error: --config={path}: {error} ({path}, line {line})"]
 
 
-@pytest.mark.slow
 def test_without_config_flag_an_override_error_is_one_line_too(tmp_path):
-  """The default config (efftx.configs.quickstart, found from the installed package) gets the same messages."""
-  proc = subprocess.run([sys.executable, "-m", "efftx.train", f"--workdir={tmp_path / 'run'}",
-                         "--config.mixer.window=4"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-  lines = [line for line in proc.stderr.splitlines() if line.strip()]
-  assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+  """The default config (the quickstart, found from where efftx was imported) gets the same messages."""
+  code, _, stderr = run_in_process("efftx.train", [f"--workdir={tmp_path / 'run'}", "--config.mixer.window=4"])
+  lines = [line for line in stderr.splitlines() if line.strip()]
+  assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr
   assert "mixer 'attention' has no option 'window'" in lines[0]
   assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow
-def test_a_bug_keeps_its_traceback(tmp_path):
+def test_a_bug_keeps_its_traceback(tmp_path, data_dir, monkeypatch):
   """Only user errors become one line: a ValueError from inside the code (here planted by the config file, which
-  runs in the training process) is not turned into a tidy message that hides it."""
+  runs in the training program) is not turned into a tidy message that hides it; it leaves the program, which
+  python then prints with its traceback."""
+  from efftx import trainer  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(trainer, "make_train_step", trainer.make_train_step)  # put back after the test
   (tmp_path / "planted.py").write_text(
       "from configs import quickstart\nfrom efftx import trainer\n\n\n"
       "def boom(*args, **kwargs):\n  raise ValueError('an internal error, not the user\\'s')\n\n\n"
       "def get_config():\n  trainer.make_train_step = boom\n  return quickstart.get_config('smoke')\n")
-  proc = subprocess.run([sys.executable, "-m", "efftx.train", f"--config={tmp_path / 'planted.py'}",
-                         f"--workdir={tmp_path / 'run'}", f"--config.data.data_dir={tmp_path / 'tfds'}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert proc.returncode != 0
-  assert "Traceback" in proc.stderr and "an internal error" in proc.stderr
-  assert "efftx.train: error:" not in proc.stderr
+  with pytest.raises(ValueError, match="an internal error"):
+    run_in_process("efftx.train", [f"--config={tmp_path / 'planted.py'}", f"--workdir={tmp_path / 'run'}",
+                                   f"--config.data.data_dir={data_dir}"])
 
 
 def test_an_error_inside_efftx_reached_from_get_config_is_a_bug_and_keeps_its_traceback(tmp_path):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from conftest import run_in_process
 from efftx.sweep import launchers
 from efftx.sweep import points as points_lib
 from efftx.sweep import records as records_lib
@@ -37,9 +38,14 @@ def points(scale):
   return str(path)
 
 
-def _sweep(*args, **kwargs):
-  return subprocess.run([sys.executable, "-m", "efftx.sweep", *map(str, args)], cwd=REPO, capture_output=True,
-                        text=True, timeout=kwargs.get("timeout", 600))
+def _sweep(*args, process=False):
+  """`python -m efftx.sweep ARGS`, run in this process (its points still run as processes of their own), or as a
+  process of its own where it runs points (its threads print the status while they run)."""
+  if process:
+    return subprocess.run([sys.executable, "-m", "efftx.sweep", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+  code, stdout, stderr = run_in_process("efftx.sweep", [str(a) for a in args])
+  return subprocess.CompletedProcess(["efftx.sweep", *args], code, stdout, stderr)
 
 
 def test_grid_names_and_commands():
@@ -297,7 +303,7 @@ def test_a_bench_point_runs_once_and_on_one_tpu_worker(tmp_path):
   path = _bench_sweep_file(tmp_path, {"attention L=32": {"mixers": "attention", **tiny},
                                       "fnet L=32": {"mixers": "fnet", **tiny}})
   workdir = tmp_path / "runs"
-  proc = _sweep(path, f"--workdir={workdir}")
+  proc = _sweep(path, f"--workdir={workdir}", process=True)
   assert proc.returncode == 0, proc.stderr
   rows = {name: json.loads((workdir / name / "bench.json").read_text())["rows"]
           for name in ("attention_L=32", "fnet_L=32")}
@@ -357,7 +363,7 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
   assert "efftx.sweep: stopping" in err and "not finished: long-seed0, short-seed0, broken-seed0" in err
   assert points_lib.state(workdir / "long-seed0") == "unfinished" and not (workdir / "short-seed0").exists()
 
-  again = _sweep(path, f"--workdir={workdir}", "--parallel=2")
+  again = _sweep(path, f"--workdir={workdir}", "--parallel=2", process=True)
   assert again.returncode == 1, again.stderr  # a point failed
   command = f"{sys.executable} -m efftx.train --config=configs/quickstart.py:smoke"
   assert again.stdout.splitlines()[:3] == [
@@ -380,7 +386,7 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
   assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 200  # every logged step once
   assert "| long | — |" in again.stdout and "| broken | — | — | 0/1 |" in again.stdout
 
-  third = _sweep(path, f"--workdir={workdir}")
+  third = _sweep(path, f"--workdir={workdir}", process=True)
   assert third.returncode == 1, third.stderr
   assert [l.split(":")[0].strip() for l in third.stdout.splitlines()[:3]] == [
       "skip (done)  long-seed0", "skip (done)  short-seed0", "retry        broken-seed0"]
@@ -410,7 +416,7 @@ def test_points_to_retry_are_pending_in_the_status_line_not_failed(tmp_path, dat
 def test_slurm_launcher_through_submitits_local_executor(tmp_path, data_dir):
   path = _sweep_file(tmp_path, data_dir, {"fnet": {"arg": "smoke,mixer=fnet", "overrides": {"total_steps": 4}}})
   workdir = tmp_path / "runs"
-  proc = _sweep(path, f"--workdir={workdir}", "--launcher=slurm", "--submitit_cluster=local")
+  proc = _sweep(path, f"--workdir={workdir}", "--launcher=slurm", "--submitit_cluster=local", process=True)
   assert proc.returncode == 0, proc.stderr
   assert "submitted    fnet-seed0: job " in proc.stdout
   assert points_lib.state(workdir / "fnet-seed0") == "done"
