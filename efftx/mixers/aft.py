@@ -74,9 +74,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers import banded
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 
 
 def _project(x_BxLxD: jax.Array, key_features: int):
@@ -250,11 +251,11 @@ def _next_power_of_two(n: int) -> int:
 
 
 # The global path and the choice between the two (see the module docstring).
-CAUSAL_SUMS = Option("causal only: stable (each row's sums relative to its prefix maximum of K: any key range), "
-                     "global (relative to the sequence's maximum: plain masked matmuls, faster, but a row whose keys "
-                     "all lie ≳87 below a later key reads 0), auto (global where it loses nothing float32 keeps, "
-                     "else stable)",
-                     choices=("auto", "stable", "global"))
+CAUSAL_SUMS = Field("causal only: stable (each row's sums relative to its prefix maximum of K: any key range), "
+                    "global (relative to the sequence's maximum: plain masked matmuls, faster, but a row whose keys "
+                    "all lie ≳87 below a later key reads 0), auto (global where it loses nothing float32 keeps, "
+                    "else stable)",
+                    choices=("auto", "stable", "global"))
 
 
 def _global_range(n: int) -> float:
@@ -604,8 +605,8 @@ def _flops_local(options, L: int, d: int, causal: bool) -> float:
   return _hierarchy_flops(2 * d, b, previous=T > b and min(window, T) > 1) * T / L
 
 
-_BIAS = {"aft_bias_dim": Option("d' of the factorised position bias w = u vᵀ", at_least=1),
-         "aft_factorized": Option("False learns a full max_len × max_len bias instead of u vᵀ")}
+_BIAS = {"aft_bias_dim": Field("d' of the factorised position bias w = u vᵀ", at_least=1),
+         "aft_factorized": Field("False learns a full max_len × max_len bias instead of u vᵀ")}
 
 SPEC_FULL = MixerSpec(AFTFull, "AFT with a learned bias per position pair; O(L²d) time, O(Ld) memory",
                       can_decode=True, options={**_BIAS, "causal_sums": CAUSAL_SUMS}, flops=_flops_full)
@@ -613,5 +614,5 @@ SPEC_SIMPLE = MixerSpec(AFTSimple, "AFT without bias (softmax of K over position
                         options={}, flops=_flops_simple)
 SPEC_LOCAL = MixerSpec(
     AFTLocal, "AFT, bias inside a window, 0 outside; O(L·window·d)", can_decode=True, flops=_flops_local,
-    options={"window": Option("s: the bias applies for |t − t'| < s, 0 outside (tokens; window 0 is aft_simple)",
-                              at_least=1), **_BIAS, "causal_sums": CAUSAL_SUMS})
+    options={"window": Field("s: the bias applies for |t − t'| < s, 0 outside (tokens; window 0 is aft_simple)",
+                             at_least=1), **_BIAS, "causal_sums": CAUSAL_SUMS})

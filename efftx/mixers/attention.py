@@ -47,8 +47,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 from efftx.platform import target_platform
 
 ATTENTION_IMPLS = ("plain", "chunked", "flash", "fused", "splash", "auto")
@@ -439,17 +440,17 @@ def _kernel(options, L: int, dtype, platform: str, dropout_active: bool) -> str 
   return None
 
 
-HEADS = Option("attention heads; must divide d_model", at_least=1)
-ATTENTION_DROPOUT = Option("dropout rate on the attention probabilities (training only)", at_least=0, below=1)
+HEADS = Field("attention heads; must divide d_model", at_least=1)
+ATTENTION_DROPOUT = Field("dropout rate on the attention probabilities (training only)", at_least=0, below=1)
 
 SPEC = MixerSpec(
     Attention, "multi-head softmax attention; O(L²d) time, O(L²) memory plain, O(L·chunk) chunked and flash",
     can_decode=True, relations=_attention_relations, flops=_flops, kernel=_kernel,
     options={"num_heads": HEADS, "attention_dropout": ATTENTION_DROPOUT,
-             "attention_impl": Option("plain (L×L scores), chunked (online softmax, O(L·chunk) memory), flash "
-                                      "(query blocks, recomputing backward pass, O(L·chunk) memory, no dropout), "
-                                      "fused (jax.nn.dot_product_attention: cuDNN on GPU), splash (Pallas TPU "
-                                      "kernel; interpreted off TPU), auto (per platform: TPU splash, GPU cuDNN "
-                                      "for 16-bit, else flash)",
-                                      choices=ATTENTION_IMPLS),
-             "attention_chunk": Option("block size of the chunked and flash paths (positions)", at_least=1)})
+             "attention_impl": Field("plain (L×L scores), chunked (online softmax, O(L·chunk) memory), flash "
+                                     "(query blocks, recomputing backward pass, O(L·chunk) memory, no dropout), "
+                                     "fused (jax.nn.dot_product_attention: cuDNN on GPU), splash (Pallas TPU "
+                                     "kernel; interpreted off TPU), auto (per platform: TPU splash, GPU cuDNN "
+                                     "for 16-bit, else flash)",
+                                     choices=ATTENTION_IMPLS),
+             "attention_chunk": Field("block size of the chunked and flash paths (positions)", at_least=1)})

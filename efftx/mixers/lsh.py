@@ -53,8 +53,9 @@ import jax
 import jax.numpy as jnp
 
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers.attention import ATTENTION_DROPOUT, HEADS, merge_heads
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 
 _NEG = jnp.finfo(jnp.float32).min
 _SELF = -1e5  # the score of a position for itself (HF's value; trax subtracts 1e5)
@@ -189,15 +190,15 @@ SPEC = MixerSpec(
     LSHAttention, "Reformer LSH attention (shared QK, hashed chunks); O(L·chunk·rounds·d)", can_decode=False,
     relations=_lsh_relations, flops=_flops,
     options={"num_heads": HEADS,
-             "lsh_buckets": Option("hash buckets per round (1 or even)", at_least=1),
-             "lsh_hashes": Option("hash rounds; more approach full attention", at_least=1),
-             "lsh_chunk": Option("positions per chunk of the sorted sequence", at_least=1),
-             "lsh_seed": Option("seed of the fixed random rotations (per_step uses them at evaluation)"),
-             "lsh_rotations": Option("fixed (from lsh_seed) or per_step (new each training step, from the dropout "
-                                     "key; as trax/HF)", choices=("fixed", "per_step")),
-             "lsh_scale": Option("logits q·k̂/√d (sqrt_d) or q·k̂, k̂ = q/‖q‖ (unit; as trax/HF)",
-                                 choices=("sqrt_d", "unit")),
-             "lsh_lookback": Option("chunks look back within their round (per_round) or along all rounds' sorted "
-                                    "sequences joined (across_rounds; as trax/HF)",
-                                    choices=("per_round", "across_rounds")),
+             "lsh_buckets": Field("hash buckets per round (1 or even)", at_least=1),
+             "lsh_hashes": Field("hash rounds; more approach full attention", at_least=1),
+             "lsh_chunk": Field("positions per chunk of the sorted sequence", at_least=1),
+             "lsh_seed": Field("seed of the fixed random rotations (per_step uses them at evaluation)"),
+             "lsh_rotations": Field("fixed (from lsh_seed) or per_step (new each training step, from the dropout "
+                                    "key; as trax/HF)", choices=("fixed", "per_step")),
+             "lsh_scale": Field("logits q·k̂/√d (sqrt_d) or q·k̂, k̂ = q/‖q‖ (unit; as trax/HF)",
+                                choices=("sqrt_d", "unit")),
+             "lsh_lookback": Field("chunks look back within their round (per_round) or along all rounds' sorted "
+                                   "sequences joined (across_rounds; as trax/HF)",
+                                   choices=("per_round", "across_rounds")),
              "attention_dropout": ATTENTION_DROPOUT})
