@@ -3,7 +3,8 @@ over t − t' on a sequence, or over the (row, column) offset of two cells of an
 paper uses on ImageNet).
 
 The shared AFT machinery (projections, the stable causal sums, decoding, the ratio and its gradient) is in
-efftx/mixers/aft.py, whose docstring gives the formulas and the numerics this mixer inherits.
+efftx/mixers/aft.py, whose docstring (and efftx/mixers/README.md#aft) gives the formulas and the numerics this
+mixer inherits.
 """
 from __future__ import annotations
 
