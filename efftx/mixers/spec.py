@@ -36,7 +36,7 @@ class MixerSpec:
 
   module: type[nn.Module]
   summary: str                 # one line: what it computes, and its cost in time / memory
-  options: dict[str, Field]  # each a module field; its default is the module field's
+  options: dict[str, Field]    # each names a module field, whose default is the option's
   can_be_causal: bool = True   # causal=True is allowed (FNet: no)
   can_decode: bool = False     # causal and decodes one token at a time with a cache (`decode=True`)
   # Relations between options and the model that a single option cannot state: (every option, d_model or None,
@@ -44,11 +44,11 @@ class MixerSpec:
   relations: Callable[[dict[str, Any], int | None, bool], None] | None = None
   # The mixing's forward FLOPs per token of one layer, beyond its projections (Dense layers, counted with the model's
   # other matmuls), or None where not counted (then the model's FLOPs and MFU are "n/a"): (every option, length L,
-  # d_model, causal) → 2 × the multiply-adds of its matmuls and convolutions
-  # as implemented (padding to blocks included), FFTs as 5 N log2 N (complex, Cooley-Tukey: the convention of FNet's
-  # counts and of the PyTorch comparison in experiments/performance). Elementwise work (softmax, exp, masks) is not
-  # counted, nor per-sequence work shared by the batch (position-bias tables). tests/test_flops.py checks each against
-  # the matmuls in the mixer's traced program.
+  # d_model, causal) → 2 × the multiply-adds of its matmuls and convolutions as implemented (padding to blocks
+  # included), FFTs as 5 N log2 N (complex, Cooley-Tukey: the convention of FNet's counts and of the PyTorch
+  # comparison in experiments/performance). Elementwise work (softmax, exp, masks) is not counted, nor per-sequence
+  # work shared by the batch (position-bias tables). tests/test_flops.py checks each against the matmuls in the
+  # mixer's traced program.
   flops: Callable[[dict[str, Any], int, int, bool], float] | None = None
   # Training FLOPs of the mixing ÷ its forward FLOPs: 3 where both operands of its matmuls need gradients
   # (activations × activations, or learned weights); 2 where one operand is a constant (FNet's DFT: the backward
