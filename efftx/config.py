@@ -154,7 +154,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
 
   m, d, o = config.model, config.data, config.optim
   for name, field in model_lib.CONFIG_FIELDS.items():  # each field's declared values (efftx/model.py)
-    field.check(name, m[name])
+    field.check(f"config.model.{name}", m[name])
   if "mixer" not in config:
     raise UserError("the config has no config.mixer section: build it with config_lib.default_config(mixer)")
   names = patterns.mixer_names(m.mixer)  # raises for a pattern that does not parse

@@ -23,6 +23,7 @@ import numpy as np
 
 from efftx import patterns
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers import MIXERS
 from efftx.reversible import ReversibleStack
 
@@ -157,48 +158,11 @@ class Block(nn.Module):
             x_BxLxD, deterministic))
 
 
-@dataclasses.dataclass(frozen=True)
-class ConfigField:
-  """A field of config.model: its default, meaning and allowed values, declared once. A Transformer field declares
-  itself with `declared(...)`; CONFIG_FIELDS (below the class) lists them all, and efftx.config builds config.model
-  and its per-field checks from it."""
-
-  default: Any
-  help: str                               # one line: meaning and unit
-  choices: tuple[Any, ...] | None = None  # allowed values, if a fixed set
-  at_least: float | None = None           # smallest allowed value
-  above: float | None = None              # values must be strictly larger
-  below: float | None = None              # values must be strictly smaller
-
-  def allowed(self) -> str:
-    """The allowed values in words ("one of a, b", "in [0, 1)", "≥ 0", ...; "" when any value is)."""
-    if self.choices is not None:
-      return "one of " + ", ".join(map(str, self.choices))
-    low = (f"[{self.at_least:g}" if self.at_least is not None else
-           f"({self.above:g}" if self.above is not None else None)
-    if low and self.below is not None:
-      return f"in {low}, {self.below:g})"
-    if self.at_least == 1 and type(self.default) is int:  # pylint: disable=unidiomatic-typecheck
-      return "a positive integer"
-    if self.at_least is not None:
-      return f"≥ {self.at_least:g}"
-    if self.above is not None:
-      return f"> {self.above:g}"
-    return f"< {self.below:g}" if self.below is not None else ""
-
-  def check(self, name: str, value: Any) -> None:
-    """Raises UserError naming config.model.<name>, its value and the allowed values."""
-    if ((self.choices is not None and value not in self.choices)
-        or (self.at_least is not None and value < self.at_least)
-        or (self.above is not None and value <= self.above)
-        or (self.below is not None and value >= self.below)):
-      raise UserError(f"config.model.{name}={value!r} must be {self.allowed()}")
-
-
 def declared(default: Any, help: str, **allowed: Any) -> Any:  # pylint: disable=redefined-builtin
   """A Transformer field that is also a config.model field: its default, one-line help and allowed values
-  (ConfigField's choices, at_least, above, below)."""
-  return dataclasses.field(default=default, metadata={"config": ConfigField(default, help, **allowed)})
+  (efftx.fields.Field's choices, at_least, above, below). CONFIG_FIELDS (below Transformer) lists them all, and
+  efftx.config builds config.model and its per-field checks from it."""
+  return dataclasses.field(default=default, metadata={"config": Field(help, default, **allowed)})
 
 
 class Transformer(nn.Module):
@@ -368,18 +332,17 @@ _DECLARED = {f.name: f.metadata["config"] for f in dataclasses.fields(Transforme
 
 # Every field of config.model, in its order: the Transformer's declared fields, and three that build_model maps
 # instead of copying (mixer and causal → make_mixer, pooling → cls_token).
-CONFIG_FIELDS: dict[str, ConfigField] = {
-    "mixer": ConfigField("attention", "token mixer, a key of efftx.mixers.MIXERS, or a layer pattern: a mixer per "
-                                      "layer (efftx/patterns.py: local*3+attention, fnet+attention*2@top, "
-                                      "fnet_hybrid); its options are config.mixer (python -m efftx.mixers)"),
-    "causal": ConfigField(False, "causal mixing: position t sees positions ≤ t only (required by LM objectives; "
-                                 "FNet cannot be causal)"),
+CONFIG_FIELDS: dict[str, Field] = {
+    "mixer": Field("token mixer, a key of efftx.mixers.MIXERS, or a layer pattern: a mixer per layer "
+                   "(efftx/patterns.py: local*3+attention, fnet+attention*2@top, fnet_hybrid); its options are "
+                   "config.mixer (python -m efftx.mixers)", "attention"),
+    "causal": Field("causal mixing: position t sees positions ≤ t only (required by LM objectives; FNet cannot be "
+                    "causal)", False),
     **_DECLARED,
-    "pooling": ConfigField("mean", 'classification: "mean" of the real tokens\' final states; "cls": a learned '
-                                   "[CLS] vector is put before the tokens (position 0, LRA's way) and its final state "
-                                   'is pooled; "first": the input\'s own first token (the [CLS] of a checkpoint\'s '
-                                   "tokenizer) through BERT's and FNet's pooler (dense + tanh)",
-                           choices=("mean", "cls", "first")),
+    "pooling": Field('classification: "mean" of the real tokens\' final states; "cls": a learned [CLS] vector is put '
+                     "before the tokens (position 0, LRA's way) and its final state is pooled; \"first\": the "
+                     "input's own first token (the [CLS] of a checkpoint's tokenizer) through BERT's and FNet's "
+                     "pooler (dense + tanh)", "mean", choices=("mean", "cls", "first")),
 }
 
 
@@ -401,15 +364,7 @@ def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, ja
   positions = (grid[0] * grid[1] if grid else m.max_len) + (m.pooling == "cls")  # what the mixers see
   makers = {}
   for name, options in patterns.sections(m.mixer, config.mixer).items():
-    spec = MIXERS[name]
-    spec.check(options, m.d_model, m.causal)
-    extra = {"max_len": positions} if spec.takes_max_len else {}
-    if spec.takes_grid and grid:
-      if m.causal:
-        raise UserError(f"mixer '{name}' mixes an image's patch grid in both directions: set config.model.causal="
-                        "False for patches")
-      extra["grid"] = grid
-    makers[name] = functools.partial(spec.module, causal=m.causal, **extra, **options)
+    makers[name] = MIXERS[name].maker(options, causal=m.causal, d_model=m.d_model, max_len=positions, grid=grid)
   layers = tuple(makers[name] for name in patterns.layer_mixers(m.mixer, m.num_layers))
   make_mixer = layers[0] if len(makers) == 1 else layers
   return Transformer(make_mixer=make_mixer, head=head, vocab_size=vocab_size, cls_token=m.pooling == "cls",

@@ -15,6 +15,7 @@ from efftx import model as model_lib
 from efftx import objectives
 from efftx.data import Task
 from efftx.data import task_of
+from efftx.mixers import MIXERS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,18 @@ def parts(config: ml_collections.ConfigDict) -> Parts:
   return Parts(task, objective, model_lib.build_model(config, head, vocab_size, task.image_shape))
 
 
+# The parameters AdamW decays, by leaf name: weight matrices and embeddings, not biases, norm scales or position
+# biases. By name because shapes do not tell (DenseGeneral biases are 3-D; the reversible stack adds a layer axis to
+# every leaf): every dense layer's "kernel", every "embedding", and the weight matrices of their own that mixers
+# declare (MixerSpec.decayed: linear_mixing's learned mixing matrices).
+DECAYED = frozenset({"kernel", "embedding"}.union(*(spec.decayed for spec in MIXERS.values())))
+
+
+def decay_mask(params: Any) -> Any:
+  """params' tree with True at the leaves AdamW decays (their name is in DECAYED), False elsewhere."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], "key", None) in DECAYED, params)
+
+
 class TrainState(flax.struct.PyTreeNode):
   step: jax.Array
   params: Any
@@ -43,15 +56,11 @@ class TrainState(flax.struct.PyTreeNode):
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """AdamW with linear warmup and cosine decay to 0 at total_steps, after global-norm gradient clipping."""
+  """AdamW (decaying the weights `decay_mask` picks) with linear warmup and cosine decay to 0 at total_steps,
+  after global-norm gradient clipping."""
   o = config.optim
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, o.learning_rate, warmup_steps=o.warmup_steps, decay_steps=max(config.total_steps, o.warmup_steps + 1))
-  # Decay weight matrices and embeddings only, not biases, norm scales or position biases — chosen by name: shapes
-  # do not tell (DenseGeneral biases are 3-D; the reversible stack adds a layer axis to every leaf). linear_mixing's
-  # learned mixing matrices are weight matrices too.
-  decay_mask = lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding", "w_seq", "w_hidden"), params)
   tx = optax.chain(
       optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity(),
       optax.adamw(schedule, weight_decay=o.weight_decay, mask=decay_mask))

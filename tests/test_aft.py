@@ -437,7 +437,7 @@ def _ramp_keys_module(name, keys, values):
 @pytest.mark.parametrize("name", CAUSAL_SUMS_VARIANTS)
 def test_causal_auto_switches_to_the_stable_path_at_the_global_paths_range(name, margin):
   """Keys 0, −5, then Δ(L) + margin (+ noise) at the later positions, where Δ(L) = ln(2^-24 / (2 L·tiny)) is the
-  global path's range (module docstring): row 1 weighs its two keys 1 : e^-5, which the global path holds as
+  global path's range (efftx/mixers/README.md#aft): row 1 weighs its two keys 1 : e^-5, which the global path holds as
   e^-(Δ+margin) : e^-(Δ+margin+5). Below Δ auto takes the global path, above it the stable one; both equal the
   formula. At Δ + 16 the global path's e^-(Δ+21) < float32's smallest normal is flushed to 0, and row 1 is off
   by ~e^-5 — the loss the switch guards against."""

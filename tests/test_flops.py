@@ -84,6 +84,11 @@ CASES = [
 ]
 
 
+def test_every_declared_count_is_checked_here():
+  """MixerSpec.flops is optional (MFU then reads "n/a"), but a count a mixer declares has a case above."""
+  assert {name for name, _ in CASES} == {name for name, spec in MIXERS.items() if spec.flops is not None}
+
+
 @pytest.mark.parametrize("name,options", CASES, ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in CASES])
 def test_flops_equal_the_traced_matmuls(name, options):
   spec = MIXERS[name]
@@ -142,3 +147,35 @@ def test_bench_times_the_step_split_over_the_devices_as_train_does(tmp_path):
   for s in split:
     assert s["tokens_per_sec"] > 0 and 0 < s["mfu"] and s["peak_gflops"] > 0
   assert split[0]["temp_mib"] < 0.75 * one[0]["temp_mib"]  # 4 devices, a quarter of the batch each
+
+
+def test_a_mixer_without_a_count_builds_and_shows_its_mfu_as_not_available(monkeypatch):
+  """MixerSpec.flops is optional: a spec without it checks and builds its module, its counts are None, so is
+  efftx.bench.flops_per_token of a model using it, and the MFU tables say "n/a" instead of failing."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from efftx import bench  # pylint: disable=g-import-not-at-top
+  from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
+  from efftx import gpu_bench  # pylint: disable=g-import-not-at-top
+  from efftx import peers  # pylint: disable=g-import-not-at-top
+  spec = dataclasses.replace(MIXERS["linear"], flops=None)
+  monkeypatch.setitem(MIXERS, "linear", spec)
+  assert spec.forward_flops({}, 64, D, False) is None and spec.train_flops({}, 64, D, True) is None
+  x_BxLxD = jnp.ones((1, 8, 16))
+  module = spec(causal=True, d_model=16, num_heads=2)
+  assert module.apply(module.init(jax.random.key(0), x_BxLxD), x_BxLxD).shape == x_BxLxD.shape
+  config = config_lib.default_config("linear")
+  config.model.update(d_model=16, d_ff=32, max_len=8)
+  params = jax.eval_shape(lambda: bench.lm_model(config).init(jax.random.key(0), jnp.zeros((1, 8), int)))
+  assert bench.flops_per_token(config, params["params"]) is None
+  row = dict(model="efftx-linear", seq=64, status="ok", batch=1, median_step_s=0.01, flops_per_token=None,
+             step_times_s=[0.01], peak_mib=None, first_loss=1.0)
+  gpu_bench.derive([row], {"jax": dict(matmul_tflops=1.0)})
+  assert row["mfu"] is None
+  run = dict(meta=dict(dry_run=False, shape=gpu_bench.SHAPES["gpu"], steps=1, warmup=0, matmul_n=8, versions={}),
+             peaks={}, rows=[row])
+  text = gpu_bench.markdown(run)
+  assert "## MFU %\n\n| length | efftx-linear |\n|---:|---:|\n| 64 | n/a |" in text
+  assert "| efftx-linear | 64 | 1 | 10.00 | n/a |" in text  # GFLOP/token
+  row = dict(peer="efftx-linear", seq=64, batch=1, devices=1, tokens_per_s=6400.0, median_step_s=0.01,
+             compile_s=None, peak_rss_mib=1.0, flops_per_token=None, mfu=None, foreign_cpu_frac=None)
+  assert "| 1 | n/a | n/a | - |" in peers._table([row], ["efftx-linear"], None, "")  # GFLOP/token, MFU %

@@ -11,6 +11,7 @@ import pytest
 from conftest import assert_decodes_like_forward, compiled, lm_model, mixer_config
 from efftx import model as model_lib
 from efftx import trainer
+from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
 B, L = 3, 12
@@ -59,6 +60,25 @@ def test_build_model_passes_mixer_options_to_the_mixer():
   variables = compiled(model).init(jax.random.key(0), jnp.ones((1, L), jnp.int32))
   assert variables["params"]["block_0"]["mixing"]["mixer"]["qkv"]["kernel"].shape == (16, 3, 8, 2)
   assert len([k for k in variables["params"] if k.startswith("block_")]) == config.model.num_layers
+
+
+def test_build_model_builds_each_mixer_with_its_spec_s_maker():
+  """build_model's layers are MixerSpec.maker's modules (the one way to build a mixer, also under spec(...)): the
+  positions the mixer sees as max_len, the patch grid for grid-aware mixers, which refuse it with causal=True."""
+  config = mixer_config("aft_conv", d_model=16, d_ff=32, num_heads=2, patch_size=2)
+  model = model_lib.build_model(config, head=lambda x_BxLxD, mask_BxL: x_BxLxD, vocab_size=16, image_shape=(4, 6, 1))
+  made = MIXERS["aft_conv"].maker(dict(config.mixer), max_len=6, grid=(2, 3))
+  assert (model.make_mixer.func, model.make_mixer.keywords) == (made.func, made.keywords)
+  assert made.keywords == {"causal": False, "grid": (2, 3), **config.mixer}  # aft_conv has no max_len field
+  assert model.make_mixer() == MIXERS["aft_conv"](max_len=6, grid=(2, 3), **config.mixer)
+  config.model.causal = True
+  message = ("mixer 'aft_conv' mixes an image's patch grid in both directions: set config.model.causal=False for "
+             "patches")
+  with pytest.raises(UserError, match=f"^{message}$"):
+    model_lib.build_model(config, head=lambda x_BxLxD, mask_BxL: x_BxLxD, vocab_size=16, image_shape=(4, 6, 1))
+  with pytest.raises(UserError, match=f"^{message}$"):
+    MIXERS["aft_conv"](causal=True, grid=(2, 3))
+  assert lm_model(mixer_config("aft_full", max_len=L)).make_mixer.keywords["max_len"] == L
 
 
 def test_sequence_longer_than_max_len_is_refused():

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import assert_close_sums
+from conftest import lm_model
 from conftest import metrics_rows
+from conftest import mixer_config
 from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import saved_configs
@@ -19,6 +21,7 @@ from efftx import sharding
 from efftx import train
 from efftx import trainer
 from efftx.data import pipeline
+from efftx.mixers import MIXERS
 
 
 def _setup(config, devices):
@@ -65,6 +68,20 @@ def test_weight_decay_applies_to_weight_matrices_only(smoke_config):
   moved = jax.tree.map(lambda u: bool(jnp.any(u != 0)), updates)
   assert moved == {"dense": {"kernel": True, "bias": False}, "norm": {"scale": False}, "embed": {"embedding": True},
                    "linear_mixing": {"w_seq": True, "w_hidden": True}, "aft": {"bias": {"u": False}}}
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_weight_decay_mask_is_the_dense_rule_and_the_mixer_s_declared_matrices(mixer):
+  """trainer.decay_mask, from MixerSpec.decayed, picks in every mixer's model what one fixed rule picked before
+  the mixers declared their matrices: the leaves named kernel, embedding, w_seq or w_hidden; and each name a mixer
+  declares is one of its parameters."""
+  config = mixer_config(mixer, d_model=16, d_ff=32, max_len=16, num_heads=2, reversible=mixer == "attention")
+  params = jax.eval_shape(lambda: lm_model(config).init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32)))["params"]
+  old_rule = jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding", "w_seq", "w_hidden"), params)
+  assert trainer.decay_mask(params) == old_rule
+  names = {getattr(path[-1], "key", None) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+  assert set(MIXERS[mixer].decayed) <= names
 
 
 def test_sharded_and_single_device_steps_agree(smoke_config):

@@ -1,67 +1,15 @@
 """The Attention Free Transformer (Zhai et al., 2021): AFT-full, -local, -simple and -conv
-(AFT-conv's module is in efftx/mixers/aft_conv.py; the machinery all four share is here).
-
-All four compute, per channel, a weighted average of V over positions with weights exp(K_t' + w_{t,t'}), gated
-by sigmoid(Q_t):
+(AFT-conv's module is in efftx/mixers/aft_conv.py; the machinery all four share is here). Per channel, over real
+positions (t' ≤ t when causal), x_BxLxD → Y_BxLxD in x's dtype:
 
     Y_t = σ(Q_t) ⊙ Σ_t' exp(K_t' + w_{t,t'}) ⊙ V_t' / Σ_t' exp(K_t' + w_{t,t'})
 
-and differ in the position bias w: learned for every pair (full), only inside a window and 0 outside (local),
-none (simple), or a per-head 1-D kernel over t − t' (conv). Sums run over real (unpadded) positions, and over
-t' ≤ t when causal. The sums are computed in float32 whatever the compute dtype, after subtracting a maximum
-of K per channel and of w per row: the ratio is unchanged, exp cannot overflow.
-
-Bidirectional, the maximum of K is over the whole sequence. Causal, it is over the prefix a row sees,
-m_t = max_{t'≤t} K_t' (with the whole sequence's maximum, a row whose visible keys all lie far below a later key
-would underflow to num = den = 0 and read 0). Every causal term is computed as e^{K_t' − m_t}
-— never as e^K times a per-row factor, which would overflow or underflow — by products of factors ≤ 1:
-  - the running sums Σ_{t'≤t} e^{K_t' − m_t} X_t' (AFT-simple; the global part of AFT-local and AFT-conv): a
-    parallel prefix scan carrying (running max, sums rescaled to it);
-  - the terms a bias weighs (AFT-full: all t' ≤ t; AFT-local, AFT-conv: the window): a binary hierarchy of
-    blocks. At each level every block of rows takes the whole block of columns just before it, with
-    e^{K_t' − m_t} = e^{K_t' − r} · e^{r − m_t}, r = the prefix max where those columns end (≥ their keys, ≤ the
-    rows' m): one batched matmul per level, log2(block) + 1 levels, the diagonal t' = t elementwise.
-A term lost to underflow has e^{K_t' − m_t} < e^{-87}, while the row's largest key enters with exactly e^0 times
-its bias weight: the loss is below e^{-87 + (range of w within the row)} relative to the sum, and the
-denominator is at least e^-(range of w) (the ratio's gradient is taken as 1/den, not 1/den², in both paths:
-_ratio). The remaining limit: a position bias (or conv kernel) whose range within one row exceeds ~80, since the
-reference ignores w — the bidirectional path has the same limit.
-
-The hierarchy costs time and memory that plain masked matmuls do not, and most sequences do not need it. The
-global path (AFT-full, AFT-local: causal_sums="global") takes one reference per sequence and key channel, the
-largest real key M, and sums as the bidirectional path does: e^{K_t' − M} X_t' under the lower triangle of e^w
-(AFT-full), or a running sum plus a band (AFT-local). Row t's terms are then the stable path's times
-e^{−(M − m_t)}. A term (or its product with V or a bias weight) below float32's smallest normal, tiny = 2^-126 ≈
-e^-87.3, is flushed to 0 (XLA flushes subnormals; kept, they would lose less), so a row of n terms loses at most
-n·tiny from its denominator and n·tiny·max|V| from its numerator, while its denominator is at least its largest
-key's term: e^{−(M − m_t)} times a bias weight ≥ e^{−ρ} (ρ: the range of the row's bias entries; AFT-local's 0
-outside the window counts). The output then moves by at most 2 n·tiny·max|V|·e^{(M − m_t) + ρ}, which is at most
-2^-24·max|V|, half a float32 rounding of the largest value, as long as
-
-    (M − m_t) + ρ ≤ Δ(n) = ln(2^-24 / (2 n·tiny)) ≈ 70.0 − ln n    (61.7 at n = 4,096; 56.2 at n = 10^6).
-
-With M − m_t = 0 this is the stable path's own bound, so within Δ the global path loses nothing float32 keeps;
-beyond it, it loses more, up to reading 0 once M − m_t ≳ 87. Over the rows of a sequence that see a real key,
-max_t (M − m_t) = M − (its first real key), since m_t ≥ the first real key and equals it at the first real row;
-rows before that (padding at the start) see no key and read 0 on either path. causal_sums="auto" (the default)
-takes that spread's maximum over the batch and key channels, adds the largest row's ρ (a few reductions) and runs
-the global path when the sum is ≤ Δ(L), else the stable one: one jax.lax.cond for the whole batch, since a choice
-per sequence or channel would be a select that computes both. Its gradient is the taken branch's. jax keeps, for
-the backward pass of a cond, every residual of either branch (those of equal shape shared); so each branch is
-recomputed there, and what is kept is the operands both take: K, V and, for AFT-full, the bias's u and v rather
-than the L×L e^w (the compiled program still holds room for the larger branch's temporaries).
-
-Costs, as the paper claims: AFT-full O(T²d) time but O(Td) memory (two T×T by T×d matmuls, never a T×T×d
-tensor; causal: the hierarchy does the lower triangle only, about half the multiply-adds, plus O(Td) elementwise
-work per level); AFT-simple O(Td) (a sum; causal, a prefix scan); AFT-local and AFT-conv O(Tsd) (a banded block
-matmul, a depthwise convolution; causal, the block before and a hierarchy within a block of ≥ s positions) plus
-the O(Td) global sum. The stable causal pieces are recomputed in the backward pass (jax.checkpoint), so what a
-layer keeps stays O(Td) where the compiler honours it; XLA:CPU merges the recomputation back, so there a stable
-causal AFT-full or AFT-local training step keeps more than that, and is slower than the global path
-(experiments/performance/DECISIONS.md: aft-causal-prefix-maximum, aft-causal-global-when-exact). The global
-path's AFT-full is the square T×T matmul (twice the triangle's multiply-adds, but one large matmul: on XLA:CPU a
-triangle of 256-blocks was no faster), its AFT-local each block of min(s, L) rows against its own block and the
-one before (2·min(s, L) columns).
+w: learned for every pair (full), inside a window and 0 outside (local), none (simple), a kernel over t − t' (conv).
+Sums in float32 after subtracting maxima of K and w: no overflow. Causal, causal_sums "stable" loses less than
+e^{−87 + ρ} of a row's sum (ρ: w's range within the row), "global" nothing float32 keeps while the key spread plus
+ρ is ≤ Δ(L) ≈ 70 − ln L, "auto" takes global within that. Time: AFT-full O(L²d) with O(Ld) memory, AFT-simple
+O(Ld), AFT-local and -conv O(L·s·d) (s: window, kernel). The paper's formula: tests/test_aft.py. Derivation and
+bounds: efftx/mixers/README.md#aft
 """
 from __future__ import annotations
 
@@ -74,9 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers import banded
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 
 
 def _project(x_BxLxD: jax.Array, key_features: int):
@@ -131,7 +80,7 @@ def _finish(q_BxLxD, num_BxLxD, den_BxLxD, out_dtype) -> jax.Array:
   return nn.Dense(q_BxLxD.shape[-1], dtype=out_dtype, name="out")(y_BxLxD.astype(out_dtype))
 
 
-# The causal paths: sums of e^{K_t' − m_t} X_t' with m_t = max_{t'≤t} K_t' (see the module docstring).
+# The causal paths: sums of e^{K_t' − m_t} X_t' with m_t = max_{t'≤t} K_t' (efftx/mixers/README.md#aft).
 # A padded position's key: e^{_NO_KEY − r} is 0 for any real reference r, and 1 (times X = 0) for r = _NO_KEY,
 # where −inf would give inf − inf = nan.
 _NO_KEY = -1e30
@@ -249,12 +198,12 @@ def _next_power_of_two(n: int) -> int:
   return 1 << max(n - 1, 0).bit_length()
 
 
-# The global path and the choice between the two (see the module docstring).
-CAUSAL_SUMS = Option("causal only: stable (each row's sums relative to its prefix maximum of K: any key range), "
-                     "global (relative to the sequence's maximum: plain masked matmuls, faster, but a row whose keys "
-                     "all lie ≳87 below a later key reads 0), auto (global where it loses nothing float32 keeps, "
-                     "else stable)",
-                     choices=("auto", "stable", "global"))
+# The global path and the choice between the two (efftx/mixers/README.md#aft).
+CAUSAL_SUMS = Field("causal only: stable (each row's sums relative to its prefix maximum of K: any key range), "
+                    "global (relative to the sequence's maximum: plain masked matmuls, faster, but a row whose keys "
+                    "all lie ≳87 below a later key reads 0), auto (global where it loses nothing float32 keeps, "
+                    "else stable)",
+                    choices=("auto", "stable", "global"))
 
 
 def _global_range(n: int) -> float:
@@ -604,8 +553,8 @@ def _flops_local(options, L: int, d: int, causal: bool) -> float:
   return _hierarchy_flops(2 * d, b, previous=T > b and min(window, T) > 1) * T / L
 
 
-_BIAS = {"aft_bias_dim": Option("d' of the factorised position bias w = u vᵀ", at_least=1),
-         "aft_factorized": Option("False learns a full max_len × max_len bias instead of u vᵀ")}
+_BIAS = {"aft_bias_dim": Field("d' of the factorised position bias w = u vᵀ", at_least=1),
+         "aft_factorized": Field("False learns a full max_len × max_len bias instead of u vᵀ")}
 
 SPEC_FULL = MixerSpec(AFTFull, "AFT with a learned bias per position pair; O(L²d) time, O(Ld) memory",
                       can_decode=True, options={**_BIAS, "causal_sums": CAUSAL_SUMS}, flops=_flops_full)
@@ -613,5 +562,5 @@ SPEC_SIMPLE = MixerSpec(AFTSimple, "AFT without bias (softmax of K over position
                         options={}, flops=_flops_simple)
 SPEC_LOCAL = MixerSpec(
     AFTLocal, "AFT, bias inside a window, 0 outside; O(L·window·d)", can_decode=True, flops=_flops_local,
-    options={"window": Option("s: the bias applies for |t − t'| < s, 0 outside (tokens; window 0 is aft_simple)",
-                              at_least=1), **_BIAS, "causal_sums": CAUSAL_SUMS})
+    options={"window": Field("s: the bias applies for |t − t'| < s, 0 outside (tokens; window 0 is aft_simple)",
+                             at_least=1), **_BIAS, "causal_sums": CAUSAL_SUMS})

@@ -3,7 +3,8 @@ over t − t' on a sequence, or over the (row, column) offset of two cells of an
 paper uses on ImageNet).
 
 The shared AFT machinery (projections, the stable causal sums, decoding, the ratio and its gradient) is in
-efftx/mixers/aft.py, whose docstring gives the formulas and the numerics this mixer inherits.
+efftx/mixers/aft.py, whose docstring (and efftx/mixers/README.md#aft) gives the formulas and the numerics this
+mixer inherits.
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers.aft import _causal_finish, _causal_inputs, _decode, _exp_keys, _finish, _global_sum
 from efftx.mixers.aft import _block_triangle_sums, _hierarchy_flops, _next_power_of_two, _prefix_sums
 from efftx.mixers.aft import _previous_block_sums, _project
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 
 
 @jax.custom_jvp
@@ -186,7 +188,7 @@ def flops_2d(options, L: int, d: int, cells: int | None = None) -> float:
 SPEC = MixerSpec(
     AFTConv, "AFT, a learned kernel over t − t' per head (s×s on an image's patch grid); O(L·kernel·d)",
     can_decode=True, flops=_flops_conv, flops_grid=flops_2d,
-    options={"num_heads": Option("heads, each with one key channel and its own kernel; must divide d_model",
-                                 at_least=1),
-             "kernel_size": Option("s: kernel length over t − t' per head (tokens); s×s cells on an image's "
-                                   "patch grid", at_least=1)})
+    options={"num_heads": Field("heads, each with one key channel and its own kernel; must divide d_model",
+                                at_least=1),
+             "kernel_size": Field("s: kernel length over t − t' per head (tokens); s×s cells on an image's "
+                                  "patch grid", at_least=1)})

@@ -1,40 +1,12 @@
-"""Multi-head softmax attention: the baseline every other mixer is compared with.
+"""Multi-head softmax attention: the baseline every other mixer is compared with. x_BxLxD → y_BxLxD.
 
-Six implementations of the same function (config `attention_impl`):
-  - "plain":   the B×H×L×L score tensor, softmax, weighted sum — O(L²) memory;
-  - "chunked": queries and keys in blocks of `attention_chunk` with a running max and normaliser (online softmax),
-               each query block rematerialised in the backward pass — O(L·chunk) memory ("Self-attention does not
-               need O(n²) memory", Rabe & Staats 2021);
-  - "flash":   blocks of `attention_chunk` queries, each against every key with an exact softmax, and a
-               hand-written backward pass that recomputes a block's probabilities from its saved log-sum-exp
-               (FlashAttention's recipe, Dao et al. 2022) — O(L·chunk) memory, no stored probabilities. No dropout:
-               training with `attention_dropout` > 0 raises;
-  - "fused":   jax.nn.dot_product_attention: cuDNN's fused kernel on GPU for bfloat16/float16, XLA otherwise (and
-               where cuDNN refuses the shape). It has no dropout either;
-  - "splash":  the Pallas TPU splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention, the kernel
-               MaxText runs): causal through the kernel's static mask, padding through segment ids (every query
-               in segment 1, real keys in 1, padded keys in 0: each query sees the real keys), the batch
-               vmapped and, under a mesh, split over the devices by shard_map. Traced for a TPU it is the Mosaic
-               kernel; elsewhere it runs in Pallas's interpret mode (exact, very slow: for tests). No dropout;
-  - "auto":    chosen for the platform the model is traced for (efftx.platform.target_platform(): this process's backend,
-               or the platform efftx.lowering lowers for, efftx.platform.lowering_for): with attention dropout active, plain
-               when the sequence fits one chunk (on a CPU up to 1,024 positions and 2^26 probabilities B·H·L²,
-               where plain is faster and holds them and their mask for the backward pass), else chunked; without,
-               on a TPU splash, on a GPU fused for bfloat16/float16 (cuDNN) and flash for float32 (cuDNN has no float32
-               kernel, XLA's unfused attention holds B·H·L² float32 scores where flash holds B·H·L·chunk, and both
-               compute the same float32 softmax; not yet timed on a GPU: experiments/performance/DECISIONS.md:
-               auto-per-platform-when-lowered), on a CPU flash, the fastest path there (`python -m efftx.bench --mode=attention`;
-               experiments/performance/DECISIONS.md: flash-attention-on-cpu).
-
-Which kernels a compiled step calls is in its program text (efftx.platform.kernels; efftx.train logs it).
-
-Every path gives the same outputs at every query that has a key to see. A query with none (causal, before a
-sequence's first real key; a sequence of padding only) gets a finite value that differs between paths and that
-nothing reads.
-
-Attention dropout acts on the normalised probabilities in "plain" and "chunked" alike. "chunked" draws each
-(query block, key block) mask from the dropout key folded with the two block indices (`dropout_keep_block`), so the
-rematerialised backward pass redraws the same mask and memory stays O(L·chunk).
+Six implementations of the same function (config `attention_impl`): "plain" (B×H×L×L scores, O(L²) memory),
+"chunked" (online softmax, O(L·chunk) memory), "flash" (exact softmax per query block, a recomputing backward pass,
+O(L·chunk) memory, no dropout), "fused" (jax.nn.dot_product_attention: cuDNN on GPU), "splash" (the Pallas TPU
+kernel) and "auto" (per platform, efftx.platform.target_platform()). Every path gives the same outputs at every
+query that has a key to see; a query with none gets a finite value that nothing reads. Which kernels a compiled
+step calls is in its program text (efftx.platform.kernels; efftx.train logs it). Attention dropout acts on the
+normalised probabilities ("plain", "chunked"). Each path and the "auto" choice: efftx/mixers/README.md#attention
 """
 from __future__ import annotations
 
@@ -47,8 +19,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 from efftx.platform import target_platform
 
 ATTENTION_IMPLS = ("plain", "chunked", "flash", "fused", "splash", "auto")
@@ -317,7 +290,7 @@ _CPU_PLAIN_WITH_DROPOUT_SCORES = 2**26
 def _resolve(impl: str, L: int, chunk: int, dropout_active: bool, platform: str | None = None,
              dtype=jnp.float32, batch_heads: int = 1) -> str:
   """The path "auto" takes on `platform` ("cpu", "gpu" or "tpu"; default: efftx.platform.target_platform()) for `dtype`
-  and B·H = `batch_heads` sequences of attention (see the module docstring); other names unchanged."""
+  and B·H = `batch_heads` sequences of attention (efftx/mixers/README.md#attention); other names unchanged."""
   if impl != "auto":
     return impl
   platform = platform or target_platform()
@@ -439,17 +412,17 @@ def _kernel(options, L: int, dtype, platform: str, dropout_active: bool) -> str 
   return None
 
 
-HEADS = Option("attention heads; must divide d_model", at_least=1)
-ATTENTION_DROPOUT = Option("dropout rate on the attention probabilities (training only)", at_least=0, below=1)
+HEADS = Field("attention heads; must divide d_model", at_least=1)
+ATTENTION_DROPOUT = Field("dropout rate on the attention probabilities (training only)", at_least=0, below=1)
 
 SPEC = MixerSpec(
     Attention, "multi-head softmax attention; O(L²d) time, O(L²) memory plain, O(L·chunk) chunked and flash",
     can_decode=True, relations=_attention_relations, flops=_flops, kernel=_kernel,
     options={"num_heads": HEADS, "attention_dropout": ATTENTION_DROPOUT,
-             "attention_impl": Option("plain (L×L scores), chunked (online softmax, O(L·chunk) memory), flash "
-                                      "(query blocks, recomputing backward pass, O(L·chunk) memory, no dropout), "
-                                      "fused (jax.nn.dot_product_attention: cuDNN on GPU), splash (Pallas TPU "
-                                      "kernel; interpreted off TPU), auto (per platform: TPU splash, GPU cuDNN "
-                                      "for 16-bit, else flash)",
-                                      choices=ATTENTION_IMPLS),
-             "attention_chunk": Option("block size of the chunked and flash paths (positions)", at_least=1)})
+             "attention_impl": Field("plain (L×L scores), chunked (online softmax, O(L·chunk) memory), flash "
+                                     "(query blocks, recomputing backward pass, O(L·chunk) memory, no dropout), "
+                                     "fused (jax.nn.dot_product_attention: cuDNN on GPU), splash (Pallas TPU "
+                                     "kernel; interpreted off TPU), auto (per platform: TPU splash, GPU cuDNN "
+                                     "for 16-bit, else flash)",
+                                     choices=ATTENTION_IMPLS),
+             "attention_chunk": Field("block size of the chunked and flash paths (positions)", at_least=1)})

@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers.attention import ATTENTION_DROPOUT, HEADS, merge_heads, qkv_heads
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 
 _NEG = jnp.finfo(jnp.float32).min
 GROUPINGS = ("contiguous", "strided")
@@ -79,7 +80,7 @@ SPEC = MixerSpec(
     BlockLocalAttention, "softmax attention within fixed blocks (LRA's local baseline); O(L·block·d)",
     can_decode=False, flops=_flops,
     options={"num_heads": HEADS,
-             "block_size": Option("positions per block; a query sees its own block only", at_least=1),
-             "grouping": Option("contiguous (the paper's blocks) or strided (what LRA's published code "
-                                "computes: positions congruent modulo the number of blocks)", choices=GROUPINGS),
+             "block_size": Field("positions per block; a query sees its own block only", at_least=1),
+             "grouping": Field("contiguous (the paper's blocks) or strided (what LRA's published code "
+                               "computes: positions congruent modulo the number of blocks)", choices=GROUPINGS),
              "attention_dropout": ATTENTION_DROPOUT})

@@ -11,7 +11,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
 from efftx.errors import UserError
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.fields import Field
+from efftx.mixers.spec import MixerSpec
 from efftx.platform import target_platform
 
 FOURIER_IMPLS = ("fft", "rfft", "matmul", "auto")
@@ -163,7 +164,7 @@ def _kernel(options, L: int, dtype, platform: str, dropout_active: bool) -> str 
 SPEC = MixerSpec(
     FNet, "Re(FFT2(x)), no parameters; O(Ld log Ld)", can_be_causal=False, flops=_flops, train_factor=2.0,
     kernel=_kernel,
-    options={"fourier_impl": Option("how Re(FFT2) is computed: fft, rfft (Hermitian symmetry), matmul (DFT "
-                                    "matrices), auto (per backend and length)", choices=FOURIER_IMPLS),
-             "padding": Option("zero: padded positions are zeroed before the DFT; mix: mixed in as they are "
-                               "(the published FNet code)", choices=("zero", "mix"))})
+    options={"fourier_impl": Field("how Re(FFT2) is computed: fft, rfft (Hermitian symmetry), matmul (DFT "
+                                   "matrices), auto (per backend and length)", choices=FOURIER_IMPLS),
+             "padding": Field("zero: padded positions are zeroed before the DFT; mix: mixed in as they are "
+                              "(the published FNet code)", choices=("zero", "mix"))})

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers.attention import merge_heads, qkv_heads
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 
 
 def _phi(x: jax.Array) -> jax.Array:
@@ -95,6 +96,6 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
 
 SPEC = MixerSpec(
     LinearAttention, "linear attention, φ = elu + 1; O(L·d²/heads)", can_decode=True, flops=_flops,
-    options={"num_heads": Option("heads; must divide d_model", at_least=1),
-             "chunk": Option("causal: positions per chunk (quadratic inside, a carried K×K state across)",
-                             at_least=1)})
+    options={"num_heads": Field("heads; must divide d_model", at_least=1),
+             "chunk": Field("causal: positions per chunk (quadratic inside, a carried K×K state across)",
+                            at_least=1)})

@@ -31,10 +31,11 @@ import jax
 import jax.numpy as jnp
 
 from efftx.errors import UserError
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.fields import Field
+from efftx.mixers.spec import MixerSpec
 
-PADDING = Option("zero: padded positions are zeroed before mixing; mix: mixed in as they are (the published FNet "
-                 "code)", choices=("zero", "mix"))
+PADDING = Field("zero: padded positions are zeroed before mixing; mix: mixed in as they are (the published FNet "
+                "code)", choices=("zero", "mix"))
 
 
 def check_call(name: str, L: int, max_len: int, decode: bool) -> None:
@@ -88,4 +89,4 @@ def flops(options, L: int, d: int, causal: bool) -> float:
 
 SPEC = MixerSpec(
     LinearMixing, "learned mixing W_seq x W_hidden (FNet's Linear), max_len² + d² parameters; O(L²d + Ld²)",
-    flops=flops, train_factor=3.0, options={"padding": PADDING})
+    flops=flops, train_factor=3.0, options={"padding": PADDING}, decayed=("w_seq", "w_hidden"))

@@ -7,9 +7,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from efftx.fields import Field
 from efftx.mixers import banded
 from efftx.mixers.attention import ATTENTION_DROPOUT, decode_step, HEADS, merge_heads, qkv_heads
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 
 _NEG = jnp.finfo(jnp.float32).min
 
@@ -50,5 +51,5 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
 
 SPEC = MixerSpec(
     LocalAttention, "sliding-window softmax attention; O(L·window·d)", can_decode=True, flops=_flops,
-    options={"num_heads": HEADS, "window": Option("keys with |t − t'| < window are seen (tokens)", at_least=1),
+    options={"num_heads": HEADS, "window": Field("keys with |t − t'| < window are seen (tokens)", at_least=1),
              "attention_dropout": ATTENTION_DROPOUT})

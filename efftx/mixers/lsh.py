@@ -1,48 +1,12 @@
-"""Reformer's LSH self-attention (Kitaev, Kaiser, Levskaya, 2020).
+"""Reformer's LSH self-attention (Kitaev, Kaiser, Levskaya, 2020): x_BxLxD → y_BxLxD.
 
 Queries and keys share one projection (keys are the normalised queries). Each of `lsh_hashes` rounds hashes the
-keys by a random rotation R into `lsh_buckets` buckets, h(k) = argmax([kR; −kR]), sorts positions by
-(bucket, position) with padding after every real position, cuts the sorted sequence into chunks of `lsh_chunk`, and
-lets each chunk attend to itself and the chunk before it (cyclically). A position does not attend to itself unless
-nothing else is allowed (its score is set to −1e5 rather than removed); causal masking and the padding mask apply by
-original position. Rounds are combined by their softmax normalisers: o = Σ_r softmax_r(logsumexp_r) o_r. Attention
-dropout acts on each round's normalised probabilities; the rounds are still combined by the undropped normalisers.
-
-Three options choose between efftx's own conventions (the defaults) and those of the published code: trax
-(`trax/layers/research/efficient_attention.py`: `hash_vecs`, `attend`, `mask_self_attention`,
-`LSHSelfAttention.hash_vectors` and `.forward_unbatched`) and HF (`transformers/models/reformer/modeling_reformer.py`,
-`LSHSelfAttention`: `_hash_vectors`, `_attend`, `_compute_attn_mask`, `_len_and_dim_norm`, `_look_adjacent`, and
-`forward`'s logsumexp over rounds). tests/test_lsh.py checks all of them against a numpy reference and
-"unit" + "across_rounds" against HF's layer (tests/fixtures/make_reformer_lsh_fixture.py).
-
-  lsh_rotations  "fixed": R is drawn from `lsh_seed` and the module's path, the same every pass (each layer hashes
-                 differently, except in a reversible stack, whose layers share one path). "per_step": every training
-                 pass (deterministic=False) draws a new R from the "dropout" rng stream, which the train step folds
-                 with the step: new hashes every step, yet reproducible, and replayed exactly by the reversible
-                 backward pass, which re-runs the layer with the same dropout key (trax instead keeps the forward
-                 pass's buckets). The attention dropout then uses a key split off the same draw, never R's key.
-                 Evaluation (deterministic=True) hashes with the fixed R. Unlike both references: trax, and HF with
-                 hash_seed unset, draw a new R on every forward pass, evaluation included.
-  lsh_scale      "sqrt_d": k̂ = q/‖q‖ and logits q·k̂/√d. "unit" (trax, HF): k̂ = q / sqrt(mean(q²) + 1e-6) / √d, which
-                 is q/‖q‖ but for the 1e-6, and logits q·k̂ with no further 1/√d.
-  lsh_lookback   "per_round": each round's sorted sequence is chunked on its own, a round's first chunk looks back to
-                 the same round's last. "across_rounds" (trax, HF): the rounds' sorted sequences are concatenated into
-                 one of length rounds × length (the references sort bucket + round·(buckets + 1), then position),
-                 chunked, and each chunk looks back to the chunk before it in that sequence, so a round's first chunk
-                 sees the previous round's last (round 0's first, the last round's last). As in trax and HF, a key met
-                 twice counts twice: in one window (once from each of two rounds) and in several rounds.
-
-Shared by every setting, as in trax and HF: the argmax over [xR; −xR] in that order; padding in an extra bucket
-after the real ones, so it sorts last in its round; causal masking and the self mask by original position (any copy
-of the query's own position is "self"); rounds combined with logsumexp weights. Where the references differ: one R
-per head and round, the same for every example, as in HF (trax keeps a hash rng per example and head); the self
-score is set to −1e5 as HF does (trax subtracts 1e5: the outputs are the same, a row that sees only itself returns
-its own value either way); masked keys get the float32 minimum (trax subtracts 1e9, HF sets −1e9); attention dropout
-is drawn per element as in HF (trax shares one mask across chunks, examples and heads). The probabilities are
-normalised by their sum, which in float32 is exact where the references' exp(logit − logsumexp) is not (a row that
-sees only copies of itself, at −1e5: HF's float32 output is off by up to 3e-3 there; efftx matches HF's float64
-output). The sequence is padded to whole chunks (trax and HF require a multiple of the chunk length); HF falls back
-to full attention when the sequence fits in one chunk, which is what the chunks compute here too.
+keys by a random rotation R into `lsh_buckets` buckets, h(k) = argmax([kR; −kR]), sorts positions by bucket, cuts
+them into chunks of `lsh_chunk`, and lets each chunk attend to itself and the chunk before it; a position attends
+to itself only if nothing else is allowed. Rounds are combined by their softmax normalisers. O(L·chunk·rounds·d).
+lsh_rotations, lsh_scale and lsh_lookback choose between efftx's conventions (the defaults) and those of trax and
+HF, which tests/test_lsh.py checks against a numpy reference and HF's layer. Conventions, and where the references
+differ: efftx/mixers/README.md#lsh
 """
 from __future__ import annotations
 
@@ -53,8 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers.attention import ATTENTION_DROPOUT, HEADS, merge_heads
-from efftx.mixers.spec import MixerSpec, Option, padded
+from efftx.mixers.spec import MixerSpec, padded
 
 _NEG = jnp.finfo(jnp.float32).min
 _SELF = -1e5  # the score of a position for itself (HF's value; trax subtracts 1e5)
@@ -189,15 +154,15 @@ SPEC = MixerSpec(
     LSHAttention, "Reformer LSH attention (shared QK, hashed chunks); O(L·chunk·rounds·d)", can_decode=False,
     relations=_lsh_relations, flops=_flops,
     options={"num_heads": HEADS,
-             "lsh_buckets": Option("hash buckets per round (1 or even)", at_least=1),
-             "lsh_hashes": Option("hash rounds; more approach full attention", at_least=1),
-             "lsh_chunk": Option("positions per chunk of the sorted sequence", at_least=1),
-             "lsh_seed": Option("seed of the fixed random rotations (per_step uses them at evaluation)"),
-             "lsh_rotations": Option("fixed (from lsh_seed) or per_step (new each training step, from the dropout "
-                                     "key; as trax/HF)", choices=("fixed", "per_step")),
-             "lsh_scale": Option("logits q·k̂/√d (sqrt_d) or q·k̂, k̂ = q/‖q‖ (unit; as trax/HF)",
-                                 choices=("sqrt_d", "unit")),
-             "lsh_lookback": Option("chunks look back within their round (per_round) or along all rounds' sorted "
-                                    "sequences joined (across_rounds; as trax/HF)",
-                                    choices=("per_round", "across_rounds")),
+             "lsh_buckets": Field("hash buckets per round (1 or even)", at_least=1),
+             "lsh_hashes": Field("hash rounds; more approach full attention", at_least=1),
+             "lsh_chunk": Field("positions per chunk of the sorted sequence", at_least=1),
+             "lsh_seed": Field("seed of the fixed random rotations (per_step uses them at evaluation)"),
+             "lsh_rotations": Field("fixed (from lsh_seed) or per_step (new each training step, from the dropout "
+                                    "key; as trax/HF)", choices=("fixed", "per_step")),
+             "lsh_scale": Field("logits q·k̂/√d (sqrt_d) or q·k̂, k̂ = q/‖q‖ (unit; as trax/HF)",
+                                choices=("sqrt_d", "unit")),
+             "lsh_lookback": Field("chunks look back within their round (per_round) or along all rounds' sorted "
+                                   "sequences joined (across_rounds; as trax/HF)",
+                                   choices=("per_round", "across_rounds")),
              "attention_dropout": ATTENTION_DROPOUT})

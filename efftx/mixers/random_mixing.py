@@ -33,8 +33,9 @@ import zlib
 import flax.linen as nn
 import jax
 
+from efftx.fields import Field
 from efftx.mixers.linear_mixing import check_call, flops, PADDING, seq_hidden_product
-from efftx.mixers.spec import MixerSpec, Option
+from efftx.mixers.spec import MixerSpec
 
 
 class RandomMixing(nn.Module):
@@ -67,4 +68,4 @@ SPEC = MixerSpec(
     RandomMixing, "fixed random mixing W_seq x W_hidden (FNet's Random), no parameters; O(L²d + Ld²)",
     flops=flops, train_factor=2.0,  # the matrices are constants: the backward pass is the same two matmuls on g
     options={"padding": PADDING,
-             "random_seed": Option("seed of the fixed random matrices (each layer draws its own from it)")})
+             "random_seed": Field("seed of the fixed random matrices (each layer draws its own from it)")})

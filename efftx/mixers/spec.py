@@ -4,9 +4,12 @@ Each mixer file ends with a `SPEC = MixerSpec(...)`; `efftx.mixers.MIXERS` maps 
   - `config_lib.default_config(mixer)` fills `config.mixer` with exactly the declared options at their defaults
     (the module fields' defaults: one source), so an option the mixer lacks cannot be set or overridden;
   - `config_lib.validate` runs `spec.check(options, d_model=..., causal=...)` before anything is written;
-  - the model builds the module with `spec(causal=..., max_len=..., **options)`;
+  - the model builds each layer's module with `spec.maker(options, causal=..., max_len=..., grid=...)`, direct
+    callers with `spec(causal=..., **options)` (the same, applied);
   - tests, bench and README read `can_be_causal`, `can_decode` and `has_heads` instead of keeping lists;
-  - `efftx.bench` counts the model's FLOPs (and so its MFU) with `spec.train_flops(...)`.
+  - `efftx.bench` counts the model's FLOPs (and so its MFU) with `spec.train_flops(...)` ("n/a" where a mixer
+    declares no count);
+  - `efftx.trainer` decays the parameters named in `spec.decayed` besides every dense kernel and embedding.
 
 Besides its options, a mixer module may have the fields `causal` (every mixer has it), `max_len` (mixers with
 per-position parameters) and `grid` (mixers that know a 2-D layout of the positions: (rows, columns) of an image's
@@ -15,33 +18,16 @@ patches, None for sequences); the model fills those from `config.model` and the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 
 from efftx.errors import UserError
+from efftx.fields import Field
 
 MODEL_FIELDS = ("causal", "max_len", "grid")  # module fields filled from the model, not options
-
-
-@dataclasses.dataclass(frozen=True)
-class Option:
-  """One hyperparameter of a mixer: a module field with its default, meaning and allowed values."""
-
-  help: str                               # one line: meaning and unit
-  choices: tuple[Any, ...] | None = None  # allowed values, if a fixed set
-  at_least: float | None = None           # smallest allowed value
-  below: float | None = None              # values must be strictly smaller (e.g. a probability < 1)
-
-  def check(self, mixer: str, name: str, value: Any) -> None:
-    if self.choices is not None and value not in self.choices:
-      raise UserError(f"config.mixer.{name}={value!r}: mixer '{mixer}' takes one of "
-                      f"{', '.join(map(str, self.choices))}")
-    if self.at_least is not None and value < self.at_least:
-      raise UserError(f"config.mixer.{name}={value!r}: mixer '{mixer}' needs {name} ≥ {self.at_least:g}")
-    if self.below is not None and value >= self.below:
-      raise UserError(f"config.mixer.{name}={value!r}: mixer '{mixer}' needs {name} < {self.below:g}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,18 +36,19 @@ class MixerSpec:
 
   module: type[nn.Module]
   summary: str                 # one line: what it computes, and its cost in time / memory
-  options: dict[str, Option]
+  options: dict[str, Field]    # each names a module field, whose default is the option's
   can_be_causal: bool = True   # causal=True is allowed (FNet: no)
   can_decode: bool = False     # causal and decodes one token at a time with a cache (`decode=True`)
   # Relations between options and the model that a single option cannot state: (every option, d_model or None,
   # causal) → raises UserError. Runs after the per-option checks.
   relations: Callable[[dict[str, Any], int | None, bool], None] | None = None
   # The mixing's forward FLOPs per token of one layer, beyond its projections (Dense layers, counted with the model's
-  # other matmuls): (every option, length L, d_model, causal) → 2 × the multiply-adds of its matmuls and convolutions
-  # as implemented (padding to blocks included), FFTs as 5 N log2 N (complex, Cooley-Tukey: the convention of FNet's
-  # counts and of the PyTorch comparison in experiments/performance). Elementwise work (softmax, exp, masks) is not
-  # counted, nor per-sequence work shared by the batch (position-bias tables). tests/test_flops.py checks each against
-  # the matmuls in the mixer's traced program.
+  # other matmuls), or None where not counted (then the model's FLOPs and MFU are "n/a"): (every option, length L,
+  # d_model, causal) → 2 × the multiply-adds of its matmuls and convolutions as implemented (padding to blocks
+  # included), FFTs as 5 N log2 N (complex, Cooley-Tukey: the convention of FNet's counts and of the PyTorch
+  # comparison in experiments/performance). Elementwise work (softmax, exp, masks) is not counted, nor per-sequence
+  # work shared by the batch (position-bias tables). tests/test_flops.py checks each against the matmuls in the
+  # mixer's traced program.
   flops: Callable[[dict[str, Any], int, int, bool], float] | None = None
   # Training FLOPs of the mixing ÷ its forward FLOPs: 3 where both operands of its matmuls need gradients
   # (activations × activations, or learned weights); 2 where one operand is a constant (FNet's DFT: the backward
@@ -74,6 +61,11 @@ class MixerSpec:
   # compute dtype, platform: "cpu", "gpu" or "tpu", dropout active) → a key of efftx.platform.KERNELS, or None.
   # efftx.train compares it with what the compiled step calls, and says so.
   kernel: Callable[[dict[str, Any], int, Any, str, bool], str | None] | None = None
+  # Names of this mixer's parameters (leaf names) that AdamW's weight decay applies to, besides "kernel" and
+  # "embedding", which every module's dense layers and embeddings have and which are always decayed: learned
+  # weight matrices of its own (linear_mixing's w_seq, w_hidden). Biases, scales and position biases are not
+  # decayed. efftx.trainer decays every leaf whose name one of the registry's mixers declares here.
+  decayed: tuple[str, ...] = ()
 
   def __post_init__(self):
     fields = {f.name: f for f in dataclasses.fields(self.module)}
@@ -82,8 +74,6 @@ class MixerSpec:
         raise TypeError(f"{self.module.__name__}: option '{name}' is not a module field (or is a model field)")
     if "causal" not in fields:
       raise TypeError(f"{self.module.__name__}: a mixer module needs a `causal` field")
-    if self.flops is None:
-      raise TypeError(f"{self.module.__name__}: a mixer spec needs its `flops` count")
 
   @property
   def name(self) -> str:
@@ -107,18 +97,21 @@ class MixerSpec:
     fields = {f.name: f.default for f in dataclasses.fields(self.module)}
     return {name: fields[name] for name in self.options}
 
-  def forward_flops(self, options: dict[str, Any], length: int, d_model: int, causal: bool) -> float:
-    """`flops` with the options not given at their defaults."""
+  def forward_flops(self, options: dict[str, Any], length: int, d_model: int, causal: bool) -> float | None:
+    """`flops` with the options not given at their defaults; None if the mixer declares no count."""
+    if self.flops is None:
+      return None
     return float(self.flops({**self.defaults(), **options}, length, d_model, causal))
 
   def train_flops(self, options: dict[str, Any], length: int, d_model: int, causal: bool,
-                  grid: tuple[int, int] | None = None) -> float:
+                  grid: tuple[int, int] | None = None) -> float | None:
     """Forward and backward FLOPs of the mixing per token of one layer: forward_flops × train_factor (on an image's
-    patch grid, flops_grid's count where the mixer knows the grid)."""
+    patch grid, flops_grid's count where the mixer knows the grid); None if the mixer declares no count."""
     if grid is not None and self.flops_grid is not None:
       return self.train_factor * float(self.flops_grid({**self.defaults(), **options}, length, d_model,
                                                        grid[0] * grid[1]))
-    return self.train_factor * self.forward_flops(options, length, d_model, causal)
+    forward = self.forward_flops(options, length, d_model, causal)
+    return None if forward is None else self.train_factor * forward
 
   def describe(self) -> str:
     """'name (meaning, default D)' for every option: the line an error about options ends with."""
@@ -139,7 +132,7 @@ class MixerSpec:
                       f"{', '.join(n for n, s in _registry().items() if s.can_be_causal)} "
                       "(or set config.model.causal=False)")
     for name, value in options.items():
-      self.options[name].check(self.name, name, value)
+      self.options[name].check(f"config.mixer.{name}", value, mixer=self.name)
     resolved = {**self.defaults(), **options}
     if self.has_heads and d_model is not None and d_model % resolved["num_heads"]:
       raise UserError(f"config.model.d_model={d_model} must be divisible by config.mixer.num_heads="
@@ -147,15 +140,25 @@ class MixerSpec:
     if self.relations:
       self.relations(resolved, d_model, causal)
 
-  def __call__(self, *, causal: bool = False, max_len: int | None = None, d_model: int | None = None,
-               grid: tuple[int, int] | None = None, **options) -> nn.Module:
-    """The module with these options (the rest at their defaults), after `check`. `d_model`, if given, is
-    checked against num_heads; `max_len` goes to mixers with per-position parameters, `grid` to grid-aware ones."""
+  def maker(self, options: dict[str, Any], *, causal: bool = False, d_model: int | None = None,
+            max_len: int | None = None, grid: tuple[int, int] | None = None) -> functools.partial:
+    """`maker(name=...)` → the module with these options (the rest at their defaults), after `check` (d_model, if
+    given, is checked against num_heads). `max_len` (the positions the mixer sees) goes to mixers with
+    per-position parameters, `grid` to grid-aware ones, which refuse it with causal=True. The model builds every
+    layer's mixer with this (efftx.model.build_model)."""
     self.check(options, d_model, causal)
     extra = {"max_len": max_len} if max_len is not None and self.takes_max_len else {}
     if grid is not None and self.takes_grid:
+      if causal:
+        raise UserError(f"mixer '{self.name}' mixes an image's patch grid in both directions: set "
+                        "config.model.causal=False for patches")
       extra["grid"] = grid
-    return self.module(causal=causal, **extra, **options)
+    return functools.partial(self.module, causal=causal, **extra, **options)
+
+  def __call__(self, *, causal: bool = False, max_len: int | None = None, d_model: int | None = None,
+               grid: tuple[int, int] | None = None, **options) -> nn.Module:
+    """The module with these options: `maker(options, ...)()`."""
+    return self.maker(options, causal=causal, d_model=d_model, max_len=max_len, grid=grid)()
 
 
 def padded(length: int, block: int) -> int:

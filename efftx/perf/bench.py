@@ -103,20 +103,21 @@ def lm_model(config: ml_collections.ConfigDict, vocab_size: int = 256) -> model_
   return model_lib.build_model(config, objectives.OBJECTIVES["lm"].head(vocab_size, 0), vocab_size)
 
 
-def flops_per_token(config: ml_collections.ConfigDict, params, grid: tuple[int, int] | None = None) -> float:
+def flops_per_token(config: ml_collections.ConfigDict, params, grid: tuple[int, int] | None = None) -> float | None:
   """Training FLOPs per token, forward and backward: 6 × every matmul weight (the Dense kernels, head included;
   embeddings are lookups; AFT-conv's H×S kernel, also named "kernel", adds a negligible 6·H·S), plus layers × the
   mixer's mixing (MixerSpec.train_flops: 3 × forward, FNet's 2 ×), summed over the layers' mixers. Recomputation (remat, reversible layers,
   chunked and flash attention's backward passes) is not counted, as usual for MFU. With grid (an image's patches:
-  model.grid), per position the mixers see: the grid's cells and a [CLS] position if pooled."""
+  model.grid), per position the mixers see: the grid's cells and a [CLS] position if pooled. None where a layer's
+  mixer declares no count (MixerSpec.flops None): its MFU is "n/a"."""
   matmul_weights = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
                        if getattr(path[-1], "key", None) == "kernel")
   m = config.model
   options = patterns.sections(m.mixer, config.mixer)
   length = grid[0] * grid[1] + (m.pooling == "cls") if grid else m.max_len
-  mixing = sum(MIXERS[name].train_flops(options[name], length, m.d_model, m.causal, grid)
-               for name in patterns.layer_mixers(m.mixer, m.num_layers))
-  return 6 * matmul_weights + mixing
+  mixing = [MIXERS[name].train_flops(options[name], length, m.d_model, m.causal, grid)
+            for name in patterns.layer_mixers(m.mixer, m.num_layers)]
+  return None if None in mixing else 6 * matmul_weights + sum(mixing)
 
 
 def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, min_seconds: float = 1.0, devices=None) -> float:
@@ -154,9 +155,10 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
   compiled = jax.jit(step, donate_argnums=0, out_shardings=sharding.replicated(mesh),
                      compiler_options=sharding.step_compiler_options(batch, mesh)).lower(state, batch_arrays).compile()
   memory = compiled.memory_analysis()
+  flops = flops_per_token(config, state.params)
   out = {"temp_mib": memory.temp_size_in_bytes / 2**20, "argument_mib": memory.argument_size_in_bytes / 2**20,
          "memory_mib": (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 2**20,
-         "gflop_per_token": flops_per_token(config, state.params) / 1e9, "devices": len(mesh.devices.flat),
+         "gflop_per_token": None if flops is None else flops / 1e9, "devices": len(mesh.devices.flat),
          "param_mib": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)) / 2**20}
   if not min_seconds:
     return out
@@ -206,12 +208,15 @@ def _mixers_table() -> list[dict]:
           print(f"{_DTYPE.value} matmul peak of {len(devices)} device(s): {peaks[len(devices)]:.0f} GFLOP/s",
                 flush=True)
         peak = peaks[len(devices)]
-        row.update(peak_gflops=peak, mfu=row["tokens_per_sec"] * row["gflop_per_token"] / peak)
+        row.update(peak_gflops=peak, mfu=None if row["gflop_per_token"] is None
+                   else row["tokens_per_sec"] * row["gflop_per_token"] / peak)
       rows.append(row)
       timed = (f"{row['tokens_per_sec']:>11.0f}{row['step_ms']:>10.1f}" if "step_ms" in row
                else f"{'-':>11}{'-':>10}")
-      mfu = f"{100 * row['mfu']:>7.1f}" if "mfu" in row else f"{'-':>7}"
-      print(f"{mixer:<12}{length:>8}{len(devices):>8}{timed}{row['gflop_per_token']:>10.4f}{mfu}"
+      mfu = (f"{'-':>7}" if "mfu" not in row else f"{'n/a':>7}" if row["mfu"] is None
+             else f"{100 * row['mfu']:>7.1f}")
+      gflop = f"{'n/a':>10}" if row["gflop_per_token"] is None else f"{row['gflop_per_token']:>10.4f}"
+      print(f"{mixer:<12}{length:>8}{len(devices):>8}{timed}{gflop}{mfu}"
             f"{row['temp_mib']:>10.1f}{row['memory_mib']:>14.1f}", flush=True)
   return rows
 

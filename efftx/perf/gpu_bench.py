@@ -117,11 +117,11 @@ def jax_row(mixer: str, c: dict, seq: int, warmup: int, steps: int) -> dict:
   run, info = step_lib.prepare(spec)  # compiled, and one step run
   config, _ = step_lib.load_config(spec)
   median_s, times = _median_seconds(lambda: run(1), max(0, warmup - 1), steps)
+  mixing = MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False)  # None: not counted, MFU n/a
   stats = jax.local_devices()[0].memory_stats() or {}
   row = dict(batch=info["batch"], devices=info["devices"], median_step_s=median_s, step_times_s=times,
              compile_s=info["compile_s"], first_loss=info["first_loss"], n_params=info["params"],
-             flops_per_token=6 * info["matmul_params"]
-             + c["layers"] * MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False),
+             flops_per_token=None if mixing is None else 6 * info["matmul_params"] + c["layers"] * mixing,
              peak_mib=(info["temp_bytes"] + info["argument_bytes"]) / 2**20 if "temp_bytes" in info else None,
              peak_how="compiled temp + argument bytes",
              # the worker's device peak so far (its earlier rows included: it never goes down); None on a CPU
@@ -328,7 +328,7 @@ def derive(rows: list[dict], peaks: dict[str, dict]) -> None:
   for r in rows:
     if r["status"] == "ok":
       r["tokens_per_s"] = r["batch"] * r["seq"] / r["median_step_s"]
-      r["mfu"] = r["tokens_per_s"] * r["flops_per_token"] / 1e12 / rate
+      r["mfu"] = None if r["flops_per_token"] is None else r["tokens_per_s"] * r["flops_per_token"] / 1e12 / rate
   speed = {(r["model"], r["seq"]): r.get("tokens_per_s") for r in rows}
   for r in rows:
     for peer in HF_PEERS:
@@ -375,7 +375,7 @@ def markdown(run: dict) -> str:
   for peer in HF_PEERS:
     if peer in models:
       table(f"tokens/s over {peer}'s", lambda r, p=peer: fmt(r.get(f"over_{p}"), ".2f"))
-  table("MFU %", lambda r: fmt(100 * r["mfu"], ".1f"))
+  table("MFU %", lambda r: "n/a" if r["mfu"] is None else fmt(100 * r["mfu"], ".1f"))
   table("peak memory, MiB (efftx: the compiled step's temp + arguments; torch: max allocated)",
         lambda r: fmt(r.get("peak_mib"), ",.0f"))
   missing = [r for r in rows if r["status"] != "ok"]
@@ -389,8 +389,9 @@ def markdown(run: dict) -> str:
     if r["status"] == "ok":
       compile_s = "-" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"
       kernels = (", ".join(r["kernels"]) or "none") if "kernels" in r else "(torch)"
+      gflop = "n/a" if r["flops_per_token"] is None else f"{r['flops_per_token'] / 1e9:.4g}"  # a mixer without a count
       lines.append(f"| {r['model']} | {r['seq']} | {r['batch']} | {1e3 * r['median_step_s']:.2f} | "
-                   f"{r['flops_per_token'] / 1e9:.4g} | {compile_s} | {r['first_loss']:.4f} | {kernels} |")
+                   f"{gflop} | {compile_s} | {r['first_loss']:.4f} | {kernels} |")
   return "\n".join(lines) + "\n"
 
 
@@ -594,7 +595,8 @@ def _print_row(r: dict) -> None:
   memory = "-" if r.get("peak_mib") is None else f"{r['peak_mib']:,.0f}"
   kernels = f", {', '.join(r['kernels']) or 'XLA fusions only'}" if "kernels" in r else ""
   print(f"{r['model']:<22}{r['seq']:>6}: {r['tokens_per_s']:>12,.0f} tokens/s, step {1e3 * r['median_step_s']:8.2f} "
-        f"ms, MFU {100 * r['mfu']:5.1f} %, peak {memory} MiB{kernels}", flush=True)
+        f"ms, MFU {'n/a' if r['mfu'] is None else format(100 * r['mfu'], '5.1f')} %, peak {memory} MiB{kernels}",
+        flush=True)
 
 
 if __name__ == "__main__":

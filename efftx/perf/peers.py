@@ -233,11 +233,12 @@ def _efftx_row(mixer: str, c: dict, seq: int, a) -> dict:
   spec = efftx_variant(mixer, c, seq)
   run, info = step_lib.prepare(spec)  # its one step is the first warm-up step
   config, _ = step_lib.load_config(spec)
-  mixing = c["layers"] * MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False)
+  mixing = MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False)  # None: not counted, MFU n/a
   a.warmup = max(0, a.warmup - 1)
   profiled = dict(program=run.program_text, params=run.params, devices=info["devices"]) if a.profile else None
   return dict(batch=info["batch"], devices=info["devices"], compile_s=info["compile_s"], loss_first=info["first_loss"],
-              **_jax_timed(lambda: run(1), a, profiled), flops_per_token=6 * info["matmul_params"] + mixing,
+              **_jax_timed(lambda: run(1), a, profiled),
+              flops_per_token=None if mixing is None else 6 * info["matmul_params"] + c["layers"] * mixing,
               n_params=info["params"])
 
 
@@ -316,9 +317,11 @@ def _table(rows: list[dict], peers: list[str], ratio_to: str | None, peak_line: 
       continue
     compile_s = "-" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"
     foreign = "-" if r.get("foreign_cpu_frac") is None else f"{100 * r['foreign_cpu_frac']:.0f}"
+    gflop = "n/a" if r["flops_per_token"] is None else f"{r['flops_per_token'] / 1e9:.4g}"  # a mixer without a count
+    mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}"
     lines.append(f"| {r['seq']} | {r['peer']} | {r['batch']} | {r.get('devices') or '-'} | {r['tokens_per_s']:.0f} | "
                  f"{1e3 * r['median_step_s']:.1f} | {compile_s} | {r['peak_rss_mib']:.0f} | "
-                 f"{r['flops_per_token'] / 1e9:.4g} | {100 * r['mfu']:.1f} | {foreign} |")
+                 f"{gflop} | {mfu} | {foreign} |")
   if ratio_to:
     by = {(r["peer"], r["seq"]): r.get("tokens_per_s") for r in rows}
     lines += ["", f"tokens/s over {ratio_to}'s:", "", "| length | " + " | ".join(peers) + " |",
@@ -422,9 +425,11 @@ def main(argv: list[str]) -> None:
       else:
         r["median_step_s"] = statistics.median(r["step_times_s"])
         r["tokens_per_s"] = r["batch"] * seq / r["median_step_s"]
-        r["mfu"] = r["tokens_per_s"] * r["flops_per_token"] / 1e9 / peak_gflops
+        r["mfu"] = (None if r["flops_per_token"] is None
+                    else r["tokens_per_s"] * r["flops_per_token"] / 1e9 / peak_gflops)
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}"  # n/a: a mixer without a FLOP count
         print(f"{peer:<16} {seq:>5}: batch {r['batch']:>3}, {r['tokens_per_s']:>9.0f} tokens/s, step "
-              f"{1e3 * r['median_step_s']:.1f} ms, MFU {100 * r['mfu']:.1f} %, peak RSS {r['peak_rss_mib']:.0f} MiB, "
+              f"{1e3 * r['median_step_s']:.1f} ms, MFU {mfu} %, peak RSS {r['peak_rss_mib']:.0f} MiB, "
               f"other CPU {100 * (r['foreign_cpu_frac'] or 0):.0f} %", flush=True)
       rows.append(r)
   size = "512³" if a.tiny else "2048³ (MFU's denominator: the larger)"
