@@ -15,10 +15,13 @@ from efftx.mixers import fourier
 from efftx.mixers import MIXERS
 
 
-def _config(mixer: str, causal: bool, **model):
+def _config(mixer: str, causal: bool, num_layers: int = 1, **model):
+  """A small model (tracing and lowering cost grows with layers and blocks, what lowers does not): 32 positions
+  in blocks of 8 where a mixer works in blocks, so that every blocked path still loops over several."""
   config = config_lib.default_config(mixer)
-  config.model.update(d_model=32, num_layers=2, d_ff=64, max_len=256, causal=causal, **model)
-  config_lib.set_where_declared(config.mixer, num_heads=2)
+  config.model.update(d_model=32, num_layers=num_layers, d_ff=64, max_len=32, causal=causal, **model)
+  config_lib.set_where_declared(config.mixer, num_heads=2, window=8, block_size=8, lsh_chunk=8, attention_chunk=8,
+                                chunk=8)
   config.data.batch_size, config.mesh.fsdp = 8, 2
   if causal:
     config.data.update(task="bytes", variant="stdlib", objective="lm")
@@ -42,7 +45,7 @@ def test_every_mixers_steps_lower_for_tpu_and_cuda(mixer):
 
 
 def test_a_hybrid_in_bfloat16_lowers_with_splash_in_its_attention_layers_only():
-  config = _config("fnet+attention*1@top", causal=False, dtype="bfloat16")
+  config = _config("fnet+attention*1@top", causal=False, num_layers=2, dtype="bfloat16")
   tpu, cuda = lowering.lower_steps(config)
   assert tpu.kernels == {"Pallas TPU kernel": 3} and not cuda.kernels
 
@@ -70,10 +73,10 @@ def test_a_step_that_cannot_lower_for_a_platform_is_reported(monkeypatch, platfo
     lowering.lower_steps(config)
 
 
-def _lower(fn, x, platform):
-  """fn traced for platform (a fresh function: jit caches traces by function, not by lowering_for) and lowered."""
-  with platform.lowering_for(platform):
-    return jax.jit(lambda x: fn(x)).trace(x).lower(lowering_platforms=(platform,)).as_text()  # pylint: disable=unnecessary-lambda
+def _lower(fn, x, target):
+  """fn traced for target (a fresh function: jit caches traces by function, not by lowering_for) and lowered."""
+  with platform.lowering_for(target):
+    return jax.jit(lambda x: fn(x)).trace(x).lower(lowering_platforms=(target,)).as_text()  # pylint: disable=unnecessary-lambda
 
 
 def test_fnet_auto_is_dft_matmuls_on_tpu_up_to_the_papers_crossover_and_fft_elsewhere(monkeypatch):
@@ -91,12 +94,12 @@ def test_fnet_auto_is_dft_matmuls_on_tpu_up_to_the_papers_crossover_and_fft_else
   assert "FFT" in platform.kernels(_lower(fn, x, "tpu")) and "dot_general" not in _lower(fn, x, "tpu")
 
 
-@pytest.mark.parametrize("platform", ["tpu", "cuda"])
-def test_fnets_per_device_transforms_lower_for_accelerators(platform):
+@pytest.mark.parametrize("target", ["tpu", "cuda"])
+def test_fnets_per_device_transforms_lower_for_accelerators(target):
   """What custom_partitioning lowers at compile time, each device's FFT, lowers for the platform."""
   x = jnp.zeros((2, 16, 8))
   for transform in (fourier._fft, fourier._rfft):  # pylint: disable=protected-access
-    assert "FFT" in platform.kernels(_lower(transform, x, platform))
+    assert "FFT" in platform.kernels(_lower(transform, x, target))
     np.testing.assert_allclose(transform(x + 1.0)[0, 0, 0], 16 * 8)
 
 
