@@ -198,7 +198,10 @@ class compiled:  # pylint: disable=invalid-name
   them) and skips XLA's whole-program rewrites — one of which made a compiled causal AFT-full forward pass nan
   where the eager one was right. Keyword bools, strings, callables and lists of strings (deterministic, decode,
   mutable, method) and positional bools are passed as static values; arrays, keys, dicts of them and None are
-  traced. Each call traces anew (the on-disk compilation cache saves the compile).
+  traced. The jitted function is kept per (module, method, static values, platform traced for), so that an equal
+  module called again (every test builds its own, many alike) reuses the trace and the compiled program; a module
+  that does not hash (a field holding a list or array) is traced anew each call. A test that patches what a module
+  calls at trace time should not use it (the patched trace would be kept, or an unpatched one reused).
   """
 
   def __init__(self, module):
@@ -211,8 +214,12 @@ class compiled:  # pylint: disable=invalid-name
     return _jit_call(self.module.apply, args, kwargs)
 
 
+_JITTED = {}  # (module, method name, len(args), static args, static kwargs, platform) → the jitted call
+
+
 def _jit_call(fn, args, kwargs):
   import jax  # pylint: disable=g-import-not-at-top
+  from efftx import platform  # pylint: disable=g-import-not-at-top
   is_static = lambda v: (isinstance(v, (bool, str)) or callable(v)
                          or isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v) and v)
   static_kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items() if is_static(v)}
@@ -225,7 +232,15 @@ def _jit_call(fn, args, kwargs):
     return fn(*[static_args[i] if i in static_args else next(it) for i in range(len(args))], **static_kwargs,
               **traced_kwargs)
 
-  return jax.jit(call)(traced_args, traced_kwargs)
+  key = (fn.__self__, fn.__name__, len(args), tuple(static_args.items()), tuple(sorted(static_kwargs.items())),
+         platform.target_platform())
+  try:
+    jitted = _JITTED.get(key)
+  except TypeError:  # something in the key does not hash: no reuse
+    return jax.jit(call)(traced_args, traced_kwargs)
+  if jitted is None:
+    jitted = _JITTED[key] = jax.jit(call)
+  return jitted(traced_args, traced_kwargs)
 
 
 def write_idx(path, array):

@@ -1,4 +1,5 @@
-"""Every config under configs/ builds, validates, and trains one step in its smoke variant."""
+"""Every config under configs/ builds and validates, and its smoke variant's data fits its training and
+evaluation steps; two of them train a step end to end."""
 import contextlib
 import glob
 import os
@@ -14,6 +15,8 @@ from conftest import write_idx
 from efftx import config as config_lib
 from efftx import model as model_lib
 from efftx import train
+from efftx import trainer
+from efftx.data import pipeline
 from efftx.data import TASKS
 from efftx.mixers import MIXERS
 
@@ -32,17 +35,56 @@ def fashion_dir(tmp_path_factory):
   return str(folder)
 
 
+def _smoke(path, data_dir, tmp_path, fashion_dir):
+  """The config's smoke variant on the session's data (Fashion-MNIST: the synthetic files, prepared in a TFDS dir
+  of their own), and the context its data is read in: registered TFDS datasets (IMDb, CIFAR-10, GLUE) cannot be
+  downloaded here, so random examples of their features."""
+  config = runpy.run_path(path)["get_config"]("smoke")
+  config.data.data_dir = data_dir
+  if config.data.task.startswith("fashion_mnist"):
+    config.data.update(corpus_dir=fashion_dir, data_dir=str(tmp_path / "tfds"))
+  mocked = tfds.testing.mock_data(num_examples=24) if not TASKS[config.data.task].local else contextlib.nullcontext()
+  return config, mocked
+
+
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
-def test_config_builds_validates_and_trains_a_step(path, data_dir, tmp_path, fashion_dir):
+def test_config_builds_validates_and_its_data_fits_its_steps(path, data_dir, tmp_path, fashion_dir):
+  """Every config: the full size validates; the smoke variant's data prepares and encodes (as efftx.train checks
+  it), and its first training and evaluation batches fit the training and evaluation steps as efftx.train builds
+  them (traced: shapes and dtypes; END_TO_END's configs train for real), giving a scalar loss and the task's
+  metrics."""
   get_config = runpy.run_path(path)["get_config"]
   config_lib.validate(get_config(), jax.device_count())  # the full-size config is valid too
-  config = get_config("smoke")
-  config.data.data_dir = data_dir
-  if config.data.task.startswith("fashion_mnist"):  # the synthetic files, prepared in a TFDS dir of their own
-    config.data.update(corpus_dir=fashion_dir, data_dir=str(tmp_path / "tfds"))
+  config, mocked = _smoke(path, data_dir, tmp_path, fashion_dir)
+  config_lib.validate(config, jax.device_count())
+  with mocked:
+    pipeline.prepare(config)
+    pipeline.check(config, pipeline.source(config, "train"), pipeline.source(config, "eval"))
+    batch = next(pipeline.train_iterator(config, pipeline.source(config, "train")))
+    eval_batch = next(pipeline.eval_batches(config, pipeline.source(config, "eval"), examples=config.data.batch_size))
+  parts = trainer.parts(config)
+  tx, schedule = trainer.make_optimizer(config)
+  state = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))
+  step = trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(1), parts.task.token_unit)
+  new_state, metrics = jax.eval_shape(step, state, batch)
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), new_state) == jax.tree.map(lambda x: (x.shape, x.dtype), state)
+  assert metrics["loss"].shape == () and metrics["grad_norm"].shape == ()
+  sums = jax.eval_shape(trainer.make_eval_step(parts.model, parts.objective), state.params, eval_batch)
+  summary = jax.eval_shape(lambda s: parts.objective.summarize(s, parts.task.token_unit, prefix="eval_"), sums)
+  assert summary["eval_loss"].shape == ()
+  task = TASKS[config.data.task]
+  if config.data.objective in ("", "lm") and task.objective == "lm" and task.token_unit:  # bits/byte, bits/dim
+    assert f"eval_bits_per_{task.token_unit}" in summary
+
+
+# Trained end to end, one step through efftx.train: a classification config and a language-modelling one.
+END_TO_END = [os.path.join(REPO, "configs", name) for name in ("quickstart.py", "lm_bytes.py")]
+
+
+@pytest.mark.parametrize("path", END_TO_END, ids=os.path.basename)
+def test_config_trains_a_step(path, data_dir, tmp_path, fashion_dir):
+  config, mocked = _smoke(path, data_dir, tmp_path, fashion_dir)
   config.total_steps = 1
-  # Registered TFDS datasets (IMDb, CIFAR-10, GLUE) cannot be downloaded here: random examples of their features.
-  mocked = tfds.testing.mock_data(num_examples=24) if not TASKS[config.data.task].local else contextlib.nullcontext()
   with mocked:
     result = train.train_and_evaluate(config, str(tmp_path))
   assert result["step"] == 1 and np.isfinite(result["loss"]) and np.isfinite(result["eval_loss"])
