@@ -153,10 +153,10 @@ def test_a_mixer_without_a_count_builds_and_shows_its_mfu_as_not_available(monke
   """MixerSpec.flops is optional: a spec without it checks and builds its module, its counts are None, so is
   efftx.bench.flops_per_token of a model using it, and the MFU tables say "n/a" instead of failing."""
   import dataclasses  # pylint: disable=g-import-not-at-top
-  from efftx import bench  # pylint: disable=g-import-not-at-top
+  from efftx.perf import bench  # pylint: disable=g-import-not-at-top
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
-  from efftx import gpu_bench  # pylint: disable=g-import-not-at-top
-  from efftx import peers  # pylint: disable=g-import-not-at-top
+  from efftx.perf import gpu_bench  # pylint: disable=g-import-not-at-top
+  from efftx.perf import peers  # pylint: disable=g-import-not-at-top
   spec = dataclasses.replace(MIXERS["linear"], flops=None)
   monkeypatch.setitem(MIXERS, "linear", spec)
   assert spec.forward_flops({}, 64, D, False) is None and spec.train_flops({}, 64, D, True) is None
