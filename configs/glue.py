@@ -15,6 +15,7 @@ rate 1e-5 for its 768-wide base model; 1e-4 here is efftx's untuned choice for t
 (FNet paper, GLUE dev average): FNet-Base 76.7, BERT-Base 83.3; those need FNet's pre-training scale and
 SentencePiece vocabulary. STS-B (regression) is not supported.
 """
+
 from efftx import config as config_lib
 from efftx.data import GLUE_TRAIN_EXAMPLES
 

@@ -25,14 +25,14 @@ its schedule decays by a cosine, where f_net's decays linearly; AdamW with weigh
 also on the feed-forward hidden layer (and FNet's Fourier branch), which f_net and HF leave undropped. Reference (FNet
 paper, GLUE dev average): FNet-Base 76.7, BERT-Base 83.3.
 """
+
 import os
 
 from efftx import config as config_lib
 from efftx import hf
 from efftx.data import GLUE_TRAIN_EXAMPLES
 
-FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures",
-                       "hf_fnet_tiny")
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures", "hf_fnet_tiny")
 
 
 def get_config(arg: str | None = None):
@@ -40,18 +40,27 @@ def get_config(arg: str | None = None):
   if args.task not in GLUE_TRAIN_EXAMPLES:
     raise config_lib.UserError(f"task={args.task}: choose from {', '.join(GLUE_TRAIN_EXAMPLES)}")
   if not hf.is_checkpoint(args.hf):
-    raise config_lib.UserError(f"hf={args.hf}: not a Hugging Face checkpoint folder (config.json naming a "
-                               "model_type, and model.safetensors)")
+    raise config_lib.UserError(
+      f"hf={args.hf}: not a Hugging Face checkpoint folder (config.json naming a model_type, and model.safetensors)"
+    )
   checkpoint = hf.load_config(args.hf)  # the weights themselves load once, at init_from
   config = config_lib.default_config(checkpoint.model.mixer)
   config.model.update(checkpoint.model)
   config.mixer.update(checkpoint.mixer)
   config.model.max_len = min(args.max_len, checkpoint.model.max_len)
   if not checkpoint.data.tokenizer:
-    raise config_lib.UserError(f"hf={args.hf}: the folder has no tokenizer (tokenizer.json, a SentencePiece .model "
-                               "or vocab.txt); its ids are what the checkpoint's embeddings mean")
-  config.data.update(task="glue", variant=args.task, batch_size=64, truncate=True, tokenizer=checkpoint.data.tokenizer,
-                     vocab_size=checkpoint.data.vocab_size)
+    raise config_lib.UserError(
+      f"hf={args.hf}: the folder has no tokenizer (tokenizer.json, a SentencePiece .model "
+      "or vocab.txt); its ids are what the checkpoint's embeddings mean"
+    )
+  config.data.update(
+    task="glue",
+    variant=args.task,
+    batch_size=64,
+    truncate=True,
+    tokenizer=checkpoint.data.tokenizer,
+    vocab_size=checkpoint.data.vocab_size,
+  )
   config.init_from = os.path.abspath(args.hf)
   config_lib.fine_tuning_schedule(config, args.epochs, GLUE_TRAIN_EXAMPLES[args.task], args.lr)
   if args.smoke:

@@ -19,6 +19,7 @@ batch 32, AdamW 1e-3 with warmup and cosine decay are efftx's choice. Reference 
 reference). Measured here: experiments/tasks/README.md (one run), experiments/image_ar/ (five mixers, 2 seeds, a
 smaller model: `python -m efftx.sweep experiments/image_ar/sweep.py`).
 """
+
 from efftx import config as config_lib
 
 

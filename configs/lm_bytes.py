@@ -15,6 +15,7 @@ Model: 4 layers, width 128, 256-byte context, causal, 3,000 steps of batch 32 â€
 AFT-local-32 1.154, AFT-simple 1.209, Reformer 1.195. The stdlib corpus is not enwik8: compare mixers with each
 other here, not with those numbers.
 """
+
 import os
 
 from efftx import config as config_lib

@@ -17,6 +17,7 @@ Transformer 42.44, Linear Transformer 42.34, Reformer 38.07; FNet paper: FNet 38
 Fashion-MNIST uses the same model for 4,300 steps (20 epochs of 55K images); no paper reports this
 sequence-classification setting — it is efftx's offline stand-in. Measured here: see experiments/tasks/README.md.
 """
+
 from efftx import config as config_lib
 
 

@@ -14,6 +14,7 @@ Reference accuracies (test, LRA Table 1): Transformer 36.37, Reformer 37.27, Lin
 FNet paper: FNet 35.33. A full run is for an accelerator: at length 2000 a step of the attention model on the
 2-core CPU takes seconds; preparing the data takes about two minutes of plain Python, once.
 """
+
 from efftx import config as config_lib
 
 

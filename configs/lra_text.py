@@ -15,6 +15,7 @@ peaks at 0.05/√8000 = 5.6e-4: here AdamW with that peak, the same warmup, cosi
 efftx the mean of real tokens. Reference accuracy (LRA Table 1): Transformer 64.27, Linear Transformer 65.90,
 Reformer 56.10, Local attention 52.98; FNet paper: FNet 65.11.
 """
+
 from efftx import config as config_lib
 
 

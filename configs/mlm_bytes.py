@@ -16,6 +16,7 @@ Here: bytes of the Python standard library (no NSP), a 4-layer, 256-wide encoder
 CPU/GPU-sized version. FNet-Base's GLUE average after its pre-training: 76.7 (BERT-Base 83.3); those numbers
 need the real scale and vocabulary.
 """
+
 import os
 
 from efftx import config as config_lib

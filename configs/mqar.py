@@ -25,6 +25,7 @@ after 3,000 steps with flax's default LeCun-normal kernels (init_std 0) — gues
 values; an independent plain-JAX model showed the same split (100 % vs 25.2 % at 1,500 steps;
 experiments/mqar/init_check.py, experiments/mqar/README.md).
 """
+
 from efftx import config as config_lib
 from efftx.data import mqar
 
@@ -36,8 +37,15 @@ def get_config(arg: str | None = None):
     raise config_lib.UserError(f"setting={args.setting}: choose from {', '.join(settings)}")
   setting = settings[args.setting]
   config = config_lib.default_config(args.mixer)
-  config.model.update(causal=True, d_model=args.d_model, num_layers=2, d_ff=2 * args.d_model,
-                      max_len=setting.seq_len, dropout=0.0, init_std=0.02)
+  config.model.update(
+    causal=True,
+    d_model=args.d_model,
+    num_layers=2,
+    d_ff=2 * args.d_model,
+    max_len=setting.seq_len,
+    dropout=0.0,
+    init_std=0.02,
+  )
   config_lib.set_where_declared(config.mixer, num_heads=1, window=setting.seq_len)  # where the mixer has them
   # Zoology: batch 32 in its first example (64x4_v256), 512 in Figure 2 (256 at length 256 and above)
   batch_size = 32 if setting.name == "64x4_v256" else 256 if setting.seq_len >= 256 else 512

@@ -11,6 +11,7 @@ data first adds ~30 s):
   fnet:      validation accuracy 42.8 % after 1,500 steps, 1 min 34 s
   every other mixer: 40.3–44.8 % (experiments/quickstart/README.md)
 """
+
 from efftx import config as config_lib
 
 

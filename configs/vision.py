@@ -32,6 +32,7 @@ needs TensorFlow). Not DeiT's recipe, so expect less than its numbers: every spl
 (random-resized crop, flip, RandAugment, mixup, cutmix, random erasing, repeated augmentation) — and there is no
 stochastic depth (DeiT-S: 0.1), label smoothing (0.1) or floor of the cosine (DeiT: 1e-5). Not run here yet.
 """
+
 from efftx import config as config_lib
 from efftx import patterns
 
@@ -75,9 +76,18 @@ def get_config(arg: str | None = None):
     config.data.update(task="imagenet", variant="default")
     # DeiT-S (deit/models.py: deit_small_patch16_224): patch 16, width 384, depth 12, 6 heads, MLP ratio 4,
     # LayerNorm eps 1e-6, exact GELU, a [CLS] token; no dropout (its stochastic depth 0.1 is not available here).
-    config.model.update(max_len=224 * 224 * 3, patch_size=16, d_model=384, num_layers=12, d_ff=1536, dropout=0.0,
-                        pooling="cls", norm_eps=1e-6, activation="gelu",
-                        dtype="bfloat16")  # DeiT trains in mixed precision (torch AMP)
+    config.model.update(
+      max_len=224 * 224 * 3,
+      patch_size=16,
+      d_model=384,
+      num_layers=12,
+      d_ff=1536,
+      dropout=0.0,
+      pooling="cls",
+      norm_eps=1e-6,
+      activation="gelu",
+      dtype="bfloat16",
+    )  # DeiT trains in mixed precision (torch AMP)
     config_lib.set_where_declared(config.mixer, num_heads=6)  # DeiT-S's heads, for every mixer with heads ...
     mixers = patterns.mixer_names(config.model.mixer)
     if "aft_conv" in mixers:  # ... but AFT-conv: one key channel per head, the paper's "384 heads"
@@ -93,7 +103,7 @@ def get_config(arg: str | None = None):
     config.optim.warmup_steps = IMAGENET_WARMUP_EPOCHS * IMAGENET_TRAIN_IMAGES // IMAGENET_BATCH
     config.total_steps = IMAGENET_EPOCHS * IMAGENET_TRAIN_IMAGES // IMAGENET_BATCH
     config.log_every = 100
-    config.eval_every = 12_500       # ~10 epochs (the 50,000 validation images)
+    config.eval_every = 12_500  # ~10 epochs (the 50,000 validation images)
     config.checkpoint_every = 2_500  # ~2 epochs
   # Windowed mixers (local, aft_local): the window reaches the patches one grid row above and below in raster order
   # (|t − t'| ≤ the grid's width).

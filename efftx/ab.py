@@ -1,4 +1,5 @@
 """`python -m efftx.ab`: runs efftx.perf.ab (see there)."""
+
 import runpy
 
 if __name__ == "__main__":  # as `python -m efftx.perf.ab`: its own __main__ block, its docstring as --help

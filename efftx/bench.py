@@ -1,4 +1,5 @@
 """`python -m efftx.bench`: runs efftx.perf.bench (see there)."""
+
 import runpy
 
 if __name__ == "__main__":  # as `python -m efftx.perf.bench`: its own __main__ block, its docstring as --help

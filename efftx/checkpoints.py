@@ -6,6 +6,7 @@ A workdir is a local folder or a bucket path (gs://bucket/folder), reached throu
 handling: etils epath (gcsfs) here, orbax's TensorStore for checkpoints, tensorboardX's google-cloud-storage writer
 for event files. The differences a bucket makes: no lock (an object store has none), and files rewritten whole
 instead of appended to (efftx.metrics)."""
+
 from __future__ import annotations
 
 import datetime
@@ -20,11 +21,9 @@ import sys
 from absl import logging
 from etils import epath
 import jax
-import ml_collections
-import numpy as np
-import orbax.checkpoint as ocp
-
 from jax.experimental import multihost_utils
+import ml_collections
+import orbax.checkpoint as ocp
 
 from efftx import saved_configs
 from efftx import sharding
@@ -73,20 +72,33 @@ class WorkdirLock:
       raise UserError(f"cannot create --workdir={workdir}: {e.strerror or e}") from None
     if on_bucket(workdir):
       if self._running.exists():
-        logging.warning("%s may be in use by another run (%s): a bucket has no lock, so if that run is still "
-                        "going, stop one of the two", workdir, self._holder())
+        logging.warning(
+          "%s may be in use by another run (%s): a bucket has no lock, so if that run is still "
+          "going, stop one of the two",
+          workdir,
+          self._holder(),
+        )
     else:
       try:
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except BlockingIOError:
         os.close(self._fd)
-        raise UserError(f"{workdir} is in use by another run ({self._holder()}): wait for it to end or stop it, "
-                        "or use another --workdir") from None
+        raise UserError(
+          f"{workdir} is in use by another run ({self._holder()}): wait for it to end or stop it, "
+          "or use another --workdir"
+        ) from None
       except OSError as e:  # a filesystem without locks: go on, unprotected
         logging.warning("cannot lock %s (%s): nothing stops a second run from writing into it", workdir, e.strerror)
     try:
-      self._running.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                           "since": datetime.datetime.now().isoformat(timespec="seconds")}))
+      self._running.write_text(
+        json.dumps(
+          {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": datetime.datetime.now().isoformat(timespec="seconds"),
+          }
+        )
+      )
     except OSError as e:
       self.release()
       raise UserError(f"cannot write in --workdir={workdir}: {e.strerror or e}") from None
@@ -110,8 +122,10 @@ def manager(workdir: epath.PathLike, keep: int) -> ocp.CheckpointManager:
   """workdir/checkpoints, keeping the last `keep`. A save is written to a temporary folder and renamed when
   complete (on a bucket: marked complete by a last file, commit_success.txt), so a run killed while saving leaves
   the previous checkpoints as they were; the temporary folder is removed when the next run opens the manager."""
-  return ocp.CheckpointManager(epath.Path(workdir) / "checkpoints", options=ocp.CheckpointManagerOptions(
-      max_to_keep=keep, create=True, cleanup_tmp_directories=True))
+  return ocp.CheckpointManager(
+    epath.Path(workdir) / "checkpoints",
+    options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True),
+  )
 
 
 def has_checkpoint(workdir: epath.PathLike) -> bool:
@@ -199,8 +213,9 @@ def restore(checkpoints: ocp.CheckpointManager, step: int, abstract_state: train
   return checkpoints.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))["state"]
 
 
-def restore_latest_readable(checkpoints: ocp.CheckpointManager,
-                            abstract_state: trainer.TrainState) -> tuple[trainer.TrainState, int]:
+def restore_latest_readable(
+  checkpoints: ocp.CheckpointManager, abstract_state: trainer.TrainState
+) -> tuple[trainer.TrainState, int]:
   """(state, step) of the newest checkpoint that restores (see `restore`). Newer ones that do not (truncated or
   missing files: a disk that filled up, a copy cut short) are moved to workdir/unreadable_checkpoints/ with a
   warning naming both steps; if none restores, UserError says so and how to start over."""
@@ -221,9 +236,12 @@ def restore_latest_readable(checkpoints: ocp.CheckpointManager,
     # that lands inside a later compile can fail it.
     gc.collect()
   else:
-    raise UserError(f"no checkpoint in {checkpoints.directory} can be read (" + "; ".join(
-        f"step {s}: {why}" for s, why in failed) + f"): to start over, remove {checkpoints.directory} or use "
-        "another --workdir")
+    raise UserError(
+      f"no checkpoint in {checkpoints.directory} can be read ("
+      + "; ".join(f"step {s}: {why}" for s, why in failed)
+      + f"): to start over, remove {checkpoints.directory} or use "
+      "another --workdir"
+    )
   if failed:
     _set_aside(checkpoints, failed, step)
   logging.info("resuming from %s at step %d", checkpoints.directory, step)
@@ -258,11 +276,18 @@ def _set_aside(checkpoints: ocp.CheckpointManager, failed: list[tuple[int, str]]
     if jax.process_index() == 0:
       aside.mkdir(parents=True, exist_ok=True)
       if not (aside / "README.txt").exists():  # also makes the folder exist on a bucket, where a move needs it
-        (aside / "README.txt").write_text("Checkpoints efftx could not read when resuming, set aside as "
-                                          "<step>-<when>; the run went on from an earlier one.\n")
+        (aside / "README.txt").write_text(
+          "Checkpoints efftx could not read when resuming, set aside as "
+          "<step>-<when>; the run went on from an earlier one.\n"
+        )
       _folder(checkpoints, step).rename(aside / f"{step}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-    logging.warning("checkpoint %d cannot be read (%s); resuming from step %d instead (the unreadable one is in %s)",
-                    step, why, good_step, aside)
+    logging.warning(
+      "checkpoint %d cannot be read (%s); resuming from step %d instead (the unreadable one is in %s)",
+      step,
+      why,
+      good_step,
+      aside,
+    )
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("efftx: unreadable checkpoints set aside")
   checkpoints.reload()
@@ -285,12 +310,15 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: epath.PathLike) -
       if key in ("data_dir", "worker_count", "read_threads"):
         continue
       if saved[section].get(key) != value:
-        raise UserError(f"{workdir} holds a run with config.{section}.{key}={saved[section].get(key)!r}, "
-                        f"not {value!r}: use another --workdir, or the same config to resume")
+        raise UserError(
+          f"{workdir} holds a run with config.{section}.{key}={saved[section].get(key)!r}, "
+          f"not {value!r}: use another --workdir, or the same config to resume"
+        )
 
 
-def restore_params(path: str, step: int | None = None,
-                   mesh: jax.sharding.Mesh | None = None) -> tuple[ml_collections.ConfigDict, dict, int]:
+def restore_params(
+  path: str, step: int | None = None, mesh: jax.sharding.Mesh | None = None
+) -> tuple[ml_collections.ConfigDict, dict, int]:
   """(config, parameters, step) of a run: `path` is its workdir or workdir/checkpoints/<step>; `step` (default:
   the one in the path, else the latest) picks the checkpoint. The parameters are laid out on `mesh` by the rule
   of efftx.sharding (default: on one device)."""
@@ -301,22 +329,27 @@ def restore_params(path: str, step: int | None = None,
     if path.name.isdigit() and path.parent.name == "checkpoints" and (path.parent.parent / "config.json").exists():
       path, step = path.parent.parent, int(path.name) if step is None else step
     else:
-      raise UserError(f"{path} is neither a training run's workdir (with config.json) nor "
-                      "<workdir>/checkpoints/<step>")
+      raise UserError(f"{path} is neither a training run's workdir (with config.json) nor <workdir>/checkpoints/<step>")
   config = read_config(path)
   if not (path / "checkpoints").is_dir():
     raise UserError(f"{path} has no checkpoint yet")
-  checkpoints = ocp.CheckpointManager(path / "checkpoints",
-                                      options=ocp.CheckpointManagerOptions(create=False, read_only=True))
+  checkpoints = ocp.CheckpointManager(
+    path / "checkpoints", options=ocp.CheckpointManagerOptions(create=False, read_only=True)
+  )
   steps = sorted(checkpoints.all_steps())
   step = steps[-1] if step is None and steps else step
   if step is None or step not in steps:
-    raise UserError(f"{path} has no checkpoint" + (
-        f" at step {step} (its checkpoints: {', '.join(map(str, steps)) or 'none'})" if step is not None else " yet"))
+    raise UserError(
+      f"{path} has no checkpoint"
+      + (f" at step {step} (its checkpoints: {', '.join(map(str, steps)) or 'none'})" if step is not None else " yet")
+    )
   model = trainer.parts(config).model
   shapes = jax.eval_shape(lambda: trainer.init_params(model, jax.random.key(0)))
-  layout = (sharding.shardings(mesh, shapes) if mesh is not None else
-            jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), shapes))
+  layout = (
+    sharding.shardings(mesh, shapes)
+    if mesh is not None
+    else jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), shapes)
+  )
   abstract_params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, layout)
   target = {"params": abstract_params}
   damage = _damage(path / "checkpoints" / str(step))
@@ -325,8 +358,14 @@ def restore_params(path: str, step: int | None = None,
     raise UserError(f"checkpoint {step} of {path} cannot be read ({damage})")
   _quiet_failed_reads()
   try:
-    restored = checkpoints.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+    restored = checkpoints.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(
+          target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+        )
+      ),
+    )
   except Exception as e:  # pylint: disable=broad-except  # truncated or missing files
     raise UserError(f"checkpoint {step} of {path} cannot be read ({_reason(e)})") from None
   finally:

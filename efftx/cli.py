@@ -1,5 +1,6 @@
 """What every entry point shares on the command line: one-line errors and exit code 2, the check of its flags, the
 explanation of a bad --config or override, the default config file, and quieter library logs."""
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,10 @@ def explain_flag_error(argv: list[str], error: Exception) -> str | None:
       message = raised_by(path, "loading the file", e)
       return message and f"--config={config_arg}: {message}"
     if "get_config" not in module:
-      return (f"--config={config_arg}: the file has no get_config function (a config file defines "
-              "get_config(arg=None) returning its ConfigDict)")
+      return (
+        f"--config={config_arg}: the file has no get_config function (a config file defines "
+        "get_config(arg=None) returning its ConfigDict)"
+      )
     try:
       config = module["get_config"](*([arg] if arg else []))
     except Exception as e:  # pylint: disable=broad-except
@@ -59,11 +62,11 @@ def explain_flag_error(argv: list[str], error: Exception) -> str | None:
   return _first_line(error)
 
 
-def _missing_field(config: ml_collections.ConfigDict, parent: str, node: ml_collections.ConfigDict,
-                   part: str) -> str:
+def _missing_field(config: ml_collections.ConfigDict, parent: str, node: ml_collections.ConfigDict, part: str) -> str:
   """Why `parent.part` does not exist: a mixer option the chosen mixer lacks, a mixer option set in the wrong
   section, or a typo (with the closest field)."""
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+
   mixer = config.model.mixer
   spec = MIXERS.get(mixer)
   if parent == "config.mixer" and spec:
@@ -123,8 +126,10 @@ def default_config_file() -> str | None:
   return spec.origin if spec is not None and spec.origin is not None else None
 
 
-NO_DEFAULT_CONFIG = ("no --config given, and no default: efftx.configs is not installed and no configs/ is beside "
-                     "the efftx package; pass --config=PATH/TO/configs/quickstart.py")
+NO_DEFAULT_CONFIG = (
+  "no --config given, and no default: efftx.configs is not installed and no configs/ is beside "
+  "the efftx package; pass --config=PATH/TO/configs/quickstart.py"
+)
 
 
 def _names_efftx(pyproject: str) -> bool:
@@ -139,9 +144,13 @@ def quiet_library_logs() -> None:
   """Orbax logs every step of every save and restore at INFO (and warns that a manager opened read-only to read a
   run's parameters is read-only), TFDS every dataset it opens: keep the entry points' own lines readable."""
   from absl import logging  # pylint: disable=g-import-not-at-top
-  logging.get_absl_handler().addFilter(lambda record: not any(
-      f"/{lib}/" in record.pathname for lib in ("orbax", "tensorflow_datasets")) or (
-          record.levelno >= 30 and "read only" not in record.getMessage().replace("_", " ")))
+
+  logging.get_absl_handler().addFilter(
+    lambda record: (
+      not any(f"/{lib}/" in record.pathname for lib in ("orbax", "tensorflow_datasets"))
+      or (record.levelno >= 30 and "read only" not in record.getMessage().replace("_", " "))
+    )
+  )
 
 
 def exit_with(prog: str, message: str) -> None:

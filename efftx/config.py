@@ -9,6 +9,7 @@ writes anything. Reading a run's config.json: efftx/saved_configs.py; the comman
 
     python -m efftx.config    # config.model's fields: default, allowed values, meaning
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -33,43 +34,43 @@ def default_config(mixer: str = model_lib.CONFIG_FIELDS["mixer"].default) -> ml_
   c.mixer = mixer_options(mixer)
 
   c.data = ml_collections.ConfigDict()
-  c.data.task = "listops"            # a key of efftx.data.TASKS
-  c.data.variant = "small"           # the task's dataset variant (ListOps: full, small, tiny; MQAR: 256x16; ...)
-  c.data.objective = ""              # "" = the task's own ("classify" or "lm"); "mlm" = masked-LM on a text task
-  c.data.truncate = False            # cut examples longer than max_len (LRA text does); False: refuse them
-  c.data.batch_size = 32             # global batch (examples per step, all processes together)
-  c.data.data_dir = ""               # where TFDS data is prepared and read; "" = ~/tensorflow_datasets
-  c.data.corpus_dir = ""             # tasks read from local files: their folder (bytes "files", fashion_mnist)
-  c.data.worker_count = 0            # grain worker processes (0: read in the training process)
-  c.data.read_threads = 2            # grain reader threads per process
-  c.data.tokenizer = ""              # text tasks: a checkpoint's tokenizer (folder with tokenizer.json, a SentencePiece
-                                     # .model or vocab.txt; efftx/data/tokenizer.py) encodes the text as [CLS] a [SEP]
-                                     # b [SEP] with token types; "" = bytes
-  c.data.vocab_size = 0              # embedding rows; 0 = the task's (or the tokenizer's) vocabulary. A checkpoint
-                                     # whose embeddings hold more rows than its tokenizer has tokens needs its count
-  c.data.eval_examples = 0           # validation passes during training read the split's first N examples (0: all
-                                     # of it; a cheaper, fixed subset for short runs); efftx.evaluate reads all
+  c.data.task = "listops"  # a key of efftx.data.TASKS
+  c.data.variant = "small"  # the task's dataset variant (ListOps: full, small, tiny; MQAR: 256x16; ...)
+  c.data.objective = ""  # "" = the task's own ("classify" or "lm"); "mlm" = masked-LM on a text task
+  c.data.truncate = False  # cut examples longer than max_len (LRA text does); False: refuse them
+  c.data.batch_size = 32  # global batch (examples per step, all processes together)
+  c.data.data_dir = ""  # where TFDS data is prepared and read; "" = ~/tensorflow_datasets
+  c.data.corpus_dir = ""  # tasks read from local files: their folder (bytes "files", fashion_mnist)
+  c.data.worker_count = 0  # grain worker processes (0: read in the training process)
+  c.data.read_threads = 2  # grain reader threads per process
+  c.data.tokenizer = ""  # text tasks: a checkpoint's tokenizer (folder with tokenizer.json, a SentencePiece
+  # .model or vocab.txt; efftx/data/tokenizer.py) encodes the text as [CLS] a [SEP]
+  # b [SEP] with token types; "" = bytes
+  c.data.vocab_size = 0  # embedding rows; 0 = the task's (or the tokenizer's) vocabulary. A checkpoint
+  # whose embeddings hold more rows than its tokenizer has tokens needs its count
+  c.data.eval_examples = 0  # validation passes during training read the split's first N examples (0: all
+  # of it; a cheaper, fixed subset for short runs); efftx.evaluate reads all
 
   c.mesh = ml_collections.ConfigDict()
-  c.mesh.fsdp = 1                    # devices along the mesh's fsdp axis, over which parameters and AdamW state are
-                                     # split (efftx/sharding.py); the other devices form the data axis. 1: plain
-                                     # data parallelism (every device holds everything). Free to change on resume
+  c.mesh.fsdp = 1  # devices along the mesh's fsdp axis, over which parameters and AdamW state are
+  # split (efftx/sharding.py); the other devices form the data axis. 1: plain
+  # data parallelism (every device holds everything). Free to change on resume
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.learning_rate = 1e-3       # peak learning rate of AdamW, reached after warmup
-  c.optim.warmup_steps = 100         # linear warmup from 0 (steps); cosine decay to 0 afterwards
-  c.optim.weight_decay = 0.01        # decoupled AdamW weight decay (not applied to biases and norms)
-  c.optim.grad_clip = 1.0            # clip gradients to this global norm (0 disables)
+  c.optim.learning_rate = 1e-3  # peak learning rate of AdamW, reached after warmup
+  c.optim.warmup_steps = 100  # linear warmup from 0 (steps); cosine decay to 0 afterwards
+  c.optim.weight_decay = 0.01  # decoupled AdamW weight decay (not applied to biases and norms)
+  c.optim.grad_clip = 1.0  # clip gradients to this global norm (0 disables)
 
-  c.init_from = ""                   # fine-tune: a workdir (or workdir/checkpoints/<step>), or a Hugging Face BERT /
-                                     # FNet folder (efftx/hf.py), to load the encoder from; the head is new (a
-                                     # checkpoint's pooler is kept). "" = train from scratch
-  c.seed = 0                         # seeds parameters, dropout and the data order
-  c.total_steps = 1_000              # training steps
-  c.log_every = 50                   # steps between train-metric rows in metrics.jsonl / TensorBoard
-  c.eval_every = 250                 # steps between validation passes (and at the last step)
-  c.checkpoint_every = 250           # steps between checkpoints (and at the last step)
-  c.keep_checkpoints = 2             # checkpoints kept in workdir/checkpoints
+  c.init_from = ""  # fine-tune: a workdir (or workdir/checkpoints/<step>), or a Hugging Face BERT /
+  # FNet folder (efftx/hf.py), to load the encoder from; the head is new (a
+  # checkpoint's pooler is kept). "" = train from scratch
+  c.seed = 0  # seeds parameters, dropout and the data order
+  c.total_steps = 1_000  # training steps
+  c.log_every = 50  # steps between train-metric rows in metrics.jsonl / TensorBoard
+  c.eval_every = 250  # steps between validation passes (and at the last step)
+  c.checkpoint_every = 250  # steps between checkpoints (and at the last step)
+  c.keep_checkpoints = 2  # checkpoints kept in workdir/checkpoints
   return c
 
 
@@ -85,8 +86,9 @@ def mixer_options(mixer: str) -> ml_collections.ConfigDict:
 
 def _is_sectioned(mixer_config: ml_collections.ConfigDict) -> bool:
   """config.mixer holds one section per mixer (a pattern of several mixers), not one mixer's options."""
-  return bool(mixer_config) and all(name in MIXERS and isinstance(value, ml_collections.ConfigDict)
-                                    for name, value in mixer_config.items())
+  return bool(mixer_config) and all(
+    name in MIXERS and isinstance(value, ml_collections.ConfigDict) for name, value in mixer_config.items()
+  )
 
 
 def set_where_declared(mixer_config: ml_collections.ConfigDict, **options) -> None:
@@ -106,14 +108,16 @@ def smoke_schedule(config: ml_collections.ConfigDict) -> None:
   config.total_steps, config.log_every, config.eval_every, config.checkpoint_every = 4, 2, 4, 2
 
 
-def fine_tuning_schedule(config: ml_collections.ConfigDict, epochs: int, train_examples: int,
-                         learning_rate: float) -> None:
+def fine_tuning_schedule(
+  config: ml_collections.ConfigDict, epochs: int, train_examples: int, learning_rate: float
+) -> None:
   """FNet's GLUE fine-tuning schedule (f_net configs/classification.py) at config.data.batch_size: `epochs` passes
   over train_examples, 10 % of the steps warming up to learning_rate, weight decay 0.01, gradients clipped to 1,
   evaluated and checkpointed three times."""
   config.total_steps = max(1, epochs * train_examples // config.data.batch_size)
-  config.optim.update(learning_rate=learning_rate, warmup_steps=config.total_steps // 10, weight_decay=0.01,
-                      grad_clip=1.0)
+  config.optim.update(
+    learning_rate=learning_rate, warmup_steps=config.total_steps // 10, weight_decay=0.01, grad_clip=1.0
+  )
   config.log_every = 50
   config.eval_every = max(1, config.total_steps // 3)
   config.checkpoint_every = config.eval_every
@@ -161,67 +165,90 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   built_for = _built_for(config.mixer)
   if built_for is not None and set(built_for) != set(names):  # --config.model.mixer=fnet on an attention config
     held = f"mixer '{built_for[0]}'" if len(built_for) == 1 else "mixers " + ", ".join(built_for)
-    raise UserError(f"config.mixer holds the options of {held}, not of '{m.mixer}': choose the "
-                    f"mixer in the config argument (--config=FILE:mixer={m.mixer}), which fills config.mixer with "
-                    "its options")
+    raise UserError(
+      f"config.mixer holds the options of {held}, not of '{m.mixer}': choose the "
+      f"mixer in the config argument (--config=FILE:mixer={m.mixer}), which fills config.mixer with "
+      "its options"
+    )
   if d.task not in TASKS:
     raise UserError(f"config.data.task='{d.task}' is not a task; choose from: {', '.join(TASKS)}")
   if "://" in (d.data_dir or ""):  # google/array_record#120: its reader is riegeli's FdReader
-    raise UserError(f"config.data.data_dir='{d.data_dir}': array_record, the format efftx reads, opens local "
-                    "files only; mount the bucket (gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and set "
-                    "config.data.data_dir=/mnt/BUCKET/...")
+    raise UserError(
+      f"config.data.data_dir='{d.data_dir}': array_record, the format efftx reads, opens local "
+      "files only; mount the bucket (gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and set "
+      "config.data.data_dir=/mnt/BUCKET/..."
+    )
   from efftx.data import task_of  # pylint: disable=g-import-not-at-top
+
   task = task_of(config)  # raises for a tokenizer that cannot be read or a task without text
   variants = task.variant_names()
   if d.variant not in variants:
-    raise UserError(f"config.data.variant='{d.variant}' is not a variant of {d.task}; "
-                    f"choose from: {', '.join(variants)}")
+    raise UserError(
+      f"config.data.variant='{d.variant}' is not a variant of {d.task}; choose from: {', '.join(variants)}"
+    )
   if m.reversible and not m.d_ff:
-    raise UserError("config.model.reversible=True needs a feed-forward sublayer (d_ff > 0): it is the coupling's "
-                    "second branch")
+    raise UserError(
+      "config.model.reversible=True needs a feed-forward sublayer (d_ff > 0): it is the coupling's second branch"
+    )
   if m.reversible and m.block_layout != "pre_ln":
-    raise UserError("config.model.reversible=True needs block_layout='pre_ln': a reversible coupling's branches "
-                    "normalise their own inputs")
+    raise UserError(
+      "config.model.reversible=True needs block_layout='pre_ln': a reversible coupling's branches "
+      "normalise their own inputs"
+    )
   if m.pooling == "first" and not d.tokenizer:
-    raise UserError("config.model.pooling='first' classifies from the input's own first token, the [CLS] a "
-                    "checkpoint's tokenizer puts there: set config.data.tokenizer (or pooling='cls' for a learned one)")
+    raise UserError(
+      "config.model.pooling='first' classifies from the input's own first token, the [CLS] a "
+      "checkpoint's tokenizer puts there: set config.data.tokenizer (or pooling='cls' for a learned one)"
+    )
   if d.tokenizer and m.type_vocab_size == 1:
-    raise UserError("config.model.type_vocab_size=1: a tokenizer's sentence pairs have token types 0 and 1 (set 2 "
-                    "or more, or 0 to ignore them)")
+    raise UserError(
+      "config.model.type_vocab_size=1: a tokenizer's sentence pairs have token types 0 and 1 (set 2 "
+      "or more, or 0 to ignore them)"
+    )
   if m.type_vocab_size and m.patch_size:
     raise UserError("config.model.type_vocab_size > 0 embeds text segments; patch embeddings have none")
   if m.pooling == "cls" and m.ff_chunk_size and (m.max_len + 1) % m.ff_chunk_size:
-    raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must divide max_len + 1 = {m.max_len + 1} "
-                    "(pooling='cls' adds a position)")
+    raise UserError(
+      f"config.model.ff_chunk_size={m.ff_chunk_size} must divide max_len + 1 = {m.max_len + 1} "
+      "(pooling='cls' adds a position)"
+    )
   if m.ff_chunk_size and m.max_len % m.ff_chunk_size:
     raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
   patterns.check(m.mixer, config.mixer, m.num_layers, m.d_model, m.causal)
   if m.patch_size:
     shape = task.image_shape
     if shape is None:
-      raise UserError(f"config.model.patch_size={m.patch_size}: task '{d.task}' is not an image task; tasks whose "
-                      f"tokens are pixels: {', '.join(n for n, t in TASKS.items() if t.image_shape)}")
+      raise UserError(
+        f"config.model.patch_size={m.patch_size}: task '{d.task}' is not an image task; tasks whose "
+        f"tokens are pixels: {', '.join(n for n, t in TASKS.items() if t.image_shape)}"
+      )
     if shape[0] % m.patch_size or shape[1] % m.patch_size:
-      raise UserError(f"config.model.patch_size={m.patch_size} must divide the {shape[0]}×{shape[1]} images of "
-                      f"task '{d.task}'")
+      raise UserError(
+        f"config.model.patch_size={m.patch_size} must divide the {shape[0]}×{shape[1]} images of task '{d.task}'"
+      )
     if m.max_len != shape[0] * shape[1] * shape[2]:
-      raise UserError(f"config.model.max_len={m.max_len}: an image of task '{d.task}' is "
-                      f"{shape[0]}×{shape[1]}×{shape[2]} = {shape[0] * shape[1] * shape[2]} pixel tokens")
+      raise UserError(
+        f"config.model.max_len={m.max_len}: an image of task '{d.task}' is "
+        f"{shape[0]}×{shape[1]}×{shape[2]} = {shape[0] * shape[1] * shape[2]} pixel tokens"
+      )
   if task.max_len and m.max_len > task.max_len:
-    raise UserError(f"config.model.max_len={m.max_len}: task '{d.task}' examples hold at most "
-                    f"{task.max_len} tokens")
+    raise UserError(f"config.model.max_len={m.max_len}: task '{d.task}' examples hold at most {task.max_len} tokens")
   objectives.for_run(config, task)  # the objective's own rules (an LM must be causal, ...)
   reads_folder = task.local and d.variant in getattr(task.dataset, "MANUAL_DIR_VARIANTS", ())
   if d.corpus_dir and not reads_folder:
-    raise UserError(f"config.data.corpus_dir is set, but task '{d.task}' ({d.variant}) does not read a folder "
-                    "(bytes with variant files, fashion_mnist, fashion_mnist_ar do)")
+    raise UserError(
+      f"config.data.corpus_dir is set, but task '{d.task}' ({d.variant}) does not read a folder "
+      "(bytes with variant files, fashion_mnist, fashion_mnist_ar do)"
+    )
   if reads_folder and not d.corpus_dir and not getattr(task.dataset, "DEFAULT_MANUAL_DIR", None):
     raise UserError(f"task '{d.task}' ({d.variant}) reads a folder: set config.data.corpus_dir")
   if config.mesh.fsdp < 1 or num_devices % config.mesh.fsdp:
     raise UserError(f"config.mesh.fsdp={config.mesh.fsdp} must divide the {num_devices} devices")
   if d.batch_size < 1 or d.batch_size % num_devices:
-    raise UserError(f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
-                    f"{num_devices} devices it is sharded over")
+    raise UserError(
+      f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
+      f"{num_devices} devices it is sharded over"
+    )
   if d.eval_examples < 0:
     raise UserError(f"config.data.eval_examples={d.eval_examples} must be >= 0 (0: the whole split)")
   if o.learning_rate <= 0 or o.warmup_steps < 0 or o.weight_decay < 0 or o.grad_clip < 0:
@@ -247,8 +274,10 @@ def describe_model_fields() -> str:
   for name, field in model_lib.CONFIG_FIELDS.items():
     allowed = field.allowed()
     lines += [f"  {name} = {field.default!r}" + (f"  ({allowed})" if allowed else ""), f"      {field.help}"]
-  lines.append("config.mixer: the chosen mixer's options (python -m efftx.mixers); config.data, config.optim, "
-               "config.mesh and the top-level fields: efftx/config.py, default_config")
+  lines.append(
+    "config.mixer: the chosen mixer's options (python -m efftx.mixers); config.data, config.optim, "
+    "config.mesh and the top-level fields: efftx/config.py, default_config"
+  )
   return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ that papers report (ListOps test, Fashion-MNIST test, CIFAR-10 test, ...) — wr
 workdir/eval_<split>_<step>.json and prints one line. Runs on any number of devices and processes (the
 multi-process flags are efftx.train's), also while the run is still training.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,8 +65,13 @@ def evaluate(workdir: str, step: int | None = None, split: str = "validation") -
   params_sharding = jax.tree.map(lambda x: x.sharding, params)
   metrics = train.make_evaluator(config, parts, mesh, params_sharding, tfds_split)(params, prefix="")
   if jax.process_index() == 0:
-    record = {"step": step, "split": split, "tfds_split": tfds_split,
-              "examples": len(pipeline.source(config, tfds_split)), **metrics}
+    record = {
+      "step": step,
+      "split": split,
+      "tfds_split": tfds_split,
+      "examples": len(pipeline.source(config, tfds_split)),
+      **metrics,
+    }
     checkpoints.write_whole(workdir / f"eval_{split}_{step}.json", json.dumps(record, indent=2))
   return metrics, step
 
@@ -77,8 +83,10 @@ def main(argv: list[str]) -> None:
     sharding.use_cpu_cores()  # on a CPU: one device per core (the batch is rounded up to split over them)
     metrics, step = evaluate(_WORKDIR.value, _CHECKPOINT.value, _SPLIT.value)
   if jax.process_index() == 0:
-    print(f"{_SPLIT.value} at step {step}: {metrics_lib.fmt(metrics)} "
-          f"(written to {checkpoints.run_folder(_WORKDIR.value) / f'eval_{_SPLIT.value}_{step}.json'})")
+    print(
+      f"{_SPLIT.value} at step {step}: {metrics_lib.fmt(metrics)} "
+      f"(written to {checkpoints.run_folder(_WORKDIR.value) / f'eval_{_SPLIT.value}_{step}.json'})"
+    )
     sys.stdout.flush()
 
 

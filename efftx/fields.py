@@ -3,6 +3,7 @@
 A mixer's options (`MixerSpec.options`, efftx/mixers/spec.py) and config.model's fields (`CONFIG_FIELDS`,
 efftx/model.py) are `Field`s; `check` raises UserError naming the config path, the value and what is allowed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,19 +16,18 @@ from efftx.errors import UserError
 class Field:
   """One field: its one-line meaning, default (a mixer option's is its module field's) and allowed values."""
 
-  help: str                               # one line: meaning and unit
-  default: Any = None                     # config.model's default; None for a mixer option (its module field's)
+  help: str  # one line: meaning and unit
+  default: Any = None  # config.model's default; None for a mixer option (its module field's)
   choices: tuple[Any, ...] | None = None  # allowed values, if a fixed set
-  at_least: float | None = None           # smallest allowed value
-  above: float | None = None              # values must be strictly larger
-  below: float | None = None              # values must be strictly smaller
+  at_least: float | None = None  # smallest allowed value
+  above: float | None = None  # values must be strictly larger
+  below: float | None = None  # values must be strictly smaller
 
   def allowed(self) -> str:
     """The allowed values in words ("one of a, b", "in [0, 1)", "≥ 0", ...; "" when any value is)."""
     if self.choices is not None:
       return "one of " + ", ".join(map(str, self.choices))
-    low = (f"[{self.at_least:g}" if self.at_least is not None else
-           f"({self.above:g}" if self.above is not None else None)
+    low = f"[{self.at_least:g}" if self.at_least is not None else f"({self.above:g}" if self.above is not None else None
     if low and self.below is not None:
       return f"in {low}, {self.below:g})"
     if self.at_least == 1 and type(self.default) is int:  # pylint: disable=unidiomatic-typecheck

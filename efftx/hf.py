@@ -34,6 +34,7 @@ Legacy LayerNorm names (gamma / beta) are read as HF reads them. FNet's padding:
 the converted FNet mixer has padding="mix" (pad with the tokenizer's pad id, as HF's users do).
 Checked against the HF models' outputs in tests/test_hf.py (fixtures made by tests/fixtures/make_hf_fixtures.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -52,23 +53,43 @@ _EXPORTED_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 _LEGACY_NAMES = {".LayerNorm.gamma": ".LayerNorm.weight", ".LayerNorm.beta": ".LayerNorm.bias"}
 # The config fields that make a converted encoder the checkpoint's function: a run that fine-tunes from a
 # checkpoint (init_from) must have the same values.
-ARCHITECTURE = {"model": ("mixer", "causal", "d_model", "num_layers", "d_ff", "block_layout", "embed_projection",
-                          "norm_eps", "activation", "type_vocab_size", "reversible", "patch_size"),
-                "mixer": ("num_heads", "padding")}
+ARCHITECTURE = {
+  "model": (
+    "mixer",
+    "causal",
+    "d_model",
+    "num_layers",
+    "d_ff",
+    "block_layout",
+    "embed_projection",
+    "norm_eps",
+    "activation",
+    "type_vocab_size",
+    "reversible",
+    "patch_size",
+  ),
+  "mixer": ("num_heads", "padding"),
+}
 
 
 def _refuse_unsupported(hf_config: dict) -> None:
   """One line for each HF setting that would convert into a different model without a word."""
   position = hf_config.get("position_embedding_type", "absolute")
   if position != "absolute":
-    raise UserError(f"position_embedding_type '{position}': efftx converts absolute position embeddings only "
-                    "(relative distance embeddings have no efftx counterpart)")
+    raise UserError(
+      f"position_embedding_type '{position}': efftx converts absolute position embeddings only "
+      "(relative distance embeddings have no efftx counterpart)"
+    )
   if hf_config.get("is_decoder") or hf_config.get("add_cross_attention") or hf_config.get("is_encoder_decoder"):
-    raise UserError("is_decoder / add_cross_attention / is_encoder_decoder: efftx converts bidirectional encoders "
-                    "only (a causal BERT would need causal attention and its decoder's cross-attention)")
+    raise UserError(
+      "is_decoder / add_cross_attention / is_encoder_decoder: efftx converts bidirectional encoders "
+      "only (a causal BERT would need causal attention and its decoder's cross-attention)"
+    )
   if hf_config.get("pruned_heads"):
-    raise UserError(f"pruned_heads {hf_config['pruned_heads']}: efftx's attention has num_attention_heads heads in "
-                    "every layer (a pruned checkpoint's layers have fewer)")
+    raise UserError(
+      f"pruned_heads {hf_config['pruned_heads']}: efftx's attention has num_attention_heads heads in "
+      "every layer (a pruned checkpoint's layers have fewer)"
+    )
 
 
 def _named(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -77,7 +98,7 @@ def _named(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   for name, value in weights.items():
     for old, new in _LEGACY_NAMES.items():
       if name.endswith(old):
-        name = name[:-len(old)] + new
+        name = name[: -len(old)] + new
     out[name] = value
   return out
 
@@ -95,8 +116,10 @@ def is_checkpoint(folder: str) -> bool:
 def _files(folder: str) -> tuple[str, str]:
   config_path, weights_path = os.path.join(folder, "config.json"), os.path.join(folder, "model.safetensors")
   if not os.path.exists(config_path) or not os.path.exists(weights_path):
-    raise UserError(f"{folder}: an HF checkpoint folder needs config.json and model.safetensors (a "
-                    "pytorch_model.bin needs torch to read: save it as safetensors first)")
+    raise UserError(
+      f"{folder}: an HF checkpoint folder needs config.json and model.safetensors (a "
+      "pytorch_model.bin needs torch to read: save it as safetensors first)"
+    )
   return config_path, weights_path
 
 
@@ -104,6 +127,7 @@ def _with_tokenizer(config: ml_collections.ConfigDict, folder: str) -> ml_collec
   """Where the folder holds a tokenizer, config.data names it and a text task to fine-tune on (GLUE SST-2, cut to
   max_len), so that the config is valid as it is."""
   from efftx.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+
   if tokenizer_lib.find(folder):
     config.data.update(tokenizer=os.path.abspath(folder), task="glue", variant="sst2", truncate=True)
   return config
@@ -113,6 +137,7 @@ def load(folder: str, max_len: int | None = None) -> tuple[ml_collections.Config
   """(config, parameters) of the HF checkpoint in `folder` (config.json and model.safetensors); config.data names
   the folder's tokenizer, if it has one (with GLUE SST-2 as its text task)."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
   config_path, weights_path = _files(folder)
   with open(config_path) as f:
     config, params = convert(json.load(f), load_file(weights_path), max_len)
@@ -123,6 +148,7 @@ def load_config(folder: str, max_len: int | None = None) -> ml_collections.Confi
   """`load`'s config alone, from config.json and the tensors' names and shapes in model.safetensors' header (no
   weights are read)."""
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+
   config_path, weights_path = _files(folder)
   with open(config_path) as f:
     hf_config = json.load(f)
@@ -131,8 +157,9 @@ def load_config(folder: str, max_len: int | None = None) -> ml_collections.Confi
   return _with_tokenizer(_config(hf_config, _named(shapes), max_len)[0], folder)
 
 
-def _config(hf_config: dict, shapes: dict[str, tuple[int, ...]], max_len: int | None
-            ) -> tuple[ml_collections.ConfigDict, str]:
+def _config(
+  hf_config: dict, shapes: dict[str, tuple[int, ...]], max_len: int | None
+) -> tuple[ml_collections.ConfigDict, str]:
   """(config, the weights' name prefix) from an HF config and its tensors' shapes by (current) name; raises
   UserError for what would convert into another model."""
   kind = hf_config.get("model_type")
@@ -147,33 +174,49 @@ def _config(hf_config: dict, shapes: dict[str, tuple[int, ...]], max_len: int | 
   if prefix is None:
     raise UserError(f"no {kind} embeddings in the weights (looked for embeddings.word_embeddings.weight)")
   num_layers = hf_config["num_hidden_layers"]
-  stored = {int(n[len(prefix + "encoder.layer."):].split(".")[0]) for n in shapes
-            if n.startswith(prefix + "encoder.layer.")}
+  stored = {
+    int(n[len(prefix + "encoder.layer.") :].split(".")[0]) for n in shapes if n.startswith(prefix + "encoder.layer.")
+  }
   if stored != set(range(num_layers)):
-    raise UserError(f"num_hidden_layers is {num_layers} but the weights hold layers "
-                    f"{', '.join(map(str, sorted(stored))) or 'none'}: a config and weights that do not match")
+    raise UserError(
+      f"num_hidden_layers is {num_layers} but the weights hold layers "
+      f"{', '.join(map(str, sorted(stored))) or 'none'}: a config and weights that do not match"
+    )
   positions = hf_config["max_position_embeddings"]
   max_len = max_len or positions
   if max_len > positions:
     raise UserError(f"max_len={max_len}: the checkpoint has {positions} position embeddings")
   types = shapes.get(prefix + "embeddings.token_type_embeddings.weight")
   config = config_lib.default_config("fnet" if kind == "fnet" else "attention")
-  config.model.update(d_model=hf_config["hidden_size"], d_ff=hf_config["intermediate_size"], num_layers=num_layers,
-                      max_len=max_len, causal=False, dropout=float(hf_config.get("hidden_dropout_prob", 0.1)),
-                      block_layout="post_ln", embed_projection=kind == "fnet",
-                      norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)), activation=_ACTIVATIONS[act],
-                      type_vocab_size=types[0] if types else 0, pooling="first")
+  config.model.update(
+    d_model=hf_config["hidden_size"],
+    d_ff=hf_config["intermediate_size"],
+    num_layers=num_layers,
+    max_len=max_len,
+    causal=False,
+    dropout=float(hf_config.get("hidden_dropout_prob", 0.1)),
+    block_layout="post_ln",
+    embed_projection=kind == "fnet",
+    norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
+    activation=_ACTIVATIONS[act],
+    type_vocab_size=types[0] if types else 0,
+    pooling="first",
+  )
   config.data.vocab_size = shapes[prefix + "embeddings.word_embeddings.weight"][0]  # its rows (≥ the tokenizer's)
   if kind == "fnet":
     config.mixer.update(fourier_impl="fft", padding="mix")
   else:
-    config.mixer.update(num_heads=hf_config["num_attention_heads"], attention_impl="plain",
-                        attention_dropout=float(hf_config.get("attention_probs_dropout_prob", 0.1)))
+    config.mixer.update(
+      num_heads=hf_config["num_attention_heads"],
+      attention_impl="plain",
+      attention_dropout=float(hf_config.get("attention_probs_dropout_prob", 0.1)),
+    )
   return config, prefix
 
 
-def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None = None
-            ) -> tuple[ml_collections.ConfigDict, dict]:
+def convert(
+  hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None = None
+) -> tuple[ml_collections.ConfigDict, dict]:
   """(config, parameters) from an HF FNet or BERT config dict and its weights by name."""
   weights = _named(weights)
   config, prefix = _config(hf_config, {name: np.shape(value) for name, value in weights.items()}, max_len)
@@ -187,29 +230,39 @@ def convert(hf_config: dict, weights: dict[str, np.ndarray], max_len: int | None
 
   dense = lambda name: {"kernel": w(f"{name}.weight").T, "bias": w(f"{name}.bias")}  # torch Linear: (out, in)
   norm = lambda name: {"scale": w(f"{name}.weight"), "bias": w(f"{name}.bias")}
-  params = {"embed": {"embedding": w("embeddings.word_embeddings.weight")},
-            "pos_embed": w("embeddings.position_embeddings.weight")[:max_len],
-            "embed_norm": norm("embeddings.LayerNorm")}
+  params = {
+    "embed": {"embedding": w("embeddings.word_embeddings.weight")},
+    "pos_embed": w("embeddings.position_embeddings.weight")[:max_len],
+    "embed_norm": norm("embeddings.LayerNorm"),
+  }
   if config.model.type_vocab_size:
     params["type_embed"] = {"embedding": w("embeddings.token_type_embeddings.weight")}
   if kind == "fnet":
     params["embed_projection"] = dense("embeddings.projection")
   for i in range(num_layers):
     layer = f"encoder.layer.{i}"
-    block = {"feed_forward": {"ff": {"up": dense(f"{layer}.intermediate.dense"),
-                                     "down": dense(f"{layer}.output.dense")}},
-             "feed_forward_norm": norm(f"{layer}.output.LayerNorm")}
+    block = {
+      "feed_forward": {"ff": {"up": dense(f"{layer}.intermediate.dense"), "down": dense(f"{layer}.output.dense")}},
+      "feed_forward_norm": norm(f"{layer}.output.LayerNorm"),
+    }
     if kind == "fnet":
       block["mixing_norm"] = norm(f"{layer}.fourier.output.LayerNorm")
     else:
       H = config.mixer.num_heads
       qkv = [dense(f"{layer}.attention.self.{n}") for n in ("query", "key", "value")]
       # HF splits the D outputs into heads as (H, D / H), head-major: efftx's DenseGeneral (D, 3, H, K) layout.
-      block["mixing"] = {"mixer": {
-          "qkv": {"kernel": np.stack([p["kernel"] for p in qkv], 1).reshape(D, 3, H, D // H),
-                  "bias": np.stack([p["bias"] for p in qkv], 0).reshape(3, H, D // H)},
-          "out": {"kernel": w(f"{layer}.attention.output.dense.weight").T.reshape(H, D // H, D),
-                  "bias": w(f"{layer}.attention.output.dense.bias")}}}
+      block["mixing"] = {
+        "mixer": {
+          "qkv": {
+            "kernel": np.stack([p["kernel"] for p in qkv], 1).reshape(D, 3, H, D // H),
+            "bias": np.stack([p["bias"] for p in qkv], 0).reshape(3, H, D // H),
+          },
+          "out": {
+            "kernel": w(f"{layer}.attention.output.dense.weight").T.reshape(H, D // H, D),
+            "bias": w(f"{layer}.attention.output.dense.bias"),
+          },
+        }
+      }
       block["mixing_norm"] = norm(f"{layer}.attention.output.LayerNorm")
     params[f"block_{i}"] = block
   if prefix + "pooler.dense.weight" in weights:
@@ -224,8 +277,9 @@ def mismatches(config: ml_collections.ConfigDict, checkpoint_config: ml_collecti
   for section, names in ARCHITECTURE.items():
     for name in names:
       if name in checkpoint_config[section] and config[section].get(name) != checkpoint_config[section][name]:
-        out.append(f"config.{section}.{name}={checkpoint_config[section][name]!r} "
-                   f"(this run: {config[section].get(name)!r})")
+        out.append(
+          f"config.{section}.{name}={checkpoint_config[section][name]!r} (this run: {config[section].get(name)!r})"
+        )
   return out
 
 
@@ -233,17 +287,21 @@ def _exportable(config: ml_collections.ConfigDict) -> str:
   """The HF model_type an efftx encoder converts to ("bert" or "fnet"); UserError naming the setting if none."""
   m, kind = config.model, {"attention": "bert", "fnet": "fnet"}.get(config.model.mixer)
   problems = [
-      (kind is None, f"mixer '{m.mixer}': HF has BERT (attention) and FNet (fnet) encoders"),
-      (m.block_layout != "post_ln", "block_layout='pre_ln': HF's BERT and FNet are post-LN"),
-      (m.causal, "causal=True: HF's BERT and FNet encoders are bidirectional"),
-      (m.reversible, "reversible=True: HF has no reversible BERT or FNet"),
-      (not m.d_ff, "d_ff=0: HF's blocks have a feed-forward sublayer"),
-      (m.patch_size > 0, "patch_size > 0: HF's BERT and FNet embed tokens"),
-      (m.pooling == "cls", "pooling='cls': a learned [CLS] vector has no HF counterpart (pooling='first' does)"),
-      (m.embed_projection != (kind == "fnet"), "embed_projection: HF's FNet has the embedding projection and "
-                                                "BERT has none"),
-      (kind == "fnet" and config.mixer.get("padding") != "mix", "FNet padding='zero': HF's FNet mixes padded "
-                                                                 "positions in (padding='mix')"),
+    (kind is None, f"mixer '{m.mixer}': HF has BERT (attention) and FNet (fnet) encoders"),
+    (m.block_layout != "post_ln", "block_layout='pre_ln': HF's BERT and FNet are post-LN"),
+    (m.causal, "causal=True: HF's BERT and FNet encoders are bidirectional"),
+    (m.reversible, "reversible=True: HF has no reversible BERT or FNet"),
+    (not m.d_ff, "d_ff=0: HF's blocks have a feed-forward sublayer"),
+    (m.patch_size > 0, "patch_size > 0: HF's BERT and FNet embed tokens"),
+    (m.pooling == "cls", "pooling='cls': a learned [CLS] vector has no HF counterpart (pooling='first' does)"),
+    (
+      m.embed_projection != (kind == "fnet"),
+      "embed_projection: HF's FNet has the embedding projection and BERT has none",
+    ),
+    (
+      kind == "fnet" and config.mixer.get("padding") != "mix",
+      "FNet padding='zero': HF's FNet mixes padded positions in (padding='mix')",
+    ),
   ]
   for bad, why in problems:
     if bad:
@@ -259,6 +317,7 @@ def export(config: ml_collections.ConfigDict, params: dict, folder: str, tokeniz
   own, which last_hidden_state does not use. `tokenizer`: a folder (its tokenizer files are copied) or one
   tokenizer file (it and its folder's settings are copied)."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
   kind = _exportable(config)
   m = config.model
   D = m.d_model
@@ -300,18 +359,29 @@ def export(config: ml_collections.ConfigDict, params: dict, folder: str, tokeniz
   tok = None
   if tokenizer:
     from efftx.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+
     tok = tokenizer_lib.load(tokenizer)
   hf_config = {
-      "architectures": ["BertModel" if kind == "bert" else "FNetModel"], "model_type": kind,
-      "vocab_size": int(out["embeddings.word_embeddings.weight"].shape[0]), "hidden_size": D,
-      "num_hidden_layers": m.num_layers, "intermediate_size": m.d_ff,
-      "hidden_act": _EXPORTED_ACTIVATIONS[m.activation], "hidden_dropout_prob": m.dropout,
-      "max_position_embeddings": int(out["embeddings.position_embeddings.weight"].shape[0]),
-      "type_vocab_size": int(types.shape[0]), "layer_norm_eps": m.norm_eps, "initializer_range": 0.02,
-      "pad_token_id": tok.pad_id if tok else (0 if kind == "bert" else 3)}
+    "architectures": ["BertModel" if kind == "bert" else "FNetModel"],
+    "model_type": kind,
+    "vocab_size": int(out["embeddings.word_embeddings.weight"].shape[0]),
+    "hidden_size": D,
+    "num_hidden_layers": m.num_layers,
+    "intermediate_size": m.d_ff,
+    "hidden_act": _EXPORTED_ACTIVATIONS[m.activation],
+    "hidden_dropout_prob": m.dropout,
+    "max_position_embeddings": int(out["embeddings.position_embeddings.weight"].shape[0]),
+    "type_vocab_size": int(types.shape[0]),
+    "layer_norm_eps": m.norm_eps,
+    "initializer_range": 0.02,
+    "pad_token_id": tok.pad_id if tok else (0 if kind == "bert" else 3),
+  }
   if kind == "bert":
-    hf_config.update(num_attention_heads=config.mixer.num_heads, position_embedding_type="absolute",
-                     attention_probs_dropout_prob=config.mixer.attention_dropout)
+    hf_config.update(
+      num_attention_heads=config.mixer.num_heads,
+      position_embedding_type="absolute",
+      attention_probs_dropout_prob=config.mixer.attention_dropout,
+    )
   else:
     hf_config.update(use_tpu_fourier_optimizations=False, tpu_short_seq_length=512)
   os.makedirs(folder, exist_ok=True)

@@ -1,4 +1,5 @@
 """Writing a run's metrics: metrics.jsonl and TensorBoard event files, and the train-throughput window."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ import numpy as np
 import tensorboardX
 
 from efftx import checkpoints
-
 
 # Per-step values that are not averaged into a logged row: the index of the first parameter whose gradient is not
 # finite (-1: none), read when a run diverges.
@@ -31,8 +31,11 @@ class MetricWriter:
     self._path = epath.Path(workdir) / "metrics.jsonl"
     self._rows = []
     if self._path.exists():
-      self._rows = [line for line in self._path.read_text().splitlines(keepends=True)
-                    if line.strip() and json.loads(line)["step"] <= start_step]
+      self._rows = [
+        line
+        for line in self._path.read_text().splitlines(keepends=True)
+        if line.strip() and json.loads(line)["step"] <= start_step
+      ]
       checkpoints.write_whole(self._path, "".join(self._rows))
     self._jsonl = None if checkpoints.on_bucket(workdir) else self._path.open("a")
     self._tb = tensorboardX.SummaryWriter(os.fspath(workdir / "tensorboard"), purge_step=start_step + 1)

@@ -7,12 +7,14 @@ allowed values; `python -m efftx.config` lists them); the head comes from the ob
 `OBJECTIVES["lm"].head(vocab, 0)`). The model knows nothing of data or objectives beyond that function. Applied as
 `model.apply(variables, tokens_BxL, mask=mask_BxL, deterministic=True)`.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable
+from typing import Any
 import zlib
 
 import flax.linen as nn
@@ -96,8 +98,9 @@ class MixingSublayer(nn.Module):
     h_BxLxD = x_BxLxD
     if self.pre_norm:  # statistics in float32 regardless
       h_BxLxD = nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name="norm")(x_BxLxD)
-    h_BxLxD = self.make_mixer(name="mixer")(h_BxLxD, mask=mask_BxL, deterministic=deterministic,
-                                            **({"decode": True} if decode else {}))
+    h_BxLxD = self.make_mixer(name="mixer")(
+      h_BxLxD, mask=mask_BxL, deterministic=deterministic, **({"decode": True} if decode else {})
+    )
     return nn.Dropout(self.dropout)(h_BxLxD, deterministic=deterministic)
 
 
@@ -122,10 +125,16 @@ class FeedForwardSublayer(nn.Module):
     if C and L > C and L % C == 0:
       # One chunk at a time (scan), each recomputed in the backward pass (remat): the B×C×d_ff hidden layer is
       # the only one alive, instead of B×L×d_ff.
-      chunked = nn.scan(nn.remat(_FeedForwardChunk), variable_broadcast="params",
-                        split_rngs={"params": False, "dropout": True}, in_axes=1, out_axes=1)
+      chunked = nn.scan(
+        nn.remat(_FeedForwardChunk),
+        variable_broadcast="params",
+        split_rngs={"params": False, "dropout": True},
+        in_axes=1,
+        out_axes=1,
+      )
       _, h_BxNxCxD = chunked(self.d_ff, self.dropout, deterministic, self.activation, name="chunks")(
-          None, h_BxLxD.reshape(B, L // C, C, D))
+        None, h_BxLxD.reshape(B, L // C, C, D)
+      )
       h_BxLxD = h_BxNxCxD.reshape(B, L, D)
     else:
       h_BxLxD = FeedForward(self.d_ff, self.dropout, self.activation, name="ff")(h_BxLxD, deterministic)
@@ -149,13 +158,20 @@ class Block(nn.Module):
   def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool, decode: bool = False) -> jax.Array:
     pre = self.layout == "pre_ln"
     post_norm = lambda name: (lambda x: x) if pre else nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name=name)
-    x_BxLxD = post_norm("mixing_norm")(x_BxLxD + MixingSublayer(
-        self.make_mixer, self.dropout, pre, self.norm_eps, name="mixing")(x_BxLxD, mask_BxL, deterministic, decode))
+    x_BxLxD = post_norm("mixing_norm")(
+      x_BxLxD
+      + MixingSublayer(self.make_mixer, self.dropout, pre, self.norm_eps, name="mixing")(
+        x_BxLxD, mask_BxL, deterministic, decode
+      )
+    )
     if not self.d_ff:
       return x_BxLxD
-    return post_norm("feed_forward_norm")(x_BxLxD + FeedForwardSublayer(
-        self.d_ff, self.dropout, self.ff_chunk_size, pre, self.norm_eps, self.activation, name="feed_forward")(
-            x_BxLxD, deterministic))
+    return post_norm("feed_forward_norm")(
+      x_BxLxD
+      + FeedForwardSublayer(
+        self.d_ff, self.dropout, self.ff_chunk_size, pre, self.norm_eps, self.activation, name="feed_forward"
+      )(x_BxLxD, deterministic)
+    )
 
 
 def declared(default: Any, help: str, **allowed: Any) -> Any:  # pylint: disable=redefined-builtin
@@ -180,38 +196,72 @@ class Transformer(nn.Module):
   image_shape: tuple[int, int, int] | None = None
   d_model: int = declared(128, "width of the residual stream (features per position)", at_least=1)
   num_layers: int = declared(2, "blocks (mixer sublayer + feed-forward sublayer)", at_least=1)
-  d_ff: int = declared(512, "hidden width of the feed-forward sublayer (features; 0: no feed-forward sublayer)",
-                       at_least=0)
+  d_ff: int = declared(
+    512, "hidden width of the feed-forward sublayer (features; 0: no feed-forward sublayer)", at_least=0
+  )
   max_len: int = declared(128, "sequence length every example is padded to (tokens)", at_least=1)
-  dropout: float = declared(0.1, "dropout rate on the embeddings, the residual branches and the feed-forward "
-                                 "hidden layer (a probability)", at_least=0, below=1)
-  dtype: str = declared("float32", "compute dtype; parameters and logits stay float32",
-                        choices=("float32", "bfloat16"))
-  reversible: bool = declared(False, "reversible (RevNet) couplings whose backward pass recomputes the activations "
-                                     "(efftx.reversible): activation memory independent of num_layers")
-  ff_chunk_size: int = declared(0, "feed-forward over chunks of this many positions, the same result with a lower "
-                                   "peak memory (0: all at once)", at_least=0)
-  block_layout: str = declared("pre_ln", '"pre_ln": x + F(LN x), a final LN; "post_ln": LN(x + F(x)), LN on the '
-                                         "embeddings, no final LN (BERT's and the published FNet's layout)",
-                               choices=BLOCK_LAYOUTS)
+  dropout: float = declared(
+    0.1,
+    "dropout rate on the embeddings, the residual branches and the feed-forward hidden layer (a probability)",
+    at_least=0,
+    below=1,
+  )
+  dtype: str = declared("float32", "compute dtype; parameters and logits stay float32", choices=("float32", "bfloat16"))
+  reversible: bool = declared(
+    False,
+    "reversible (RevNet) couplings whose backward pass recomputes the activations "
+    "(efftx.reversible): activation memory independent of num_layers",
+  )
+  ff_chunk_size: int = declared(
+    0,
+    "feed-forward over chunks of this many positions, the same result with a lower peak memory (0: all at once)",
+    at_least=0,
+  )
+  block_layout: str = declared(
+    "pre_ln",
+    '"pre_ln": x + F(LN x), a final LN; "post_ln": LN(x + F(x)), LN on the '
+    "embeddings, no final LN (BERT's and the published FNet's layout)",
+    choices=BLOCK_LAYOUTS,
+  )
   embed_projection: bool = declared(False, "a dense D→D layer on the (normalised) embeddings (published FNet)")
   norm_eps: float = declared(1e-6, "LayerNorm epsilon (HF BERT and FNet checkpoints: 1e-12)", above=0, below=1)
-  init_std: float = declared(0.0, "0: flax's LeCun-normal dense kernels (std 1/√fan-in); > 0: every dense kernel "
-                                  "drawn from N(0, init_std²) by `initialize` (GPT-2, BERT, Zoology: 0.02; MQAR "
-                                  "needs it, configs/mqar.py)", at_least=0)
-  patch_size: int = declared(0, "images (tasks with an image_shape): the tokens are the image's pixels, cut into "
-                                 "patch_size × patch_size patches, each embedded by a dense layer (ViT/DeiT) with a "
-                                 "learned position per patch of the grid; 0: every token is embedded", at_least=0)
-  activation: str = declared("gelu_tanh", 'feed-forward GELU: "gelu_tanh" (the tanh approximation; HF FNet) or '
-                                          '"gelu" (erf; BERT)', choices=tuple(ACTIVATIONS))
-  type_vocab_size: int = declared(0, "token types (segments: a sentence pair's A 0 and B 1, from a checkpoint's "
-                                     "tokenizer) embedded and added to the input, as BERT and FNet do; 0: none (a "
-                                     "batch's token_types are not read)", at_least=0)
+  init_std: float = declared(
+    0.0,
+    "0: flax's LeCun-normal dense kernels (std 1/√fan-in); > 0: every dense kernel "
+    "drawn from N(0, init_std²) by `initialize` (GPT-2, BERT, Zoology: 0.02; MQAR "
+    "needs it, configs/mqar.py)",
+    at_least=0,
+  )
+  patch_size: int = declared(
+    0,
+    "images (tasks with an image_shape): the tokens are the image's pixels, cut into "
+    "patch_size × patch_size patches, each embedded by a dense layer (ViT/DeiT) with a "
+    "learned position per patch of the grid; 0: every token is embedded",
+    at_least=0,
+  )
+  activation: str = declared(
+    "gelu_tanh",
+    'feed-forward GELU: "gelu_tanh" (the tanh approximation; HF FNet) or "gelu" (erf; BERT)',
+    choices=tuple(ACTIVATIONS),
+  )
+  type_vocab_size: int = declared(
+    0,
+    "token types (segments: a sentence pair's A 0 and B 1, from a checkpoint's "
+    "tokenizer) embedded and added to the input, as BERT and FNet do; 0: none (a "
+    "batch's token_types are not read)",
+    at_least=0,
+  )
 
   @nn.compact
-  def __call__(self, tokens_BxL: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False, positions: jax.Array | None = None,
-               token_types: jax.Array | None = None) -> jax.Array:
+  def __call__(
+    self,
+    tokens_BxL: jax.Array,
+    mask: jax.Array | None = None,
+    deterministic: bool = True,
+    decode: bool = False,
+    positions: jax.Array | None = None,
+    token_types: jax.Array | None = None,
+  ) -> jax.Array:
     """Logits; with positions (B×K indices), only at those positions (the head sees x_BxKxD: a per-position loss
     that looks at a few positions, MQAR's queries, skips the rest of the B×L×V logits). token_types (B×L ids in
     [0, type_vocab_size); all 0 when not given) add their embedding where type_vocab_size > 0. With decode=True (causal
@@ -230,8 +280,9 @@ class Transformer(nn.Module):
       x_BxLxD, mask_BxL = self._embed_patches(tokens_BxL, mask_BxL, dtype)
       L = x_BxLxD.shape[1]
     else:
-      x_BxLxD = nn.Embed(self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02), dtype=dtype,
-                         name="embed")(tokens_BxL)
+      x_BxLxD = nn.Embed(
+        self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02), dtype=dtype, name="embed"
+      )(tokens_BxL)
     if self.cls_token:  # then every later step sees L + 1 positions, the first one the [CLS] vector
       if decode:
         raise ValueError("decoding is not supported with a [CLS] position (pooling='cls' is for classification)")
@@ -252,9 +303,10 @@ class Transformer(nn.Module):
     if self.type_vocab_size:
       types_BxL = jnp.zeros(x_BxLxD.shape[:2], jnp.int32)
       if token_types is not None:  # (the [CLS] position, if any, is type 0)
-        types_BxL = types_BxL.at[:, L - token_types.shape[1]:].set(token_types.astype(jnp.int32))
-      x_BxLxD = x_BxLxD + nn.Embed(self.type_vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02),
-                                   dtype=dtype, name="type_embed")(types_BxL)
+        types_BxL = types_BxL.at[:, L - token_types.shape[1] :].set(token_types.astype(jnp.int32))
+      x_BxLxD = x_BxLxD + nn.Embed(
+        self.type_vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02), dtype=dtype, name="type_embed"
+      )(types_BxL)
     post_ln = self.block_layout == "post_ln"
     if post_ln:
       x_BxLxD = nn.LayerNorm(self.norm_eps, dtype=dtype, name="embed_norm")(x_BxLxD)
@@ -265,20 +317,34 @@ class Transformer(nn.Module):
       if decode:
         raise ValueError("decoding is not supported with reversible=True (train reversibly, decode without)")
       # Consecutive layers with the same mixer form a segment, its parameters stacked (one segment: all layers).
-      segments = [(maker, len(list(run)))
-                  for maker, run in itertools.groupby(map(self.mixer_of, range(self.num_layers)))]
-      make_fs = tuple(functools.partial(lambda maker: MixingSublayer(maker, self.dropout, norm_eps=self.norm_eps,
-                                                                     parent=None), maker) for maker, _ in segments)
+      segments = [
+        (maker, len(list(run))) for maker, run in itertools.groupby(map(self.mixer_of, range(self.num_layers)))
+      ]
+      make_fs = tuple(
+        functools.partial(lambda maker: MixingSublayer(maker, self.dropout, norm_eps=self.norm_eps, parent=None), maker)
+        for maker, _ in segments
+      )
       x_BxLxD = ReversibleStack(
-          make_f=make_fs[0] if len(make_fs) == 1 else make_fs,
-          make_g=lambda: FeedForwardSublayer(self.d_ff, self.dropout, self.ff_chunk_size, norm_eps=self.norm_eps,
-                                             activation=self.activation, parent=None),
-          num_layers=self.num_layers, segment_sizes=tuple(n for _, n in segments) if len(segments) > 1 else (),
-          name="reversible")(x_BxLxD, mask_BxL, deterministic)
+        make_f=make_fs[0] if len(make_fs) == 1 else make_fs,
+        make_g=lambda: FeedForwardSublayer(
+          self.d_ff, self.dropout, self.ff_chunk_size, norm_eps=self.norm_eps, activation=self.activation, parent=None
+        ),
+        num_layers=self.num_layers,
+        segment_sizes=tuple(n for _, n in segments) if len(segments) > 1 else (),
+        name="reversible",
+      )(x_BxLxD, mask_BxL, deterministic)
     else:
       for i in range(self.num_layers):
-        x_BxLxD = Block(self.mixer_of(i), self.d_ff, self.dropout, self.ff_chunk_size, self.block_layout,
-                        self.norm_eps, self.activation, name=f"block_{i}")(x_BxLxD, mask_BxL, deterministic, decode)
+        x_BxLxD = Block(
+          self.mixer_of(i),
+          self.d_ff,
+          self.dropout,
+          self.ff_chunk_size,
+          self.block_layout,
+          self.norm_eps,
+          self.activation,
+          name=f"block_{i}",
+        )(x_BxLxD, mask_BxL, deterministic, decode)
     if post_ln:  # each block ended with a LayerNorm already
       x_BxLxD = x_BxLxD.astype(jnp.float32)
     else:
@@ -333,21 +399,33 @@ _DECLARED = {f.name: f.metadata["config"] for f in dataclasses.fields(Transforme
 # Every field of config.model, in its order: the Transformer's declared fields, and three that build_model maps
 # instead of copying (mixer and causal → make_mixer, pooling → cls_token).
 CONFIG_FIELDS: dict[str, Field] = {
-    "mixer": Field("token mixer, a key of efftx.mixers.MIXERS, or a layer pattern: a mixer per layer "
-                   "(efftx/patterns.py: local*3+attention, fnet+attention*2@top, fnet_hybrid); its options are "
-                   "config.mixer (python -m efftx.mixers)", "attention"),
-    "causal": Field("causal mixing: position t sees positions ≤ t only (required by LM objectives; FNet cannot be "
-                    "causal)", False),
-    **_DECLARED,
-    "pooling": Field('classification: "mean" of the real tokens\' final states; "cls": a learned [CLS] vector is put '
-                     "before the tokens (position 0, LRA's way) and its final state is pooled; \"first\": the "
-                     "input's own first token (the [CLS] of a checkpoint's tokenizer) through BERT's and FNet's "
-                     "pooler (dense + tanh)", "mean", choices=("mean", "cls", "first")),
+  "mixer": Field(
+    "token mixer, a key of efftx.mixers.MIXERS, or a layer pattern: a mixer per layer "
+    "(efftx/patterns.py: local*3+attention, fnet+attention*2@top, fnet_hybrid); its options are "
+    "config.mixer (python -m efftx.mixers)",
+    "attention",
+  ),
+  "causal": Field(
+    "causal mixing: position t sees positions ≤ t only (required by LM objectives; FNet cannot be causal)", False
+  ),
+  **_DECLARED,
+  "pooling": Field(
+    'classification: "mean" of the real tokens\' final states; "cls": a learned [CLS] vector is put '
+    "before the tokens (position 0, LRA's way) and its final state is pooled; \"first\": the "
+    "input's own first token (the [CLS] of a checkpoint's tokenizer) through BERT's and FNet's "
+    "pooler (dense + tanh)",
+    "mean",
+    choices=("mean", "cls", "first"),
+  ),
 }
 
 
-def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, jax.Array], jax.Array],
-                vocab_size: int, image_shape: tuple[int, int, int] | None = None) -> Transformer:
+def build_model(
+  config: ml_collections.ConfigDict,
+  head: Callable[[jax.Array, jax.Array], jax.Array],
+  vocab_size: int,
+  image_shape: tuple[int, int, int] | None = None,
+) -> Transformer:
   """The model of a run config (config.model, and config.mixer: the options of config.model.mixer's mixers) with
   the objective's head over a vocabulary of vocab_size tokens; image_shape (the task's) where the tokens are an
   image's pixels. Checks the mixer options and the patch size (raises UserError)."""
@@ -355,8 +433,10 @@ def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, ja
   grid = None
   if m.patch_size:
     if image_shape is None:
-      raise UserError(f"config.model.patch_size={m.patch_size}: task '{config.data.task}' is not an image task "
-                      "(its tokens are not an image's pixels)")
+      raise UserError(
+        f"config.model.patch_size={m.patch_size}: task '{config.data.task}' is not an image task "
+        "(its tokens are not an image's pixels)"
+      )
     H, W, _ = image_shape
     if H % m.patch_size or W % m.patch_size:
       raise UserError(f"config.model.patch_size={m.patch_size} must divide the image's height {H} and width {W}")
@@ -367,9 +447,14 @@ def build_model(config: ml_collections.ConfigDict, head: Callable[[jax.Array, ja
     makers[name] = MIXERS[name].maker(options, causal=m.causal, d_model=m.d_model, max_len=positions, grid=grid)
   layers = tuple(makers[name] for name in patterns.layer_mixers(m.mixer, m.num_layers))
   make_mixer = layers[0] if len(makers) == 1 else layers
-  return Transformer(make_mixer=make_mixer, head=head, vocab_size=vocab_size, cls_token=m.pooling == "cls",
-                     image_shape=tuple(image_shape) if m.patch_size else None,
-                     **{name: m[name] for name in _DECLARED})
+  return Transformer(
+    make_mixer=make_mixer,
+    head=head,
+    vocab_size=vocab_size,
+    cls_token=m.pooling == "cls",
+    image_shape=tuple(image_shape) if m.patch_size else None,
+    **{name: m[name] for name in _DECLARED},
+  )
 
 
 def initialize(model: Transformer, key: jax.Array) -> Any:

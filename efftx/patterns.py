@@ -18,6 +18,7 @@ The options of a pattern's mixers are config.mixer: flat (config.mixer.num_heads
 mixer, one section per mixer (config.mixer.attention.num_heads, config.mixer.fnet.fourier_impl) when it names
 several; every layer that uses a mixer uses the same options.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,11 @@ LAYOUTS = ("bottom", "middle", "mixed", "top")
 
 # Named patterns: name → (pattern, what it is).
 PATTERNS: dict[str, tuple[str, str]] = {
-    "fnet_hybrid": ("fnet+attention*2@top", "FNet-Hybrid (Lee-Thorp et al.): attention in the last two layers, "
-                                            "Fourier mixing below; recovers most of BERT's GLUE accuracy"),
+  "fnet_hybrid": (
+    "fnet+attention*2@top",
+    "FNet-Hybrid (Lee-Thorp et al.): attention in the last two layers, "
+    "Fourier mixing below; recovers most of BERT's GLUE accuracy",
+  ),
 }
 
 _ITEM = re.compile(r"^([a-z_]+)(?:\*(\d+))?$")
@@ -46,9 +50,11 @@ def _items(body: str, pattern: str) -> list[tuple[str, int]]:
   for text in body.split("+"):
     match = _ITEM.match(text.strip())
     if not match:
-      raise UserError(f"config.model.mixer='{pattern}': '{text}' is not a mixer name or NAME*COUNT; a pattern is a "
-                      "mixer name, a period such as local*3+attention, a hybrid such as fnet+attention*2@top, or one "
-                      f"of {', '.join(PATTERNS)}")
+      raise UserError(
+        f"config.model.mixer='{pattern}': '{text}' is not a mixer name or NAME*COUNT; a pattern is a "
+        "mixer name, a period such as local*3+attention, a hybrid such as fnet+attention*2@top, or one "
+        f"of {', '.join(PATTERNS)}"
+      )
     name, count = match.group(1), int(match.group(2) or 1)
     if name not in MIXERS:
       raise UserError(f"config.model.mixer='{pattern}': '{name}' is not a mixer; choose from: {', '.join(MIXERS)}")
@@ -73,8 +79,10 @@ def _hybrid(full: str, pattern: str) -> tuple[str, str, int, str]:
   body, _, layout = full.partition("@")
   items = _items(body, pattern)
   if len(items) != 2 or items[0][1] != 1 or layout not in LAYOUTS:
-    raise UserError(f"config.model.mixer='{pattern}': a hybrid is BASE+OTHER*k@LAYOUT (e.g. fnet+attention*2@top), "
-                    f"LAYOUT one of {', '.join(LAYOUTS)}")
+    raise UserError(
+      f"config.model.mixer='{pattern}': a hybrid is BASE+OTHER*k@LAYOUT (e.g. fnet+attention*2@top), "
+      f"LAYOUT one of {', '.join(LAYOUTS)}"
+    )
   (base, _), (other, k) = items
   return base, other, k, layout
 
@@ -99,13 +107,17 @@ def layer_mixers(pattern: str, num_layers: int) -> tuple[str, ...]:
     layers = tuple(other if _in_layout(layout, i, num_layers, k) else base for i in range(num_layers))
     placed = layers.count(other) if other != base else k
     if placed != k:
-      raise UserError(f"config.model.mixer='{pattern}': FNet's {layout} layout places {placed} {other} layers, not "
-                      f"{k}, in {num_layers} layers (k must divide num_layers)")
+      raise UserError(
+        f"config.model.mixer='{pattern}': FNet's {layout} layout places {placed} {other} layers, not "
+        f"{k}, in {num_layers} layers (k must divide num_layers)"
+      )
     return layers
   period = [name for name, count in _items(full, pattern) for _ in range(count)]
   if num_layers % len(period):
-    raise UserError(f"config.model.mixer='{pattern}': its period of {len(period)} layers does not divide "
-                    f"config.model.num_layers={num_layers}")
+    raise UserError(
+      f"config.model.mixer='{pattern}': its period of {len(period)} layers does not divide "
+      f"config.model.num_layers={num_layers}"
+    )
   return tuple(period * (num_layers // len(period)))
 
 
@@ -137,4 +149,5 @@ def check(pattern: str, mixer_config, num_layers: int, d_model: int | None, caus
 def describe() -> list[str]:
   """Markdown rows of the named patterns, for the mixer table."""
   return ["| pattern | layers (`config.model.mixer`) | what |", "|---|---|---|"] + [
-      f"| `{name}` | `{pattern}` | {what} |" for name, (pattern, what) in PATTERNS.items()]
+    f"| `{name}` | `{pattern}` | {what} |" for name, (pattern, what) in PATTERNS.items()
+  ]

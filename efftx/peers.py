@@ -1,4 +1,5 @@
 """`python -m efftx.peers`: runs efftx.perf.peers (see there)."""
+
 import runpy
 
 if __name__ == "__main__":  # as `python -m efftx.perf.peers`: its own __main__ block, its docstring as --help

@@ -4,6 +4,7 @@
 `lowering_for` names while a step is lowered for another one (efftx.lowering). `kernels(text)` counts the calls of
 KERNELS (cuDNN attention, Pallas kernels, the FFT) in a compiled or exported program's text; efftx.train logs them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,10 +41,10 @@ def lowering_for(platform: str):
 # Kernels a compiled program calls beyond XLA's own fusions, as they appear in the compiled HLO text
 # (Compiled.as_text()) or in the exported StableHLO (jax.export's mlir_module()).
 KERNELS = {
-    "cuDNN fused attention": re.compile(r"__cudnn\$fmha"),
-    "Pallas TPU kernel": re.compile(r"\btpu_custom_call\b"),
-    "Pallas GPU kernel": re.compile(r"__gpu\$xla\.gpu\.triton"),
-    "FFT": re.compile(r"(?:\bfft\(|stablehlo\.fft\b)"),
+  "cuDNN fused attention": re.compile(r"__cudnn\$fmha"),
+  "Pallas TPU kernel": re.compile(r"\btpu_custom_call\b"),
+  "Pallas GPU kernel": re.compile(r"__gpu\$xla\.gpu\.triton"),
+  "FFT": re.compile(r"(?:\bfft\(|stablehlo\.fft\b)"),
 }
 
 

@@ -18,10 +18,12 @@ max |x_rebuilt − x| (inputs ~N(0, 1)) is about 5e-7 after one layer and 2e-5 a
 3e-2 and 0.6 in bfloat16, so use float32 for reversible stacks deeper than a few layers (`efftx.bench
 --mode=reversible` prints it; experiments/reversible/README.md).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -96,8 +98,9 @@ def _reversible_bwd(f, g, residuals, cotangents):
       d_params_f, dx2_through_f = f_vjp(dy1)
       return (x1, x2, dy1, dy2 + dx2_through_f), {"F": d_params_f, "G": d_params_g}
 
-    (y1, y2, dy1, dy2), d_stack = jax.lax.scan(layer_back, (y1, y2, dy1, dy2), (stack, start + jnp.arange(size)),
-                                               reverse=True)
+    (y1, y2, dy1, dy2), d_stack = jax.lax.scan(
+      layer_back, (y1, y2, dy1, dy2), (stack, start + jnp.arange(size)), reverse=True
+    )
     d_stacks.insert(0, d_stack)
   d_layers = tuple(d_stacks) if isinstance(f, tuple) else d_stacks[0]
   return d_layers, dy1, dy2, None, None
@@ -133,7 +136,7 @@ class ReversibleStack(nn.Module):
   are stacked on their own ("segment_<s>"); without, one stack of every layer ("layers")."""
 
   make_f: Callable[[], nn.Module] | tuple[Callable[[], nn.Module], ...]  # builds the (unbound) mixing sublayer
-  make_g: Callable[[], nn.Module]   # builds the (unbound) feed-forward sublayer
+  make_g: Callable[[], nn.Module]  # builds the (unbound) feed-forward sublayer
   num_layers: int
   segment_sizes: tuple[int, ...] = ()  # layers per segment, summing to num_layers; () = one segment
 
@@ -144,6 +147,7 @@ class ReversibleStack(nn.Module):
     def f_of(f_module):
       def f(params, x, mask, key):
         return f_module.apply({"params": params}, x, mask, deterministic, rngs={"dropout": key})
+
       return f
 
     def g(params, x, key):
@@ -165,16 +169,17 @@ class ReversibleStack(nn.Module):
 
       def one_layer(layer_rng):
         rng_f, rng_g = jax.random.split(layer_rng)
-        return {"F": make_f().init(rng_f, x, mask, True)["params"],
-                "G": self.make_g().init(rng_g, x, True)["params"]}
+        return {"F": make_f().init(rng_f, x, mask, True)["params"], "G": self.make_g().init(rng_g, x, True)["params"]}
 
       return jax.vmap(one_layer)(jax.random.split(rng, size))
 
     if not isinstance(self.make_f, tuple):  # every leaf: num_layers × …
       layers = self.param("layers", init_layers, x_BxLxD.shape, x_BxLxD.dtype, makers[0], sizes[0])
     else:  # every leaf of segment s: sizes[s] × …
-      layers = tuple(self.param(f"segment_{s}", init_layers, x_BxLxD.shape, x_BxLxD.dtype, make_f, size)
-                     for s, (make_f, size) in enumerate(zip(makers, sizes)))
+      layers = tuple(
+        self.param(f"segment_{s}", init_layers, x_BxLxD.shape, x_BxLxD.dtype, make_f, size)
+        for s, (make_f, size) in enumerate(zip(makers, sizes))
+      )
     key = jax.random.key(0) if deterministic else self.make_rng("dropout")
     f, g = self._apply_fns(deterministic)
     y1, y2 = reversible_forward(f, g, layers, x_BxLxD, x_BxLxD, mask_BxL, key)

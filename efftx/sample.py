@@ -4,6 +4,7 @@
 
 Reads workdir/config.json and the latest checkpoint's parameters; prints the prompt and its continuation.
 """
+
 from __future__ import annotations
 
 import sys
@@ -43,22 +44,27 @@ def load(workdir: str) -> tuple[ml_collections.ConfigDict, dict]:
   return config, params
 
 
-def generate(config: ml_collections.ConfigDict, params, prompt_P: np.ndarray, length: int, temperature: float,
-             top_k: int, rng: jax.Array) -> np.ndarray:
+def generate(
+  config: ml_collections.ConfigDict,
+  params,
+  prompt_P: np.ndarray,
+  length: int,
+  temperature: float,
+  top_k: int,
+  rng: jax.Array,
+) -> np.ndarray:
   """prompt_P followed by `length` sampled tokens (len(prompt_P) + length ≤ config.model.max_len)."""
   if not len(prompt_P):
     raise UserError("give a --prompt of at least one token: the model was trained to continue text")
   model = trainer.parts(config).model
   total = len(prompt_P) + length
   if total > config.model.max_len:
-    raise UserError(f"prompt ({len(prompt_P)}) + length ({length}) exceeds the model's max_len="
-                    f"{config.model.max_len}")
+    raise UserError(f"prompt ({len(prompt_P)}) + length ({length}) exceeds the model's max_len={config.model.max_len}")
   cache = model.init(jax.random.key(0), jnp.zeros((1, total), jnp.int32), decode=True)["cache"]
 
   @jax.jit
   def step(cache, token_1x1, rng):
-    logits_1x1xV, mutated = model.apply({"params": params, "cache": cache}, token_1x1, decode=True,
-                                        mutable=["cache"])
+    logits_1x1xV, mutated = model.apply({"params": params, "cache": cache}, token_1x1, decode=True, mutable=["cache"])
     logits_V = logits_1x1xV[0, 0]
     logits_V = logits_V.at[0].set(-jnp.inf)  # never padding
     if top_k:
@@ -82,8 +88,9 @@ def main(argv):
     config, params = load(_WORKDIR.value)
     task = trainer.parts(config).task
     prompt_P = task.tokenize(_PROMPT.value.encode())
-    tokens = generate(config, params, prompt_P, _LENGTH.value, _TEMPERATURE.value, _TOP_K.value,
-                      jax.random.key(_SEED.value))
+    tokens = generate(
+      config, params, prompt_P, _LENGTH.value, _TEMPERATURE.value, _TOP_K.value, jax.random.key(_SEED.value)
+    )
   if jax.process_index() == 0:
     sys.stdout.write(task.detokenize(tokens) + "\n")
 

@@ -3,6 +3,7 @@
 Fields added since a run was written take their defaults; a config.json from before mixers declared their own
 options (mixer options in config.model) is converted.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -11,9 +12,21 @@ from efftx.config import default_config
 
 # Options that lived in config.model before mixers declared their own (config.json of older runs): those of the
 # run's mixer move to config.mixer (renamed where a name changed), the others had no effect and are dropped.
-_OLD_MODEL_FIELDS = ("num_heads", "attention_dropout", "attention_impl", "attention_chunk", "window",
-                     "aft_bias_dim", "aft_factorized", "kernel_size", "lsh_buckets", "lsh_hashes", "lsh_chunk",
-                     "lsh_seed", "fourier_impl")
+_OLD_MODEL_FIELDS = (
+  "num_heads",
+  "attention_dropout",
+  "attention_impl",
+  "attention_chunk",
+  "window",
+  "aft_bias_dim",
+  "aft_factorized",
+  "kernel_size",
+  "lsh_buckets",
+  "lsh_hashes",
+  "lsh_chunk",
+  "lsh_seed",
+  "fourier_impl",
+)
 _RENAMED = {("linear", "attention_chunk"): "chunk"}
 
 

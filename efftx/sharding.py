@@ -12,6 +12,7 @@ device: gathering them would cost more than they save. AdamW's moments have thei
 laid out like them. The rule knows one name: the reversible stack's "layers", whose leading axis its scan walks
 layer by layer — that axis is never split (splitting it would gather every layer at once).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,8 @@ import os
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
 MIN_SHARDED = 4096  # elements; smaller arrays are replicated
@@ -42,8 +44,11 @@ def use_cpu_cores(batch_size: int | None = None) -> None:
   With n > 1 devices it also gives XLA's CPU client 2n threads (PJRT_NPROC, unless PJRT_NPROC or NPROC is set)
   where it would have max(cores, n): with one thread per device a data-parallel step can stall at an all-gather
   until XLA aborts the process (experiments/performance/DECISIONS.md: two-client-threads-per-device)."""
-  if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
-      or jax.config.jax_num_cpu_devices != -1 or jax.distributed.is_initialized()):
+  if (
+    "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    or jax.config.jax_num_cpu_devices != -1
+    or jax.distributed.is_initialized()
+  ):
     return
   devices = cpu_device_count(_cores(), batch_size)
   try:
@@ -73,8 +78,9 @@ def make_mesh(fsdp: int = 1, devices=None) -> jax.sharding.Mesh:
   """("data", "fsdp") over `devices` (default: every device of every process), fsdp devices along "fsdp"."""
   devices = jax.devices() if devices is None else devices
   # Auto axes: XLA propagates the shardings (jax.make_mesh defaults to Explicit sharding-in-types).
-  return jax.make_mesh((len(devices) // fsdp, fsdp), ("data", "fsdp"), devices=devices,
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return jax.make_mesh(
+    (len(devices) // fsdp, fsdp), ("data", "fsdp"), devices=devices, axis_types=(jax.sharding.AxisType.Auto,) * 2
+  )
 
 
 def batch(mesh: jax.sharding.Mesh) -> NamedSharding:

@@ -7,6 +7,7 @@ Re-running the same command resumes from the latest checkpoint in --workdir (mod
 the data pipeline), so no example is seen twice or skipped. SIGTERM or Ctrl-C saves a checkpoint and stops; a
 second Ctrl-C stops at once. Outputs in --workdir: config.json, metrics.jsonl, tensorboard/, checkpoints/.
 """
+
 from __future__ import annotations
 
 import signal
@@ -19,11 +20,11 @@ from absl import flags
 from absl import logging
 from etils import epath
 import jax
-import jax.numpy as jnp
 from jax.experimental import multihost_utils
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
-from ml_collections import config_flags
 import ml_collections
+from ml_collections import config_flags
 import numpy as np
 import tqdm
 
@@ -45,8 +46,9 @@ from efftx.mixers import MIXERS
 def _define_flags() -> None:
   """Command-line flags, defined only when run as a program (so that other entry points can import this one)."""
   global _CONFIG, _WORKDIR
-  _CONFIG = config_flags.DEFINE_config_file("config", cli.default_config_file(),
-                                            "Config file[:argument string].", lock_config=True)
+  _CONFIG = config_flags.DEFINE_config_file(
+    "config", cli.default_config_file(), "Config file[:argument string].", lock_config=True
+  )
   _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, TensorBoard, config.json.")
   distributed.define_flags()
 
@@ -93,8 +95,14 @@ def _train(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epa
   checkpoints = checkpoints_lib.manager(workdir, config.keep_checkpoints)
   state, start_step = _restore_or_init(config, checkpoints, parts, tx, init_key, abstract_state, state_sharding)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  logging.info("model: %s mixer, %d parameters; %d devices (data %d × fsdp %d)", config.model.mixer, num_params,
-               jax.device_count(), mesh.shape["data"], mesh.shape["fsdp"])
+  logging.info(
+    "model: %s mixer, %d parameters; %d devices (data %d × fsdp %d)",
+    config.model.mixer,
+    num_params,
+    jax.device_count(),
+    mesh.shape["data"],
+    mesh.shape["fsdp"],
+  )
   train_iter = pipeline.train_iterator(config, train_source, start_step)
 
   # ---------------------------------------------------------------------------------------------- Steps
@@ -115,45 +123,70 @@ def _train(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epa
 
   # ----------------------------------------------------------------------------------------------- Loop
   try:
-    return _loop(config, workdir, state, start_step, step,
-                 lambda params: evaluate(params, prefix="eval_"),
-                 lambda step, state: checkpoints_lib.save(checkpoints, step, state))
+    return _loop(
+      config,
+      workdir,
+      state,
+      start_step,
+      step,
+      lambda params: evaluate(params, prefix="eval_"),
+      lambda step, state: checkpoints_lib.save(checkpoints, step, state),
+    )
   finally:
     checkpoints.wait_until_finished()
     checkpoints_lib.record_sizes(checkpoints)
     checkpoints.close()
 
 
-def build_train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, parts: trainer.Parts, tx,
-                     schedule, dropout_key: jax.Array, state_sharding):
+def build_train_step(
+  config: ml_collections.ConfigDict,
+  mesh: jax.sharding.Mesh,
+  parts: trainer.Parts,
+  tx,
+  schedule,
+  dropout_key: jax.Array,
+  state_sharding,
+):
   """The jitted training step as a run compiles it: (state, batch) → (state, metrics), the state laid out as
   state_sharding (and donated), the batch split over the mesh, the metrics replicated. Lower it under
   `jax.set_mesh(mesh)`: mixers that run per-device kernels (splash attention) split their work by that mesh."""
   return jax.jit(
-      trainer.make_train_step(parts.model, parts.objective, tx, schedule, dropout_key, parts.task.token_unit),
-      in_shardings=(state_sharding, sharding.batch(mesh)), out_shardings=(state_sharding, sharding.replicated(mesh)),
-      donate_argnums=0, compiler_options=sharding.step_compiler_options(config.data.batch_size, mesh))
+    trainer.make_train_step(parts.model, parts.objective, tx, schedule, dropout_key, parts.task.token_unit),
+    in_shardings=(state_sharding, sharding.batch(mesh)),
+    out_shardings=(state_sharding, sharding.replicated(mesh)),
+    donate_argnums=0,
+    compiler_options=sharding.step_compiler_options(config.data.batch_size, mesh),
+  )
 
 
-def report_kernels(config: ml_collections.ConfigDict, program_text: str,
-                   platform: str | None = None) -> list[str]:
+def report_kernels(config: ml_collections.ConfigDict, program_text: str, platform: str | None = None) -> list[str]:
   """Logs which kernels beyond XLA's own code the compiled step calls (efftx.platform.KERNELS), and warns for each
   mixer of the model whose expected kernel on `platform` (default: this backend) is missing, e.g. attention in
   bfloat16 on a GPU whose cuDNN refused the shape and fell back to XLA's attention. Returns the warnings."""
   platform = platform or jax.default_backend()
   found = platform_lib.kernels(program_text)
   m = config.model
-  options = {name: {**MIXERS[name].defaults(), **section}
-             for name, section in patterns.sections(m.mixer, config.mixer).items()}
+  options = {
+    name: {**MIXERS[name].defaults(), **section} for name, section in patterns.sections(m.mixer, config.mixer).items()
+  }
   dropout = any(options[name].get("attention_dropout", 0) > 0 for name in options)
-  expected = {name: MIXERS[name].kernel(options[name], m.max_len, jnp.dtype(m.dtype), platform, dropout)
-              for name in options if MIXERS[name].kernel}
+  expected = {
+    name: MIXERS[name].kernel(options[name], m.max_len, jnp.dtype(m.dtype), platform, dropout)
+    for name in options
+    if MIXERS[name].kernel
+  }
   paths = ", ".join(f"{name} → {kernel or 'XLA'}" for name, kernel in expected.items())
-  logging.info("compiled train step (%s): kernels %s%s", platform,
-               ", ".join(f"{k} ×{n}" for k, n in found.items()) or "none beyond XLA's",
-               f"; expected {paths}" if paths else "")
-  warnings = [f"{name}: expected {kernel} on {platform}, but the compiled step does not call it (XLA's code runs "
-              "instead)" for name, kernel in expected.items() if kernel and kernel not in found]
+  logging.info(
+    "compiled train step (%s): kernels %s%s",
+    platform,
+    ", ".join(f"{k} ×{n}" for k, n in found.items()) or "none beyond XLA's",
+    f"; expected {paths}" if paths else "",
+  )
+  warnings = [
+    f"{name}: expected {kernel} on {platform}, but the compiled step does not call it (XLA's code runs instead)"
+    for name, kernel in expected.items()
+    if kernel and kernel not in found
+  ]
   for warning in warnings:
     logging.warning("%s", warning)
   return warnings
@@ -164,16 +197,25 @@ def _to_global(batch_sharding: NamedSharding, local_batch: dict[str, np.ndarray]
   return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local_batch.items()}
 
 
-def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh: jax.sharding.Mesh,
-                   params_sharding, split: str, examples: int = 0):
+def make_evaluator(
+  config: ml_collections.ConfigDict,
+  parts: trainer.Parts,
+  mesh: jax.sharding.Mesh,
+  params_sharding,
+  split: str,
+  examples: int = 0,
+):
   """params (laid out as params_sharding on mesh) → the objective's metrics over `split` ("eval": the task's
   evaluation split, or a TFDS split name; its first `examples` examples if > 0, else all of it), each process
   reading its shard. Used by training (examples = config.data.eval_examples) and efftx.evaluate (all)."""
   source = pipeline.source(config, split)
   batch_sharding = sharding.batch(mesh)
-  eval_step = jax.jit(trainer.make_eval_step(parts.model, parts.objective),
-                      in_shardings=(params_sharding, batch_sharding), out_shardings=sharding.replicated(mesh),
-                      compiler_options=sharding.step_compiler_options(config.data.batch_size, mesh))
+  eval_step = jax.jit(
+    trainer.make_eval_step(parts.model, parts.objective),
+    in_shardings=(params_sharding, batch_sharding),
+    out_shardings=sharding.replicated(mesh),
+    compiler_options=sharding.step_compiler_options(config.data.batch_size, mesh),
+  )
 
   def evaluate(params, prefix: str) -> dict[str, float]:
     totals = None
@@ -187,8 +229,9 @@ def make_evaluator(config: ml_collections.ConfigDict, parts: trainer.Parts, mesh
   return evaluate
 
 
-def _set_up_workdir(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epath.Path,
-                    resuming: bool) -> None:
+def _set_up_workdir(
+  config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epath.Path, resuming: bool
+) -> None:
   """Process 0 checks the workdir, prepares the data, encodes a few examples of each split (so that a setting
   that cannot work fails before anything is written in workdir), then writes config.json; the others wait, and
   stop with it if it failed (instead of waiting forever at the next collective)."""
@@ -202,8 +245,9 @@ def _set_up_workdir(config: ml_collections.ConfigDict, parts: trainer.Parts, wor
       pipeline.check(config, pipeline.source(config, "train"), pipeline.source(config, "eval"))
       if config.init_from and not resuming:  # the encoder must load before anything is written
         abstract_params = jax.eval_shape(lambda: trainer.init_params(parts.model, jax.random.key(0)))
-        init_from.load_encoder(abstract_params, config.init_from, parts.objective.fresh_params,
-                               parts.objective.optional_params, config)
+        init_from.load_encoder(
+          abstract_params, config.init_from, parts.objective.fresh_params, parts.objective.optional_params, config
+        )
       try:
         checkpoints_lib.write_whole(workdir / "config.json", config.to_json_best_effort(indent=2, sort_keys=True))
       except OSError as e:
@@ -216,18 +260,25 @@ def _set_up_workdir(config: ml_collections.ConfigDict, parts: trainer.Parts, wor
     raise error
 
 
-def _restore_or_init(config, checkpoints, parts: trainer.Parts, tx, init_key, abstract_state,
-                     state_sharding) -> tuple[trainer.TrainState, int]:
+def _restore_or_init(
+  config, checkpoints, parts: trainer.Parts, tx, init_key, abstract_state, state_sharding
+) -> tuple[trainer.TrainState, int]:
   """(state, step): the latest readable checkpoint's (laid out on this run's mesh, whatever mesh wrote it), else a
   new state — with another run's encoder if config.init_from names one (fine-tuning: new head, fresh optimizer)."""
   if checkpoints.all_steps():
-    target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract_state,
-                          state_sharding)
+    target = jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract_state, state_sharding
+    )
     return checkpoints_lib.restore_latest_readable(checkpoints, target)
   state = jax.jit(lambda: trainer.create_state(parts.model, tx, init_key), out_shardings=state_sharding)()
   if config.init_from:
-    params = init_from.load_encoder(jax.device_get(state.params), config.init_from, parts.objective.fresh_params,
-                                    parts.objective.optional_params, config)
+    params = init_from.load_encoder(
+      jax.device_get(state.params),
+      config.init_from,
+      parts.objective.fresh_params,
+      parts.objective.optional_params,
+      config,
+    )
     state = jax.jit(lambda p: trainer.create_state(parts.model, tx, params=p), out_shardings=state_sharding)(params)
   return state, 0
 
@@ -249,12 +300,20 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
   throughput = metrics_lib.Throughput(config.data.batch_size * config.model.max_len)
   stop = _StopOnSignal()
   last: dict[str, float] = {}
-  bar = tqdm.tqdm(total=config.total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
-                  disable=None if is_chief else True)  # None: shown on a terminal only
+  bar = tqdm.tqdm(
+    total=config.total_steps,
+    initial=start_step,
+    desc="train",
+    unit="step",
+    dynamic_ncols=True,
+    disable=None if is_chief else True,
+  )  # None: shown on a terminal only
   # On a terminal, lines go above the progress bar; elsewhere to the log.
   report = (lambda line: bar.write(line, file=sys.stderr)) if not bar.disable else logging.info
-  leaf_names = ["/".join(str(getattr(k, "key", k)) for k in path)
-                for path, _ in jax.tree_util.tree_flatten_with_path(state.params)[0]]
+  leaf_names = [
+    "/".join(str(getattr(k, "key", k)) for k in path)
+    for path, _ in jax.tree_util.tree_flatten_with_path(state.params)[0]
+  ]
   all_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
 
   def log(step: int, row: dict[str, float]) -> None:
@@ -294,8 +353,9 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
         throughput.pause(time.perf_counter() - eval_start)  # keep eval time out of the train throughput
       if save_now or stopping:
         if not all_finite(state):  # an update can overflow where the loss and gradients were finite
-          raise Diverged(f"non-finite parameters or optimizer state after step {step}; not saved. "
-                         + _advice(last_saved))
+          raise Diverged(
+            f"non-finite parameters or optimizer state after step {step}; not saved. " + _advice(last_saved)
+          )
         save(step, state)
         last_saved = step
       if stopping:
@@ -325,8 +385,10 @@ def _first_nonfinite(window: dict[str, np.ndarray], step: int, leaf_names: list[
 def _advice(last_good: int | None) -> str:
   if last_good is None:
     return "No checkpoint was saved: lower config.optim.learning_rate or set config.optim.grad_clip and start again"
-  return (f"The last checkpoint (step {last_good}) is good: lower config.optim.learning_rate or set "
-          "config.optim.grad_clip, and re-run to continue from it")
+  return (
+    f"The last checkpoint (step {last_good}) is good: lower config.optim.learning_rate or set "
+    "config.optim.grad_clip, and re-run to continue from it"
+  )
 
 
 class _StopOnSignal:
@@ -355,7 +417,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     rest = flags.FLAGS(argv)
     if _CONFIG.value is None:  # no --config, and no default config file to fall back on
       cli.exit_with("efftx.train", cli.NO_DEFAULT_CONFIG)
-    _CONFIG.value.model  # a config file that failed to load raises here  # pylint: disable=pointless-statement
+    _CONFIG.value.model  # noqa: B018  (a config file that failed to load raises here)
     return rest
   except Exception as e:  # pylint: disable=broad-except  # flags.Error, or whatever the config file raised
     message = cli.explain_flag_error(argv, e)

@@ -1,5 +1,6 @@
 """The pieces of a training run, shared by train, evaluate, sample, bench and the tests: the run's parts (task,
 objective, model), the optimizer, the train state, and the train and eval steps (not yet jitted)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,10 +61,12 @@ def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTra
   after global-norm gradient clipping."""
   o = config.optim
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, o.learning_rate, warmup_steps=o.warmup_steps, decay_steps=max(config.total_steps, o.warmup_steps + 1))
+    0.0, o.learning_rate, warmup_steps=o.warmup_steps, decay_steps=max(config.total_steps, o.warmup_steps + 1)
+  )
   tx = optax.chain(
-      optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity(),
-      optax.adamw(schedule, weight_decay=o.weight_decay, mask=decay_mask))
+    optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity(),
+    optax.adamw(schedule, weight_decay=o.weight_decay, mask=decay_mask),
+  )
   return tx, schedule
 
 
@@ -72,17 +75,23 @@ def init_params(model: model_lib.Transformer, key: jax.Array) -> Any:
   return model_lib.initialize(model, key)
 
 
-def create_state(model: model_lib.Transformer, tx: optax.GradientTransformation, key: jax.Array | None = None,
-                 params: Any = None) -> TrainState:
+def create_state(
+  model: model_lib.Transformer, tx: optax.GradientTransformation, key: jax.Array | None = None, params: Any = None
+) -> TrainState:
   """Step 0 with `params` (fresh from `key` if not given) and a fresh optimizer state. Wrap it in jax.jit with
   out_shardings to create it sharded, or in jax.eval_shape for its shapes."""
   params = init_params(model, key) if params is None else params
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def make_train_step(model: model_lib.Transformer, objective: objectives.Objective,
-                    tx: optax.GradientTransformation, schedule: optax.Schedule, dropout_key: jax.Array,
-                    token_unit: str | None = None):
+def make_train_step(
+  model: model_lib.Transformer,
+  objective: objectives.Objective,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  dropout_key: jax.Array,
+  token_unit: str | None = None,
+):
   """(state, batch) → (state, metrics): loss, gradients, the AdamW update, the objective's metrics (and
   nonfinite_grad_leaf: see efftx.metrics.DIAGNOSTICS)."""
 
@@ -90,21 +99,29 @@ def make_train_step(model: model_lib.Transformer, objective: objectives.Objectiv
     rng = jax.random.fold_in(dropout_key, state.step)  # dropout differs every step, reproducibly
 
     def loss_fn(params):
-      logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=False,
-                           positions=batch.get("positions"), token_types=batch.get("token_types"),
-                           rngs={"dropout": rng})
+      logits = model.apply(
+        {"params": params},
+        batch["tokens"],
+        mask=batch["mask"],
+        deterministic=False,
+        positions=batch.get("positions"),
+        token_types=batch.get("token_types"),
+        rngs={"dropout": rng},
+      )
       sums = objective.loss_sums(logits, batch, jnp.ones(batch["tokens"].shape[:1], jnp.float32))
       return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 
     (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                           opt_state=opt_state)
+    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
     finite_G = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
-    metrics = {**objective.summarize(sums, token_unit), "grad_norm": optax.tree.norm(grads),
-               "learning_rate": schedule(state.step),
-               # the first parameter whose gradient is not finite (-1: none), named when a run diverges
-               "nonfinite_grad_leaf": jnp.where(finite_G.all(), -1, jnp.argmin(finite_G))}
+    metrics = {
+      **objective.summarize(sums, token_unit),
+      "grad_norm": optax.tree.norm(grads),
+      "learning_rate": schedule(state.step),
+      # the first parameter whose gradient is not finite (-1: none), named when a run diverges
+      "nonfinite_grad_leaf": jnp.where(finite_G.all(), -1, jnp.argmin(finite_G)),
+    }
     return new_state, metrics
 
   return train_step
@@ -114,8 +131,14 @@ def make_eval_step(model: model_lib.Transformer, objective: objectives.Objective
   """(params, batch) → the objective's loss sums; batch["weight"] is 0 on padding rows."""
 
   def eval_step(params, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    logits = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], deterministic=True,
-                         positions=batch.get("positions"), token_types=batch.get("token_types"))
+    logits = model.apply(
+      {"params": params},
+      batch["tokens"],
+      mask=batch["mask"],
+      deterministic=True,
+      positions=batch.get("positions"),
+      token_types=batch.get("token_types"),
+    )
     return objective.loss_sums(logits, batch, batch["weight"])
 
   return eval_step

@@ -1,4 +1,5 @@
 """Tests run on 8 fake CPU devices (set before JAX is imported), like a small pod."""
+
 import os
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -15,11 +16,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _XLA_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   import tempfile  # pylint: disable=g-import-not-at-top
+
   _XLA_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="efftx-tests-xla-cache-")
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
-import pytest  # pylint: disable=g-import-not-at-top
+import pytest  # noqa: E402  (after the XLA flags above, which must be set before JAX is imported)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
   if _XLA_CACHE:
     import shutil  # pylint: disable=g-import-not-at-top
+
     shutil.rmtree(_XLA_CACHE, ignore_errors=True)
 
 
@@ -53,6 +56,7 @@ def mixer_config(mixer: str, **fields):
   """default_config(mixer) with `fields` set: config.model fields by name, and mixer options (window, num_heads,
   ...) for the mixers that declare them — so one call serves every mixer in a parametrized test."""
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
+
   config = config_lib.default_config(mixer)
   config.model.update({k: v for k, v in fields.items() if k in config.model})
   config_lib.set_where_declared(config.mixer, **{k: v for k, v in fields.items() if k not in config.model})
@@ -63,6 +67,7 @@ def lm_model(config, vocab_size: int = 16):
   """config's model with a per-position LM head, built by the users' builder."""
   from efftx import model as model_lib  # pylint: disable=g-import-not-at-top
   from efftx.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
+
   return model_lib.build_model(config, OBJECTIVES["lm"].head(vocab_size, 0), vocab_size)
 
 
@@ -70,6 +75,7 @@ def padded_inputs(B: int, L: int, D: int, second_length: int, seed: int = 0):
   """(x_BxLxD ~ N(0, 1) float32, mask_BxL): the second sequence holds second_length real positions, the rest is
   padding at the end."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   rng = np.random.default_rng(seed)
   x_BxLxD = rng.normal(size=(B, L, D)).astype(np.float32)
   mask_BxL = np.ones((B, L), bool)
@@ -95,20 +101,22 @@ def summation_atol(n_terms: int, scale: float, dtype="float32") -> float:
   float32 up to ~80,000 terms.
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   return n_terms * float(jnp.finfo(jnp.dtype(dtype)).eps) * float(scale)
 
 
-def assert_close_sums(actual, expected, *, n_terms: int, scale: float | None = None, rtol: float = 0.0,
-                      dtype="float32", err_msg: str = ""):
+def assert_close_sums(
+  actual, expected, *, n_terms: int, scale: float | None = None, rtol: float = 0.0, dtype="float32", err_msg: str = ""
+):
   """np.testing.assert_allclose(actual, expected) within summation_atol(n_terms, scale, dtype), scale defaulting
   to the largest |entry| of expected; rtol is on top, for entries whose terms are larger than the reference's
   largest (rarely needed)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
   if scale is None:
     scale = float(np.abs(expected).max()) if expected.size else 0.0
-  np.testing.assert_allclose(actual, expected, rtol=rtol, atol=summation_atol(n_terms, scale, dtype),
-                             err_msg=err_msg)
+  np.testing.assert_allclose(actual, expected, rtol=rtol, atol=summation_atol(n_terms, scale, dtype), err_msg=err_msg)
 
 
 def assert_close_gradients(got, want, *, n_terms: int):
@@ -117,18 +125,21 @@ def assert_close_gradients(got, want, *, n_terms: int):
   a bias a softmax does not see) is rounding noise of terms at that overall size and is compared at it."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   got, want = jax.tree.leaves(got), jax.tree.leaves(want)
   assert len(got) == len(want)
   overall = max(float(np.abs(b).max()) for b in want)
   for i, (a, b) in enumerate(zip(got, want)):
     scale = float(np.abs(b).max())
-    assert_close_sums(a, b, n_terms=n_terms, scale=scale if scale > summation_atol(n_terms, overall) else overall,
-                      err_msg=f"leaf {i}")
+    assert_close_sums(
+      a, b, n_terms=n_terms, scale=scale if scale > summation_atol(n_terms, overall) else overall, err_msg=f"leaf {i}"
+    )
 
 
 def metrics_rows(workdir) -> list[dict]:
   """The rows of a run's metrics.jsonl."""
   import json  # pylint: disable=g-import-not-at-top
+
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]
 
@@ -144,6 +155,7 @@ def logged_step(workdir) -> int:
 def free_port() -> int:
   """A TCP port on the loopback interface that nothing listens on (for jax.distributed's coordinator)."""
   import socket  # pylint: disable=g-import-not-at-top
+
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
@@ -161,9 +173,11 @@ def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
   import runpy  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top
+
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+
   app.define_help_flags()  # app.run defines them on its first call only: keep them among the flags kept
   absl_logging.use_absl_handler()  # as app.run's first call does, resetting the log levels, before they are saved
   levels = [(logger, logger.level) for logger in (logging.root, logging.getLogger("absl"))]
@@ -219,9 +233,16 @@ _JITTED = {}  # (module, method name, len(args), static args, static kwargs, pla
 
 def _jit_call(fn, args, kwargs):
   import jax  # pylint: disable=g-import-not-at-top
+
   from efftx import platform  # pylint: disable=g-import-not-at-top
-  is_static = lambda v: (isinstance(v, (bool, str)) or callable(v)
-                         or isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v) and v)
+
+  is_static = lambda v: (
+    isinstance(v, (bool, str))
+    or callable(v)
+    or isinstance(v, (list, tuple))
+    and all(isinstance(s, str) for s in v)
+    and v
+  )
   static_kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items() if is_static(v)}
   traced_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
   static_args = {i: a for i, a in enumerate(args) if isinstance(a, bool)}
@@ -229,11 +250,18 @@ def _jit_call(fn, args, kwargs):
 
   def call(traced_args, traced_kwargs):
     it = iter(traced_args)
-    return fn(*[static_args[i] if i in static_args else next(it) for i in range(len(args))], **static_kwargs,
-              **traced_kwargs)
+    return fn(
+      *[static_args[i] if i in static_args else next(it) for i in range(len(args))], **static_kwargs, **traced_kwargs
+    )
 
-  key = (fn.__self__, fn.__name__, len(args), tuple(static_args.items()), tuple(sorted(static_kwargs.items())),
-         platform.target_platform())
+  key = (
+    fn.__self__,
+    fn.__name__,
+    len(args),
+    tuple(static_args.items()),
+    tuple(sorted(static_kwargs.items())),
+    platform.target_platform(),
+  )
   try:
     jitted = _JITTED.get(key)
   except TypeError:  # something in the key does not hash: no reuse
@@ -247,6 +275,7 @@ def write_idx(path, array):
   """An idx file (the MNIST format) written from the format's definition, independent of images.read_idx."""
   import gzip  # pylint: disable=g-import-not-at-top
   import struct  # pylint: disable=g-import-not-at-top
+
   header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + b"".join(struct.pack(">i", d) for d in array.shape)
   with gzip.open(path, "wb") as f:
     f.write(header + array.astype("uint8").tobytes())
@@ -256,11 +285,12 @@ def assert_decodes_like_forward(model, tokens_BxL, atol: float = 1e-4):
   """Token-by-token decoding with the cache gives the causal forward pass's logits at every position."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   variables = compiled(model).init(jax.random.key(0), tokens_BxL)
   full = np.asarray(compiled(model).apply(variables, tokens_BxL))
   cache = compiled(model).init(jax.random.key(0), tokens_BxL, decode=True)["cache"]
   step = jax.jit(lambda cache, token: model.apply({**variables, "cache": cache}, token, decode=True, mutable=["cache"]))
   for t in range(tokens_BxL.shape[1]):
-    logits, mutated = step(cache, tokens_BxL[:, t:t + 1])
+    logits, mutated = step(cache, tokens_BxL[:, t : t + 1])
     cache = mutated["cache"]
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], rtol=atol, atol=atol)

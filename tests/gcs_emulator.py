@@ -7,6 +7,7 @@ tests/test_bucket.py) with two gaps to the Cloud Storage JSON API filled:
   move fails with 501 after gcsfs's retries (seconds each) before gcsfs falls back to copy and delete.
 
 Everything else is the emulator as published."""
+
 from http import HTTPStatus
 
 from gcp_storage_emulator.exceptions import NotFound
@@ -42,8 +43,13 @@ if __name__ == "__main__":
   from gcp_storage_emulator import server  # pylint: disable=g-import-not-at-top
   from gcp_storage_emulator import settings  # pylint: disable=g-import-not-at-top
   from gcp_storage_emulator.__main__ import main  # pylint: disable=g-import-not-at-top
+
   server.HANDLERS = (
-      (rf"^{settings.API_ENDPOINT}/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
-       r"(?P<dest_object_id>.*[^/]+)$", {server.POST: move}),
-      *server.HANDLERS)
+    (
+      rf"^{settings.API_ENDPOINT}/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
+      r"(?P<dest_object_id>.*[^/]+)$",
+      {server.POST: move},
+    ),
+    *server.HANDLERS,
+  )
   main()

@@ -1,5 +1,6 @@
 """efftx.ab: two variants of the training step timed in turn, B's speed-up the median of the rounds' paired
 ratios; bad input refused in one line. No timing is asserted: only the report's arithmetic and plumbing."""
+
 import os
 import statistics
 import subprocess
@@ -8,9 +9,9 @@ import sys
 import pytest
 
 from conftest import REPO
+from efftx.errors import UserError
 from efftx.perf import ab
 from efftx.perf import step
-from efftx.errors import UserError
 
 QUICKSTART = os.path.join(REPO, "configs", "quickstart.py") + ":smoke"
 
@@ -29,8 +30,11 @@ def _check_arithmetic(out: dict, rounds: int) -> None:
 
 
 def test_two_config_variants_give_both_variants_and_the_median_of_the_paired_ratios():
-  out = ab.compare(step.variant(config=QUICKSTART, overrides="model.activation=gelu_tanh"),
-                   step.variant(config=QUICKSTART, overrides="model.activation=gelu,devices=4"), rounds=4)
+  out = ab.compare(
+    step.variant(config=QUICKSTART, overrides="model.activation=gelu_tanh"),
+    step.variant(config=QUICKSTART, overrides="model.activation=gelu,devices=4"),
+    rounds=4,
+  )
   _check_arithmetic(out, rounds=4)
   assert out["a"]["overrides"] == {"model.activation": "gelu_tanh"}
   assert (out["a"]["batch"], out["a"]["length"], out["a"]["devices"], out["b"]["devices"]) == (32, 48, 8, 4)
@@ -39,24 +43,30 @@ def test_two_config_variants_give_both_variants_and_the_median_of_the_paired_rat
 
 
 def test_compiler_options_are_added_to_the_train_steps_and_an_empty_change_compiles_the_same_program():
-  out = ab.compare(step.variant(config=QUICKSTART),
-                   step.variant(config=QUICKSTART, compiler="xla_cpu_use_xnnpack=false"), rounds=2)
+  out = ab.compare(
+    step.variant(config=QUICKSTART), step.variant(config=QUICKSTART, compiler="xla_cpu_use_xnnpack=false"), rounds=2
+  )
   assert out["b"]["compiler_options"]["xla_cpu_use_xnnpack"] is False and not out["a"]["compiler_options"]
   _check_arithmetic(out, rounds=2)
-  same = ab.compare(step.variant(config=QUICKSTART, overrides="model.activation=gelu"),
-                    step.variant(config=QUICKSTART, overrides="model.activation=gelu,data.data_dir=/nowhere"),
-                    rounds=2)
+  same = ab.compare(
+    step.variant(config=QUICKSTART, overrides="model.activation=gelu"),
+    step.variant(config=QUICKSTART, overrides="model.activation=gelu,data.data_dir=/nowhere"),
+    rounds=2,
+  )
   assert same["same_program"] and same["a"]["first_loss"] == same["b"]["first_loss"]
 
 
-@pytest.mark.parametrize("overrides, words", [
+@pytest.mark.parametrize(
+  "overrides, words",
+  [
     ("model.activaton=gelu", ["config.model has no field 'activaton'", "did you mean 'activation'"]),
     ("mixer.window=4", ["config.mixer has no field 'window'", "num_heads"]),
     ("modle.dropout=0", ["config has no field 'modle'"]),
     ("model.num_layers=two", ["model.num_layers=two", "int"]),
     ("model.causal=maybe", ["model.causal", "bool"]),
     ("model.activation", ["'model.activation' is not name=value"]),
-])
+  ],
+)
 def test_a_bad_override_is_refused_in_one_line(overrides, words):
   with pytest.raises(UserError) as error:
     step.load_config(step.variant(config=QUICKSTART, overrides=overrides))
@@ -66,16 +76,20 @@ def test_a_bad_override_is_refused_in_one_line(overrides, words):
 
 
 def test_other_bad_input_is_refused_in_one_line():
-  cases = [(lambda: ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART)),
-            "A and B are the same"),
-           (lambda: ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART), rounds=1),
-            "--rounds=1"),
-           (lambda: step.load_config(step.variant(mixer="fnet", config=QUICKSTART)), "give one of"),
-           (lambda: step.load_config(step.variant(config="nowhere.py")), "no such config file"),
-           (lambda: step.load_config(step.variant(mixer="fnett")), "'fnett' is not a mixer"),
-           (lambda: step.prepare(step.variant(config=QUICKSTART, overrides="devices=3")), "devices=3"),
-           (lambda: ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART),
-                               commits=("no-such-rev", "HEAD")), "'no-such-rev' is not a commit")]
+  cases = [
+    (lambda: ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART)), "A and B are the same"),
+    (lambda: ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART), rounds=1), "--rounds=1"),
+    (lambda: step.load_config(step.variant(mixer="fnet", config=QUICKSTART)), "give one of"),
+    (lambda: step.load_config(step.variant(config="nowhere.py")), "no such config file"),
+    (lambda: step.load_config(step.variant(mixer="fnett")), "'fnett' is not a mixer"),
+    (lambda: step.prepare(step.variant(config=QUICKSTART, overrides="devices=3")), "devices=3"),
+    (
+      lambda: ab.compare(
+        step.variant(config=QUICKSTART), step.variant(config=QUICKSTART), commits=("no-such-rev", "HEAD")
+      ),
+      "'no-such-rev' is not a commit",
+    ),
+  ]
   for call, words in cases:
     with pytest.raises(UserError, match=words) as error:
       call()
@@ -93,8 +107,9 @@ def test_the_mixer_mode_has_the_peer_shape():
 @pytest.mark.slow
 def test_commits_mode_runs_each_commit_in_its_own_worker():
   """HEAD~1 and HEAD, each extracted and imported by its own process."""
-  out = ab.compare(step.variant(config=QUICKSTART), step.variant(config=QUICKSTART), rounds=3,
-                   commits=("HEAD~1", "HEAD"))
+  out = ab.compare(
+    step.variant(config=QUICKSTART), step.variant(config=QUICKSTART), rounds=3, commits=("HEAD~1", "HEAD")
+  )
   _check_arithmetic(out, rounds=3)
   assert (out["a"]["commit"], out["b"]["commit"]) == ("HEAD~1", "HEAD")
   for label in "ab":
@@ -104,8 +119,13 @@ def test_commits_mode_runs_each_commit_in_its_own_worker():
 
 @pytest.mark.slow
 def test_the_command_line_prints_one_line_for_a_bad_field():
-  proc = subprocess.run([sys.executable, "-m", "efftx.ab", f"--config={QUICKSTART}", "--b=model.activaton=gelu"],
-                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+    [sys.executable, "-m", "efftx.ab", f"--config={QUICKSTART}", "--b=model.activaton=gelu"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
   assert lines[0].startswith("efftx.ab: error: model.activaton: config.model has no field 'activaton'")

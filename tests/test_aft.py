@@ -2,6 +2,7 @@
 
 The causal tests with keys spanning ~1e3 are issue 10: each row must be normalised by the keys it can see.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,8 +14,12 @@ from efftx.mixers import MIXERS
 B, L, D, H = 2, 9, 8, 2
 VARIANTS = ["aft_full", "aft_simple", "aft_local", "aft_conv"]
 # Enough to cover L = 16 positions; the window and kernel reach past a hierarchy block of the causal paths.
-OPTIONS = {"aft_full": dict(max_len=16, aft_bias_dim=4), "aft_simple": {},
-           "aft_local": dict(max_len=16, aft_bias_dim=4, window=3), "aft_conv": dict(num_heads=H, kernel_size=3)}
+OPTIONS = {
+  "aft_full": dict(max_len=16, aft_bias_dim=4),
+  "aft_simple": {},
+  "aft_local": dict(max_len=16, aft_bias_dim=4, window=3),
+  "aft_conv": dict(num_heads=H, kernel_size=3),
+}
 
 
 def _inputs(seed=0):
@@ -85,8 +90,7 @@ def _run(name, causal, seed=0, **kwargs):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("factorized", [True, False])
 def test_aft_full_matches_formula(causal, factorized):
-  x, mask, module, variables, params = _run("aft_full", causal, max_len=16, aft_bias_dim=4,
-                                            aft_factorized=factorized)
+  x, mask, module, variables, params = _run("aft_full", causal, max_len=16, aft_bias_dim=4, aft_factorized=factorized)
   want = _reference("aft_full", x, mask, params, causal)
   got = jax.jit(module.apply)(variables, x, mask=mask)
   np.testing.assert_allclose(np.asarray(got)[mask], want[mask], rtol=1e-4, atol=1e-5)
@@ -96,8 +100,9 @@ def test_aft_full_matches_formula(causal, factorized):
 def test_aft_simple_matches_formula(causal):
   x, mask, module, variables, params = _run("aft_simple", causal)
   want = _reference("aft_simple", x, mask, params, causal)
-  np.testing.assert_allclose(np.asarray(jax.jit(module.apply)(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(jax.jit(module.apply)(variables, x, mask=mask))[mask], want[mask], rtol=1e-4, atol=1e-5
+  )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -106,8 +111,12 @@ def test_aft_local_matches_formula(causal, window):
   # Bias scaled up so that the band visibly matters.
   x, mask, module, variables, params = _run("aft_local", causal, max_len=16, window=window, aft_bias_dim=4)
   variables = jax.tree.map(lambda a: a * 30, variables)
-  variables = {"params": {**variables["params"], **{n: jax.tree.map(lambda a: a / 30, variables["params"][n])
-                                                    for n in ("query", "key", "value", "out")}}}
+  variables = {
+    "params": {
+      **variables["params"],
+      **{n: jax.tree.map(lambda a: a / 30, variables["params"][n]) for n in ("query", "key", "value", "out")},
+    }
+  }
   want = _reference("aft_local", x, mask, variables["params"], causal, window=window)
   got = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
@@ -119,8 +128,13 @@ def test_aft_conv_matches_formula(causal, kernel_size):
   x, mask, module, variables, params = _run("aft_conv", causal, num_heads=H, kernel_size=kernel_size)
   # γ and β start at 0 (the kernel is then 0: AFT-simple); give them values so the kernel matters.
   rng = np.random.default_rng(3)
-  variables = {"params": {**variables["params"], "gamma": rng.normal(size=(H, 1)).astype(np.float32),
-                          "beta": rng.normal(size=(H, 1)).astype(np.float32)}}
+  variables = {
+    "params": {
+      **variables["params"],
+      "gamma": rng.normal(size=(H, 1)).astype(np.float32),
+      "beta": rng.normal(size=(H, 1)).astype(np.float32),
+    }
+  }
   want = _reference("aft_conv", x, mask, variables["params"], causal)
   got = np.asarray(jax.jit(module.apply)(variables, x, mask=mask))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
@@ -132,8 +146,9 @@ def test_aft_local_with_window_covering_the_sequence_is_aft_full(causal):
   full = MIXERS["aft_full"](causal=causal, max_len=16, aft_bias_dim=4)
   local = MIXERS["aft_local"](causal=causal, max_len=16, aft_bias_dim=4, window=L)
   variables = jax.tree.map(lambda a: a * 30, jax.jit(full.init)(jax.random.key(1), x))
-  np.testing.assert_allclose(jax.jit(local.apply)(variables, x, mask=mask),
-                             jax.jit(full.apply)(variables, x, mask=mask), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    jax.jit(local.apply)(variables, x, mask=mask), jax.jit(full.apply)(variables, x, mask=mask), rtol=1e-4, atol=1e-5
+  )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -145,9 +160,11 @@ def test_aft_simple_is_aft_full_with_zero_bias(causal):
   zero_bias = jax.tree.map(jnp.zeros_like, variables["params"]["bias"])
   # The same formula summed otherwise: the projections over D, the weighted sum and the normalizer over the L keys,
   # the output projection over D.
-  assert_close_sums(jax.jit(MIXERS["aft_simple"](causal=causal).apply)(simple_variables, x, mask=mask),
-                    jax.jit(full.apply)({"params": {**variables["params"], "bias": zero_bias}}, x, mask=mask),
-                    n_terms=2 * D + 2 * L)
+  assert_close_sums(
+    jax.jit(MIXERS["aft_simple"](causal=causal).apply)(simple_variables, x, mask=mask),
+    jax.jit(full.apply)({"params": {**variables["params"], "bias": zero_bias}}, x, mask=mask),
+    n_terms=2 * D + 2 * L,
+  )
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -219,7 +236,7 @@ def _wide_keys(name, pattern, length=16, seed=0):
   if name == "aft_conv":
     params["gamma"], params["beta"] = jnp.array([[1.5], [-1.0]]), jnp.array([[0.5], [-0.5]])
   mask = np.ones((B, length), bool)
-  mask[1, length - 3:] = False
+  mask[1, length - 3 :] = False
   return module, {"params": params}, x, mask
 
 
@@ -279,7 +296,8 @@ def test_causal_aft_gradients_match_the_dense_formula(name, keys):
     return _formula(x, mask, p, True, _position_bias(name, p, x.shape[1], True, jnp, window), jnp)
 
   got = jax.jit(jax.grad(lambda p, x: (module.apply({"params": p}, x, mask=mask) * weights).sum(), argnums=(0, 1)))(
-      variables["params"], x)
+    variables["params"], x
+  )
   want = jax.jit(jax.grad(lambda p, x: (formula(p, x) * weights).sum(), argnums=(0, 1)))(variables["params"], x)
   # A constant added to a channel's keys cancels in the ratio: the key bias's true gradient is 0 (both are noise).
   scale = np.abs(want[0]["key"]["kernel"]).max()
@@ -294,9 +312,12 @@ def test_causal_aft_matches_the_formula_on_a_long_sequence(name):
   past float32's e^±88) under order-1 noise."""
   length, d = 300, 4
   rng = np.random.default_rng(0)
-  options = {"aft_full": dict(max_len=512, aft_bias_dim=4), "aft_simple": {},
-             "aft_local": dict(max_len=512, aft_bias_dim=4, window=16),
-             "aft_conv": dict(num_heads=2, kernel_size=5)}[name]
+  options = {
+    "aft_full": dict(max_len=512, aft_bias_dim=4),
+    "aft_simple": {},
+    "aft_local": dict(max_len=512, aft_bias_dim=4, window=16),
+    "aft_conv": dict(num_heads=2, kernel_size=5),
+  }[name]
   module = MIXERS[name](causal=True, **options)
   x = rng.normal(size=(B, length, d)).astype(np.float32)
   x[:, :, 0] = np.arange(length) / 8
@@ -342,7 +363,7 @@ def test_decoding_equals_the_causal_forward_pass_with_keys_spanning_a_thousand(n
   cache = module.init(jax.random.key(0), x, decode=True)["cache"]
   step = jax.jit(lambda v, x_t: module.apply(v, x_t, decode=True, mutable=["cache"]))
   for t in range(x.shape[1]):
-    y_t, mutated = step({**variables, "cache": cache}, x[:, t:t + 1])
+    y_t, mutated = step({**variables, "cache": cache}, x[:, t : t + 1])
     cache = mutated["cache"]
     np.testing.assert_allclose(np.asarray(y_t)[:, 0], full[:, t], rtol=1e-4, atol=1e-5, err_msg=f"position {t}")
 
@@ -369,8 +390,13 @@ CAUSAL_SUMS_VARIANTS = ["aft_full", "aft_local"]
 
 def _outputs_and_grads(module, variables, x, mask):
   """{setting: (output, gradients)} for the three causal_sums settings."""
-  return {s: (np.asarray(jax.jit(module.clone(causal_sums=s).apply)(variables, x, mask=mask)),
-              _grads(module.clone(causal_sums=s), variables, x, mask)) for s in ("auto", "global", "stable")}
+  return {
+    s: (
+      np.asarray(jax.jit(module.clone(causal_sums=s).apply)(variables, x, mask=mask)),
+      _grads(module.clone(causal_sums=s), variables, x, mask),
+    )
+    for s in ("auto", "global", "stable")
+  }
 
 
 def _bit_equal(a, b) -> bool:
@@ -397,8 +423,9 @@ def test_causal_auto_takes_the_global_path_for_ordinary_keys_and_matches_the_for
   got_grads = runs["auto"][1]
   assert np.abs(got_grads[0]["key"].pop("bias")).max() < 1e-4 * np.abs(want_grads[0]["key"]["kernel"]).max()
   want_grads[0]["key"].pop("bias")  # a constant added to a channel's keys cancels: its true gradient is 0
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(b).max()), got_grads,
-               want_grads)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(b).max()), got_grads, want_grads
+  )
 
   x16 = jnp.asarray(x, jnp.bfloat16)
   auto16, global16 = (jax.jit(module.clone(causal_sums=s).apply)(variables, x16, mask=mask) for s in ("auto", "global"))
@@ -442,7 +469,7 @@ def test_causal_auto_switches_to_the_stable_path_at_the_global_paths_range(name,
   formula. At Δ + 16 the global path's e^-(Δ+21) < float32's smallest normal is flushed to 0, and row 1 is off
   by ~e^-5 — the loss the switch guards against."""
   L = 8
-  delta = float(np.log(2.0 ** -24 / (2 * L * np.finfo(np.float32).tiny)))
+  delta = float(np.log(2.0**-24 / (2 * L * np.finfo(np.float32).tiny)))
   rng = np.random.default_rng(0)
   keys = np.concatenate([[0.0, -5.0], delta + margin + rng.uniform(-0.5, 0.0, size=L - 2)])
   values = np.concatenate([[1.0, 0.0], rng.normal(size=L - 2)])
@@ -450,8 +477,9 @@ def test_causal_auto_switches_to_the_stable_path_at_the_global_paths_range(name,
   got = {s: np.asarray(jax.jit(module.clone(causal_sums=s).apply)(variables, x)) for s in ("auto", "global", "stable")}
   assert not np.array_equal(got["global"], got["stable"])
   assert np.array_equal(got["auto"], got["global" if margin < 0 else "stable"])
-  want = _reference(name, x, np.ones((1, L), bool), variables["params"], causal=True,
-                    window=OPTIONS[name].get("window"))
+  want = _reference(
+    name, x, np.ones((1, L), bool), variables["params"], causal=True, window=OPTIONS[name].get("window")
+  )
   np.testing.assert_allclose(got["auto"], want, rtol=1e-5, atol=1e-6)
   if margin < 0:
     np.testing.assert_allclose(got["global"], want, rtol=1e-5, atol=1e-6)
@@ -466,8 +494,9 @@ def test_causal_global_sums_read_zero_for_a_prefix_far_below_a_later_key(name):
   """The documented failure of causal_sums="global": keys 0, 0, 0, 200 — rows 0 … 2 see only keys 200 below the
   sequence's maximum, e^-200 is 0 in float32, and they read 0 where the formula (and auto) give σ(1)·1 at row 0."""
   module, variables, x = _ramp_keys_module(name, np.array([0.0, 0.0, 0.0, 200.0]), np.array([1.0, 0.0, 0.0, 0.0]))
-  want = _reference(name, x, np.ones((1, 4), bool), variables["params"], causal=True,
-                    window=OPTIONS[name].get("window"))
+  want = _reference(
+    name, x, np.ones((1, 4), bool), variables["params"], causal=True, window=OPTIONS[name].get("window")
+  )
   got_global = np.asarray(jax.jit(module.clone(causal_sums="global").apply)(variables, x))
   got_auto = np.asarray(jax.jit(module.apply)(variables, x))
   np.testing.assert_allclose(want[0, 0, 0], 1 / (1 + np.exp(-1.0)), rtol=1e-6)

@@ -6,12 +6,15 @@ The paper (Zhai et al., 2021; /work/shared/PAPERS.md): Y_t = σ(Q_t) ⊙ Σ_t' e
 w_tt'), with w_tt' the head's kernel at the offset of t' from t inside the kernel's reach and 0 outside, the kernel
 reparameterised w = γ (w − mean w) / std w + β.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_close_sums, lm_model, mixer_config
+from conftest import assert_close_sums
+from conftest import lm_model
+from conftest import mixer_config
 from efftx.errors import UserError
 from efftx.mixers import aft_conv
 
@@ -91,7 +94,7 @@ def _inputs(L: int, padded: int = 3, seed: int = 0):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(B, L, D)).astype(np.float32)
   mask = np.ones((B, L), bool)
-  mask[1, L - padded:] = False
+  mask[1, L - padded :] = False
   return x, mask
 
 
@@ -152,8 +155,9 @@ def test_leading_positions_before_the_grid_take_part_in_the_global_sums_only(ext
   assert_close_sums(got[mask], _grid_reference(x, mask, variables, grid)[mask], n_terms=_n_terms(L, 3))
   # The bias matters on the grid and not at the leading positions: with a zero kernel (AFT-simple) the cells' outputs
   # change and the leading positions' do not.
-  flat = {"params": {**variables["params"], "gamma": np.zeros((2, 1), np.float32),
-                     "beta": np.zeros((2, 1), np.float32)}}
+  flat = {
+    "params": {**variables["params"], "gamma": np.zeros((2, 1), np.float32), "beta": np.zeros((2, 1), np.float32)}
+  }
   simple = np.asarray(jax.jit(module.apply)(flat, x, mask=mask))
   assert_close_sums(got[:, :extra], simple[:, :extra], n_terms=_n_terms(L, 3))
   assert np.abs(got[:, extra:] - simple[:, extra:]).max() > 1e-2
@@ -193,8 +197,13 @@ def test_grid_aft_conv_is_stable_with_keys_in_a_range_of_fifty():
   module, variables = _module(grid, 3, x=x)
   params = variables["params"]
   k = x @ np.asarray(params["key"]["kernel"]) + np.asarray(params["key"]["bias"])
-  params = {**params, "key": {"kernel": np.asarray(params["key"]["kernel"]) * (50 / np.abs(k).max()),
-                              "bias": np.asarray(params["key"]["bias"])}}
+  params = {
+    **params,
+    "key": {
+      "kernel": np.asarray(params["key"]["kernel"]) * (50 / np.abs(k).max()),
+      "bias": np.asarray(params["key"]["bias"]),
+    },
+  }
   variables = {"params": params}
   k = x @ params["key"]["kernel"]
   assert np.abs(k).max() == pytest.approx(50, rel=1e-3) and k.min() < -20 and k.max() > 20
@@ -220,7 +229,7 @@ def test_shifting_the_image_content_shifts_the_interior_outputs():
   x = np.stack([image_a.reshape(R * C, D), image_b.reshape(R * C, D)])
   module, variables = _module(grid, S, x=x)
   y = np.asarray(jax.jit(module.apply)(variables, x)).reshape(B, R, C, D)
-  y_a, y_b = y[0, 1:R - 2, 1:C - 3], y[1, 2:R - 1, 3:C - 1]  # cells (r, c) and (r + 1, c + 2), windows inside
+  y_a, y_b = y[0, 1 : R - 2, 1 : C - 3], y[1, 2 : R - 1, 3 : C - 1]  # cells (r, c) and (r + 1, c + 2), windows inside
   assert_close_sums(y_a, y_b, n_terms=_n_terms(R * C, S))
   assert np.abs(y_a).max() > 1e-2 and np.abs(y_a - y_a.mean(axis=(0, 1))).max() > 1e-2  # not a constant output
 
@@ -254,9 +263,12 @@ def test_a_grid_of_one_row_or_column_is_the_sequence_form_with_the_kernels_middl
   module_2d, variables = _module(grid, kernel_size, x=x)
   w = _kernel(variables["params"])
   line = w[:, (kernel_size - 1) // 2, :] if axis == "row" else w[:, :, (kernel_size - 1) // 2]
-  params_1d = {**variables["params"], "kernel": line.astype(np.float32),
-               "gamma": (line.std(1, keepdims=True) + 1e-5).astype(np.float32),
-               "beta": line.mean(1, keepdims=True).astype(np.float32)}
+  params_1d = {
+    **variables["params"],
+    "kernel": line.astype(np.float32),
+    "gamma": (line.std(1, keepdims=True) + 1e-5).astype(np.float32),
+    "beta": line.mean(1, keepdims=True).astype(np.float32),
+  }
   module_1d = aft_conv.AFTConv(num_heads=2, kernel_size=kernel_size)
   y_1d = np.asarray(jax.jit(module_1d.apply)({"params": params_1d}, x, mask=mask))
   y_2d = np.asarray(jax.jit(module_2d.apply)(variables, x, mask=mask))
@@ -319,8 +331,9 @@ def test_a_training_step_with_kernel_size_one_stays_finite():
   """A one-layer causal LM with aft_conv kernel_size=1, built by the users' builder: an SGD step on the next-token
   loss gives finite gradients, parameters and loss (γ, β = 0 at init: the nan came from √0's gradient, not from
   their values)."""
-  config = mixer_config("aft_conv", kernel_size=1, num_heads=2, d_model=16, d_ff=32, num_layers=1, max_len=8,
-                        causal=True, dropout=0.0)
+  config = mixer_config(
+    "aft_conv", kernel_size=1, num_heads=2, d_model=16, d_ff=32, num_layers=1, max_len=8, causal=True, dropout=0.0
+  )
   model = lm_model(config, vocab_size=16)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 16, size=(2, 8)), jnp.int32)
   params = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
@@ -353,6 +366,7 @@ def test_flops_2d_equals_the_traced_convolutions():
   """flops_2d against the convolutions of the traced program (tests/test_flops.py's walker), per position, with a
   [CLS] position before the 6×7 cells."""
   from test_flops import _matmul_flops  # pylint: disable=g-import-not-at-top
+
   d, grid, options = 32, (6, 7), {"num_heads": 4, "kernel_size": 5}
   L = 43
   module = aft_conv.AFTConv(grid=grid, **options)
@@ -361,8 +375,9 @@ def test_flops_2d_equals_the_traced_convolutions():
     x = jnp.ones((batch, L, d))
     variables = jax.eval_shape(module.init, jax.random.key(0), x)
     flops.append(_matmul_flops(jax.make_jaxpr(lambda v, x: module.apply(v, x))(variables, x).jaxpr))
-  projections = sum(layer["kernel"].size for name, layer in variables["params"].items()
-                    if name in ("query", "key", "value", "out"))
+  projections = sum(
+    layer["kernel"].size for name, layer in variables["params"].items() if name in ("query", "key", "value", "out")
+  )
   traced = (flops[1] - flops[0]) / (2 * L) - 2 * projections
   assert aft_conv.flops_2d(options, L, d, cells=42) == pytest.approx(traced, rel=1e-9)
   assert aft_conv.flops_2d(options, 42, d) == 2 * 25 * (d + 4)

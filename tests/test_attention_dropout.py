@@ -1,14 +1,17 @@
 """Attention-probability dropout: "chunked" against the textbook formula with the same keep mask, no dropout when
 deterministic, unbiased in expectation on every path, O(L·chunk) memory in training, and "fused" refusing it."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_close_sums, compiled, padded_inputs
+from conftest import assert_close_sums
+from conftest import compiled
+from conftest import padded_inputs
 from efftx import platform
-from efftx.mixers import spec
-from efftx.mixers.attention import Attention, dropout_keep_block
+from efftx.mixers.attention import Attention
+from efftx.mixers.attention import dropout_keep_block
 from efftx.mixers.local import LocalAttention
 from efftx.mixers.lsh import LSHAttention
 
@@ -29,8 +32,10 @@ def _full_keep_mask(key, chunk, rate):
   """B×H×L×L keep mask of "chunked": its per-block masks side by side, cut to L."""
   C = min(chunk, L)
   N = -(-L // C)
-  rows = [np.concatenate([np.asarray(dropout_keep_block(key, i, j, (B, H, C, C), rate)) for j in range(N)], axis=-1)
-          for i in range(N)]
+  rows = [
+    np.concatenate([np.asarray(dropout_keep_block(key, i, j, (B, H, C, C), rate)) for j in range(N)], axis=-1)
+    for i in range(N)
+  ]
   return np.concatenate(rows, axis=-2)[..., :L, :L]
 
 
@@ -50,8 +55,9 @@ def _naive_attention(params, x_BxLxD, mask_BxL, causal, keep_BxHxLxL, rate):
 @pytest.mark.parametrize("chunk", [3, 4, 8])  # 3 does not divide L; 8 is one block
 def test_chunked_dropout_equals_naive_attention_with_the_same_keep_mask(causal, chunk):
   x, mask = _inputs()
-  module = Attention(num_heads=H, causal=causal, attention_impl="chunked", attention_chunk=chunk,
-                     attention_dropout=RATE)
+  module = Attention(
+    num_heads=H, causal=causal, attention_impl="chunked", attention_chunk=chunk, attention_dropout=RATE
+  )
   variables = compiled(module).init(jax.random.key(0), x)
   rng = jax.random.key(7)
   keep_BxHxLxL = _full_keep_mask(_module_dropout_key(module, variables, rng), chunk, RATE)
@@ -74,10 +80,10 @@ def test_chunked_dropout_equals_naive_attention_with_the_same_keep_mask(causal, 
 
 
 PATHS = {  # every path with attention probabilities, small enough that each splits the sequence
-    "plain": lambda rate: Attention(num_heads=H, attention_impl="plain", attention_dropout=rate),
-    "chunked": lambda rate: Attention(num_heads=H, attention_impl="chunked", attention_chunk=3, attention_dropout=rate),
-    "local": lambda rate: LocalAttention(num_heads=H, window=3, attention_dropout=rate),
-    "lsh": lambda rate: LSHAttention(num_heads=H, lsh_buckets=2, lsh_chunk=4, attention_dropout=rate),
+  "plain": lambda rate: Attention(num_heads=H, attention_impl="plain", attention_dropout=rate),
+  "chunked": lambda rate: Attention(num_heads=H, attention_impl="chunked", attention_chunk=3, attention_dropout=rate),
+  "local": lambda rate: LocalAttention(num_heads=H, window=3, attention_dropout=rate),
+  "lsh": lambda rate: LSHAttention(num_heads=H, lsh_buckets=2, lsh_chunk=4, attention_dropout=rate),
 }
 
 
@@ -90,7 +96,8 @@ def test_no_dropout_when_deterministic_or_rate_zero(path):
   rngs = {"dropout": jax.random.key(1)}
   np.testing.assert_array_equal(compiled(make(RATE)).apply(variables, x, mask=mask, deterministic=True), want)
   np.testing.assert_array_equal(
-      compiled(make(0.0)).apply(variables, x, mask=mask, deterministic=False, rngs=rngs), want)
+    compiled(make(0.0)).apply(variables, x, mask=mask, deterministic=False, rngs=rngs), want
+  )
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -102,9 +109,11 @@ def test_dropout_is_unbiased_and_random(path):
   variables = compiled(module).init(jax.random.key(0), x)
   want = np.asarray(compiled(module).apply(variables, x, mask=mask, deterministic=True))
   n = 200
-  ys = np.asarray(jax.jit(jax.vmap(
-      lambda rng: module.apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": rng})))(
-          jax.random.split(jax.random.key(3), n)))
+  ys = np.asarray(
+    jax.jit(jax.vmap(lambda rng: module.apply(variables, x, mask=mask, deterministic=False, rngs={"dropout": rng})))(
+      jax.random.split(jax.random.key(3), n)
+    )
+  )
   stderr = ys.std(axis=0) / np.sqrt(n)
   assert np.all(np.abs(ys.mean(axis=0) - want) <= 5 * stderr + 1e-5), np.abs(ys.mean(axis=0) - want).max()
   assert not np.allclose(ys[0], want, atol=1e-3)  # a single draw does drop something
@@ -145,8 +154,12 @@ def test_auto_on_gpu_is_fused_in_16_bit_flash_in_float32_and_chunked_with_dropou
   x = x.astype(dtype)
   make = lambda impl: Attention(num_heads=H, attention_impl=impl, attention_chunk=3, attention_dropout=RATE)
   variables = compiled(make("auto")).init(jax.random.key(0), x)
-  apply = lambda impl, deterministic: np.asarray(compiled(make(impl)).apply(
-      variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}), np.float32)
+  apply = lambda impl, deterministic: np.asarray(
+    compiled(make(impl)).apply(
+      variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}
+    ),
+    np.float32,
+  )
   expected, want_chunked = apply(want, True), apply("chunked", False)
   with platform.lowering_for("gpu"):
     np.testing.assert_array_equal(apply("auto", True), expected)
@@ -160,8 +173,9 @@ def test_auto_on_cpu_is_flash_without_dropout_and_plain_or_chunked_with_it():
   for L, chunk in ((7, 3), (1025, 512)):  # both span more than one chunk
     x = jax.random.normal(jax.random.key(L), (1, L, 4))
     variables = compiled(make("auto", chunk)).init(jax.random.key(0), x)
-    apply = lambda impl, deterministic, x=x, chunk=chunk, variables=variables: np.asarray(compiled(
-        make(impl, chunk)).apply(variables, x, deterministic=deterministic, rngs={"dropout": jax.random.key(1)}))
+    apply = lambda impl, deterministic, x=x, chunk=chunk, variables=variables: np.asarray(
+      compiled(make(impl, chunk)).apply(variables, x, deterministic=deterministic, rngs={"dropout": jax.random.key(1)})
+    )
     np.testing.assert_array_equal(apply("auto", True), apply("flash", True))
     np.testing.assert_array_equal(apply("auto", False), apply("plain" if L <= 1024 else "chunked", False))
     assert not np.array_equal(apply("plain", False), apply("chunked", False))  # the two draw different masks

@@ -4,6 +4,7 @@ Each library reaches the emulator through its own documented setting, exactly as
 etils epath / gcsfs and tensorboardX's google-cloud-storage writer by STORAGE_EMULATOR_HOST, orbax's TensorStore
 by TENSORSTORE_GCS_HTTP_URL. Nothing in efftx knows it is talking to an emulator.
 """
+
 import json
 import os
 import signal
@@ -17,7 +18,10 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import REPO, free_port, metrics_rows, summation_atol
+from conftest import REPO
+from conftest import free_port
+from conftest import metrics_rows
+from conftest import summation_atol
 from efftx import checkpoints
 from efftx import train
 
@@ -35,10 +39,26 @@ def bucket_env(tmp_path_factory):
   log = tmp_path_factory.mktemp("gcs_log") / "emulator.log"
   with open(log, "w") as out:  # a file, not a pipe: it logs every request, and a full pipe would stall it
     server = subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "tests", "gcs_emulator.py"), "-d", str(storage), "start", "--port", str(port),
-         "--default-bucket", BUCKET], stdout=out, stderr=subprocess.STDOUT)
-  env = {"STORAGE_EMULATOR_HOST": f"http://localhost:{port}", "TENSORSTORE_GCS_HTTP_URL": f"http://localhost:{port}",
-         "GOOGLE_CLOUD_PROJECT": "efftx-test", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "anonymous"}
+      [
+        sys.executable,
+        os.path.join(REPO, "tests", "gcs_emulator.py"),
+        "-d",
+        str(storage),
+        "start",
+        "--port",
+        str(port),
+        "--default-bucket",
+        BUCKET,
+      ],
+      stdout=out,
+      stderr=subprocess.STDOUT,
+    )
+  env = {
+    "STORAGE_EMULATOR_HOST": f"http://localhost:{port}",
+    "TENSORSTORE_GCS_HTTP_URL": f"http://localhost:{port}",
+    "GOOGLE_CLOUD_PROJECT": "efftx-test",
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING": "anonymous",
+  }
   deadline = time.time() + 60
   while "All services started" not in log.read_text():
     assert server.poll() is None and time.time() < deadline, f"the emulator did not start: {log.read_text()}"
@@ -70,12 +90,17 @@ def _untimed(row: dict) -> dict:
 
 
 def _command(workdir, data_dir, module="efftx.train"):
-  return [sys.executable, "-m", module, "--config=configs/quickstart.py:smoke", f"--workdir={workdir}",
-          f"--config.data.data_dir={data_dir}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  return [
+    sys.executable,
+    "-m",
+    module,
+    "--config=configs/quickstart.py:smoke",
+    f"--workdir={workdir}",
+    f"--config.data.data_dir={data_dir}",
+  ] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
 
 
-def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke_config, data_dir, tmp_path,
-                                                                            on_bucket):
+def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke_config, data_dir, tmp_path, on_bucket):
   local = str(tmp_path / "local")
   config = smoke_config()
   config.update(OVERRIDES)
@@ -84,8 +109,9 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
   workdir = f"gs://{BUCKET}/runs/smoke"
   env = {**os.environ, **on_bucket}
   # Started, stopped by SIGTERM after step 5 (it saves where it stops), then the same command again.
-  first = subprocess.Popen(_command(workdir, data_dir), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+  first = subprocess.Popen(
+    _command(workdir, data_dir), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
   log = []
   while not any("] step 5:" in line for line in log[-1:]):
     log.append(first.stdout.readline())
@@ -95,8 +121,7 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
   assert first.returncode == 0, out
   stopped_at = max(_steps(workdir))
   assert 5 <= stopped_at < 12, out
-  again = subprocess.run(_command(workdir, data_dir), cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+  again = subprocess.run(_command(workdir, data_dir), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert again.returncode == 0, again.stdout + again.stderr
   assert f"resuming from {workdir}/checkpoints at step {stopped_at}" in again.stderr
   metrics = _fresh(workdir) / "metrics.jsonl"
@@ -112,17 +137,26 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(got_params), jax.device_get(want_params))
   events = list((_fresh(workdir) / "tensorboard").glob("events.out.tfevents.*"))
   assert events and all(e.stat().length > 0 for e in events), events
-  assert json.loads((_fresh(workdir) / "config.json").read_text())["model"] == json.loads(
-      config.to_json_best_effort())["model"]
+  assert (
+    json.loads((_fresh(workdir) / "config.json").read_text())["model"]
+    == json.loads(config.to_json_best_effort())["model"]
+  )
   assert not (_fresh(workdir) / "running.json").exists()
 
   # The evaluation of the bucket run writes its record beside it.
-  proc = subprocess.run([sys.executable, "-m", "efftx.evaluate", f"--workdir={workdir}"], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-m", "efftx.evaluate", f"--workdir={workdir}"],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr
   record = json.loads((_fresh(workdir) / "eval_validation_12.json").read_text())
   assert record["step"] == 12 and record["loss"] == pytest.approx(
-      want[-1]["eval_loss"], abs=summation_atol(record["examples"], want[-1]["eval_loss"]))
+    want[-1]["eval_loss"], abs=summation_atol(record["examples"], want[-1]["eval_loss"])
+  )
 
   # A damaged latest checkpoint on the bucket: set aside (a move inside the bucket), the run goes on from step 8.
   sizes = json.loads((_fresh(workdir) / "checkpoints" / "12" / checkpoints.SIZES_FILE).read_text())
@@ -133,26 +167,39 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
   assert "checkpoint 12 cannot be read" in proc.stderr and "resuming from step 8 instead" in proc.stderr
   aside = sorted(p.name for p in (_fresh(workdir) / "unreadable_checkpoints").iterdir())
   assert len(aside) == 2 and aside[0].startswith("12-") and aside[1] == "README.txt", aside
-  assert [_untimed(json.loads(line)) for line in
-          (_fresh(workdir) / "metrics.jsonl").read_text().splitlines()] == [_untimed(r) for r in want]
+  assert [_untimed(json.loads(line)) for line in (_fresh(workdir) / "metrics.jsonl").read_text().splitlines()] == [
+    _untimed(r) for r in want
+  ]
   assert _steps(workdir)[-2:] == [8, 12]
   _, again_params, _ = checkpoints.restore_params(workdir, 12)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(again_params), jax.device_get(want_params))
 
 
 def test_a_bucket_that_does_not_exist_is_refused_not_created(data_dir, on_bucket):
-  proc = subprocess.run(_command("gs://no-such-bucket/run", data_dir), cwd=REPO, env={**os.environ, **on_bucket},
-                        capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+    _command("gs://no-such-bucket/run", data_dir),
+    cwd=REPO,
+    env={**os.environ, **on_bucket},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 2
-  assert proc.stderr.strip().splitlines()[-1] == ("efftx.train: error: --workdir=gs://no-such-bucket/run: the bucket "
-                                                  "gs://no-such-bucket does not exist or cannot be reached")
+  assert proc.stderr.strip().splitlines()[-1] == (
+    "efftx.train: error: --workdir=gs://no-such-bucket/run: the bucket "
+    "gs://no-such-bucket does not exist or cannot be reached"
+  )
   assert not epath.Path("gs://no-such-bucket").exists()
 
 
 def test_data_dir_on_a_bucket_is_refused_with_the_way_around(data_dir, tmp_path):
-  proc = subprocess.run(_command(tmp_path, "gs://some-bucket/tensorflow_datasets"), cwd=REPO, capture_output=True,
-                        text=True, timeout=120)
+  proc = subprocess.run(
+    _command(tmp_path, "gs://some-bucket/tensorflow_datasets"), cwd=REPO, capture_output=True, text=True, timeout=120
+  )
   assert proc.returncode == 2
-  assert proc.stderr.strip().splitlines()[-1].startswith(
-      "efftx.train: error: config.data.data_dir='gs://some-bucket/tensorflow_datasets': array_record")
+  assert (
+    proc.stderr.strip()
+    .splitlines()[-1]
+    .startswith("efftx.train: error: config.data.data_dir='gs://some-bucket/tensorflow_datasets': array_record")
+  )
   assert "gcsfuse" in proc.stderr

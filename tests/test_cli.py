@@ -1,5 +1,6 @@
 """Bad input on the command line: non-zero exit, one clear line naming the problem and the choices, no traceback,
 and the workdir as it was."""
+
 import concurrent.futures
 import os
 import subprocess
@@ -12,74 +13,110 @@ from conftest import REPO
 from conftest import run_in_process
 
 TRAIN_CASES = [
-    # (extra arguments, words the one line must contain)
-    (["--config.model.mixerr=fnet"], ["mixerr", "did you mean 'mixer'", "d_model"]),
-    (["--config.model.mixer=fnett"], ["fnett", "attention, fnet"]),
-    (["--config.data.task=listopz"], ["listopz", "listops"]),
-    (["--config.model.d_model=abc"], ["d_model", "abc"]),
-    (["--config.model.dropout=1.5"], ["dropout", "[0, 1)"]),
-    (["--config=configs/quickstart.py:mixer=fnet", "--config.model.causal=true"], ["fnet", "cannot be causal"]),
-    # Mixer options: only the chosen mixer's exist; the message names them.
-    (["--config.mixer.window=4"], ["mixer 'attention' has no option 'window'", "attention_impl (", "num_heads ("]),
-    (["--config.model.window=4"], ["'window' is a mixer option", "mixer 'attention' has options", "attention_impl"]),
-    (["--config.model.num_heads=2"], ["config.mixer.num_heads", "attention_impl"]),
-    (["--config={tmp}/option_it_lacks.py"], ["mixer 'fnet' has no option 'attention_dropout'", "fourier_impl ("]),
-    (["--config=configs/quickstart.py:mixer=local", "--config.mixer.window=0"], ["window=0", "local", "≥ 1"]),
-    (["--config=configs/quickstart.py:mixer=aft_local", "--config.mixer.window=0"], ["window=0", "aft_local"]),
-    (["--config.mixer.num_heads=5"], ["d_model=64", "num_heads=5"]),
-    (["--config.mixer.attention_impl=fused", "--config.mixer.attention_dropout=0.1"], ["fused", "dropout"]),
-    (["--config.model.mixer=fnet"], ["options of mixer 'attention'", "--config=FILE:mixer=fnet"]),
-    # Architecture conventions (issue 10)
-    (["--config.model.block_layout=post"], ["block_layout='post'", "pre_ln, post_ln"]),
-    (["--config.model.block_layout=post_ln", "--config.model.reversible=true"], ["reversible", "pre_ln"]),
-    (["--config=configs/lm_bytes.py", "--config.model.pooling=cls"], ["pooling='cls'", "classification"]),
-    (["--config=configs/quickstart.py:mixr=fnet"], ["mixr", "valid: mixer, smoke"]),
-    (["--config=configs/nope.py"], ["configs/nope.py", "no such config file"]),
-    (["--config=configs/lm_bytes.py", "--config.model.max_len=2048"], ["max_len=2048", "at most 1024"]),
-    (["--config=configs/lm_bytes.py", "--config.model.causal=false"], ["language modelling", "causal=True"]),
-    # Data problems, found before anything is written in the workdir:
-    (["--config=configs/quickstart.py:smoke", "--config.model.max_len=8", "--config.data.data_dir={tmp}/tfds"],
-     ["a ListOps example has", "max_len=8", "config.data.truncate=True"]),
-    (["--config=configs/lm_bytes.py:smoke", "--config.data.corpus_dir={tmp}/empty", "--config.data.data_dir={tmp}/t"],
-     ["empty is missing or empty", "folder of text files"]),
-    (["--config=configs/lra_image.py:data=fashion_mnist,smoke", "--config.data.corpus_dir={tmp}/nowhere",
-      "--config.data.data_dir={tmp}/tfds"],
-     ["nowhere is missing or empty", "apt-get install dataset-fashion-mnist"]),
-    (["--config.init_from={tmp}/nowhere"], ["init_from", "no such workdir or checkpoint"]),
-    (["--config.data.objective=mlm"], ["listops", "no text to mask"]),
-    (["--config.data.objective=nsp"], ["objective='nsp'", "mlm"]),
-    (["--config.data.variant=huge"], ["variant='huge'", "full, small, tiny"]),
-    (["--config.data.batch_size=12"], ["batch_size=12", "8 devices"]),
-    # Issue 11: data folders, workdirs, config files, init_from.
-    (["--config=configs/quickstart.py:smoke", "--config.data.data_dir={tmp}/afile"],
-     ["preparing listops/tiny", "failed", "afile"]),
-    (["--config=configs/lra_image.py:data=fashion_mnist,smoke", "--config.data.corpus_dir={tmp}/garbage",
-      "--config.data.data_dir={tmp}/tfds"], ["garbage/train-images-idx3-ubyte.gz is not a gzipped idx file"]),
-    (["--config=configs/quickstart.py:smoke", "--workdir={tmp}/afile", "--config.data.data_dir={data_dir}"],
-     ["--workdir=", "afile is a file, not a folder"]),
-    (["--config=configs/quickstart.py:smoke", "--workdir={tmp}/afile/run", "--config.data.data_dir={data_dir}"],
-     ["cannot create --workdir=", "afile/run", "Not a directory"]),
-    (["--config=configs/quickstart.py:smoke", "--workdir={run}", "--config.model.d_ff=128",
-      "--config.data.data_dir={data_dir}"], ["holds a run with config.model.d_ff=64, not 128", "another --workdir"]),
-    (["--config=configs/quickstart.py:smoke", "--config.init_from={run}", "--config.model.d_model=48",
-      "--config.data.data_dir={data_dir}"], ["config.init_from", "encoders must match", "d_model=32"]),
-    (["--config={tmp}/raises.py"], ["raises.py", "no such corpus"]),
-    (["--config={tmp}/no_get_config.py"], ["no_get_config.py: the file has no get_config function"]),
-    # A config file that raises, at import or in get_config, or does not parse: the error and the file's line.
-    (["--config={tmp}/get_config_raises.py"],
-     ["get_config raised RuntimeError: boom", "get_config_raises.py, line 2)"]),
-    (["--config={tmp}/raises_on_import.py"],
-     ["loading the file raised KeyError: EFFTX_NO_SUCH_VARIABLE", "raises_on_import.py, line 3)"]),
-    (["--config={tmp}/syntax_error.py"], ["SyntaxError: invalid syntax", "syntax_error.py, line 3)"]),
+  # (extra arguments, words the one line must contain)
+  (["--config.model.mixerr=fnet"], ["mixerr", "did you mean 'mixer'", "d_model"]),
+  (["--config.model.mixer=fnett"], ["fnett", "attention, fnet"]),
+  (["--config.data.task=listopz"], ["listopz", "listops"]),
+  (["--config.model.d_model=abc"], ["d_model", "abc"]),
+  (["--config.model.dropout=1.5"], ["dropout", "[0, 1)"]),
+  (["--config=configs/quickstart.py:mixer=fnet", "--config.model.causal=true"], ["fnet", "cannot be causal"]),
+  # Mixer options: only the chosen mixer's exist; the message names them.
+  (["--config.mixer.window=4"], ["mixer 'attention' has no option 'window'", "attention_impl (", "num_heads ("]),
+  (["--config.model.window=4"], ["'window' is a mixer option", "mixer 'attention' has options", "attention_impl"]),
+  (["--config.model.num_heads=2"], ["config.mixer.num_heads", "attention_impl"]),
+  (["--config={tmp}/option_it_lacks.py"], ["mixer 'fnet' has no option 'attention_dropout'", "fourier_impl ("]),
+  (["--config=configs/quickstart.py:mixer=local", "--config.mixer.window=0"], ["window=0", "local", "≥ 1"]),
+  (["--config=configs/quickstart.py:mixer=aft_local", "--config.mixer.window=0"], ["window=0", "aft_local"]),
+  (["--config.mixer.num_heads=5"], ["d_model=64", "num_heads=5"]),
+  (["--config.mixer.attention_impl=fused", "--config.mixer.attention_dropout=0.1"], ["fused", "dropout"]),
+  (["--config.model.mixer=fnet"], ["options of mixer 'attention'", "--config=FILE:mixer=fnet"]),
+  # Architecture conventions (issue 10)
+  (["--config.model.block_layout=post"], ["block_layout='post'", "pre_ln, post_ln"]),
+  (["--config.model.block_layout=post_ln", "--config.model.reversible=true"], ["reversible", "pre_ln"]),
+  (["--config=configs/lm_bytes.py", "--config.model.pooling=cls"], ["pooling='cls'", "classification"]),
+  (["--config=configs/quickstart.py:mixr=fnet"], ["mixr", "valid: mixer, smoke"]),
+  (["--config=configs/nope.py"], ["configs/nope.py", "no such config file"]),
+  (["--config=configs/lm_bytes.py", "--config.model.max_len=2048"], ["max_len=2048", "at most 1024"]),
+  (["--config=configs/lm_bytes.py", "--config.model.causal=false"], ["language modelling", "causal=True"]),
+  # Data problems, found before anything is written in the workdir:
+  (
+    ["--config=configs/quickstart.py:smoke", "--config.model.max_len=8", "--config.data.data_dir={tmp}/tfds"],
+    ["a ListOps example has", "max_len=8", "config.data.truncate=True"],
+  ),
+  (
+    ["--config=configs/lm_bytes.py:smoke", "--config.data.corpus_dir={tmp}/empty", "--config.data.data_dir={tmp}/t"],
+    ["empty is missing or empty", "folder of text files"],
+  ),
+  (
+    [
+      "--config=configs/lra_image.py:data=fashion_mnist,smoke",
+      "--config.data.corpus_dir={tmp}/nowhere",
+      "--config.data.data_dir={tmp}/tfds",
+    ],
+    ["nowhere is missing or empty", "apt-get install dataset-fashion-mnist"],
+  ),
+  (["--config.init_from={tmp}/nowhere"], ["init_from", "no such workdir or checkpoint"]),
+  (["--config.data.objective=mlm"], ["listops", "no text to mask"]),
+  (["--config.data.objective=nsp"], ["objective='nsp'", "mlm"]),
+  (["--config.data.variant=huge"], ["variant='huge'", "full, small, tiny"]),
+  (["--config.data.batch_size=12"], ["batch_size=12", "8 devices"]),
+  # Issue 11: data folders, workdirs, config files, init_from.
+  (
+    ["--config=configs/quickstart.py:smoke", "--config.data.data_dir={tmp}/afile"],
+    ["preparing listops/tiny", "failed", "afile"],
+  ),
+  (
+    [
+      "--config=configs/lra_image.py:data=fashion_mnist,smoke",
+      "--config.data.corpus_dir={tmp}/garbage",
+      "--config.data.data_dir={tmp}/tfds",
+    ],
+    ["garbage/train-images-idx3-ubyte.gz is not a gzipped idx file"],
+  ),
+  (
+    ["--config=configs/quickstart.py:smoke", "--workdir={tmp}/afile", "--config.data.data_dir={data_dir}"],
+    ["--workdir=", "afile is a file, not a folder"],
+  ),
+  (
+    ["--config=configs/quickstart.py:smoke", "--workdir={tmp}/afile/run", "--config.data.data_dir={data_dir}"],
+    ["cannot create --workdir=", "afile/run", "Not a directory"],
+  ),
+  (
+    [
+      "--config=configs/quickstart.py:smoke",
+      "--workdir={run}",
+      "--config.model.d_ff=128",
+      "--config.data.data_dir={data_dir}",
+    ],
+    ["holds a run with config.model.d_ff=64, not 128", "another --workdir"],
+  ),
+  (
+    [
+      "--config=configs/quickstart.py:smoke",
+      "--config.init_from={run}",
+      "--config.model.d_model=48",
+      "--config.data.data_dir={data_dir}",
+    ],
+    ["config.init_from", "encoders must match", "d_model=32"],
+  ),
+  (["--config={tmp}/raises.py"], ["raises.py", "no such corpus"]),
+  (["--config={tmp}/no_get_config.py"], ["no_get_config.py: the file has no get_config function"]),
+  # A config file that raises, at import or in get_config, or does not parse: the error and the file's line.
+  (["--config={tmp}/get_config_raises.py"], ["get_config raised RuntimeError: boom", "get_config_raises.py, line 2)"]),
+  (
+    ["--config={tmp}/raises_on_import.py"],
+    ["loading the file raised KeyError: EFFTX_NO_SUCH_VARIABLE", "raises_on_import.py, line 3)"],
+  ),
+  (["--config={tmp}/syntax_error.py"], ["SyntaxError: invalid syntax", "syntax_error.py, line 3)"]),
 ]
 
 OTHER_CASES = [  # (program, arguments, words)
-    ("evaluate", ["--workdir={tmp}/empty"], ["empty is not a training run's workdir (no config.json)"]),
-    ("evaluate", ["--workdir={tmp}/configured"], ["configured has no checkpoint yet"]),
-    ("evaluate", ["--workdir={run}", "--checkpoint=3"], ["no checkpoint at step 3", "its checkpoints: 2, 4"]),
-    ("evaluate", ["--workdir={run}", "--split=train"], ["--split=train", "validation, test"]),
-    ("sample", ["--workdir={run}", "--prompt=[MAX"], ["trained task 'listops'", "nothing to sample"]),
-    ("sample", ["--workdir={tmp}/nowhere"], ["nowhere: no such workdir or checkpoint"]),
+  ("evaluate", ["--workdir={tmp}/empty"], ["empty is not a training run's workdir (no config.json)"]),
+  ("evaluate", ["--workdir={tmp}/configured"], ["configured has no checkpoint yet"]),
+  ("evaluate", ["--workdir={run}", "--checkpoint=3"], ["no checkpoint at step 3", "its checkpoints: 2, 4"]),
+  ("evaluate", ["--workdir={run}", "--split=train"], ["--split=train", "validation, test"]),
+  ("sample", ["--workdir={run}", "--prompt=[MAX"], ["trained task 'listops'", "nothing to sample"]),
+  ("sample", ["--workdir={tmp}/nowhere"], ["nowhere: no such workdir or checkpoint"]),
 ]
 
 CASES = [("train", a, w) for a, w in TRAIN_CASES] + OTHER_CASES
@@ -90,6 +127,7 @@ def finished_run(data_dir, tmp_path_factory):
   """A finished smoke run (ListOps classifier, checkpoints at steps 2 and 4)."""
   from configs import quickstart  # pylint: disable=g-import-not-at-top
   from efftx import train  # pylint: disable=g-import-not-at-top
+
   config = quickstart.get_config("smoke")
   config.data.data_dir = data_dir
   workdir = str(tmp_path_factory.mktemp("finished"))
@@ -103,8 +141,11 @@ def _snapshot(path):
     return None
   if not os.path.isdir(path):
     return os.stat(path).st_mtime_ns
-  return {os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
-          for d, _, files in os.walk(path) for f in files}
+  return {
+    os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
+    for d, _, files in os.walk(path)
+    for f in files
+  }
 
 
 def test_there_are_at_least_20_bad_input_cases():
@@ -116,14 +157,19 @@ def _make_inputs(tmp, finished_run):
   (tmp / "empty").mkdir()
   (tmp / "afile").write_text("not a folder")
   (tmp / "configured").mkdir()
-  (tmp / "configured" / "config.json").write_text((open(os.path.join(finished_run, "config.json")).read()))
+  (tmp / "configured" / "config.json").write_text(open(os.path.join(finished_run, "config.json")).read())
   (tmp / "garbage").mkdir()
-  for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
-               "t10k-labels-idx1-ubyte.gz"):
+  for name in (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+  ):
     (tmp / "garbage" / name).write_bytes(np.random.default_rng(0).bytes(5000))
   (tmp / "option_it_lacks.py").write_text(
-      "from configs import quickstart\n\n\ndef get_config():\n  config = quickstart.get_config('mixer=fnet')\n"
-      "  config.mixer.attention_dropout = 0.1  # fnet has no attention probabilities\n  return config\n")
+    "from configs import quickstart\n\n\ndef get_config():\n  config = quickstart.get_config('mixer=fnet')\n"
+    "  config.mixer.attention_dropout = 0.1  # fnet has no attention probabilities\n  return config\n"
+  )
   (tmp / "raises.py").write_text("def get_config():\n  raise FileNotFoundError('no such corpus: /data/x')\n")
   (tmp / "no_get_config.py").write_text("def config():\n  return None\n")
   (tmp / "get_config_raises.py").write_text("def get_config(arg=None):\n  raise RuntimeError('boom')\n")
@@ -135,10 +181,10 @@ def _make_inputs(tmp, finished_run):
 # that takes a workdir, and for train through a config file and through data preparation (which logs first). The
 # others run in this process through the same __main__ path (conftest.run_in_process).
 REAL_PROCESS_CASES = [
-    ("train", ["--config={tmp}/syntax_error.py"]),
-    ("train", ["--config=configs/quickstart.py:smoke", "--config.data.data_dir={tmp}/afile"]),
-    ("evaluate", ["--workdir={tmp}/empty"]),
-    ("sample", ["--workdir={tmp}/nowhere"]),
+  ("train", ["--config={tmp}/syntax_error.py"]),
+  ("train", ["--config=configs/quickstart.py:smoke", "--config.data.data_dir={tmp}/afile"]),
+  ("evaluate", ["--workdir={tmp}/empty"]),
+  ("sample", ["--workdir={tmp}/nowhere"]),
 ]
 
 
@@ -159,21 +205,28 @@ def bad_input_runs(data_dir, finished_run, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"bad_input_{i}")
     _make_inputs(tmp, finished_run)
     real = (prog, args) in REAL_PROCESS_CASES
-    args = [a.replace("{tmp}", str(tmp)).replace("{run}", finished_run).replace("{data_dir}", data_dir)
-            for a in args]
+    args = [a.replace("{tmp}", str(tmp)).replace("{run}", finished_run).replace("{data_dir}", data_dir) for a in args]
     if prog == "train" and not any(a.startswith("--config=") for a in args):
       args.insert(0, "--config=configs/quickstart.py")
     if prog == "train" and not any(a.startswith("--workdir=") for a in args):
       args.insert(0, f"--workdir={tmp / 'run'}")
-    jobs.append((real, [sys.executable, "-m", f"efftx.{prog}"] + args,
-                 next(a for a in args if a.startswith("--workdir=")).split("=", 1)[1]))
+    jobs.append(
+      (
+        real,
+        [sys.executable, "-m", f"efftx.{prog}"] + args,
+        next(a for a in args if a.startswith("--workdir=")).split("=", 1)[1],
+      )
+    )
   assert sum(real for real, _, _ in jobs) == len(REAL_PROCESS_CASES)
   before = [_snapshot(workdir) for _, _, workdir in jobs]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    procs = {i: pool.submit(subprocess.run, argv, cwd=REPO, capture_output=True, text=True, timeout=300)
-             for i, (real, argv, _) in enumerate(jobs) if real}
+    procs = {
+      i: pool.submit(subprocess.run, argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+      for i, (real, argv, _) in enumerate(jobs)
+      if real
+    }
     runs = []
-    for i, (real, argv, _) in enumerate(jobs):
+    for real, argv, _ in jobs:
       if not real:
         code, _, stderr = run_in_process(argv[2], argv[3:])
         runs.append(_Run(argv, code, stderr))
@@ -206,11 +259,14 @@ def test_bad_input_exits_with_one_clear_line(case, bad_input_runs):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("bad_input")
-@pytest.mark.parametrize("name,error,line", [
+@pytest.mark.parametrize(
+  "name,error,line",
+  [
     ("get_config_raises.py", "get_config raised RuntimeError: boom", 2),
     ("raises_on_import.py", "loading the file raised KeyError: EFFTX_NO_SUCH_VARIABLE", 3),
     ("syntax_error.py", "SyntaxError: invalid syntax", 3),
-])
+  ],
+)
 def test_a_config_file_that_raises_is_one_line_naming_its_line(name, error, line, bad_input_runs):
   """Exit code 2 and exactly the line `efftx.train: error: --config=FILE: ERROR (FILE, line N)`."""
   case = next(i for i, (_, args, _) in enumerate(CASES) if args == [f"--config={{tmp}}/{name}"])
@@ -235,14 +291,18 @@ def test_a_bug_keeps_its_traceback(tmp_path, data_dir, monkeypatch):
   runs in the training program) is not turned into a tidy message that hides it; it leaves the program, which
   python then prints with its traceback."""
   from efftx import trainer  # pylint: disable=g-import-not-at-top
+
   monkeypatch.setattr(trainer, "make_train_step", trainer.make_train_step)  # put back after the test
   (tmp_path / "planted.py").write_text(
-      "from configs import quickstart\nfrom efftx import trainer\n\n\n"
-      "def boom(*args, **kwargs):\n  raise ValueError('an internal error, not the user\\'s')\n\n\n"
-      "def get_config():\n  trainer.make_train_step = boom\n  return quickstart.get_config('smoke')\n")
+    "from configs import quickstart\nfrom efftx import trainer\n\n\n"
+    "def boom(*args, **kwargs):\n  raise ValueError('an internal error, not the user\\'s')\n\n\n"
+    "def get_config():\n  trainer.make_train_step = boom\n  return quickstart.get_config('smoke')\n"
+  )
   with pytest.raises(ValueError, match="an internal error"):
-    run_in_process("efftx.train", [f"--config={tmp_path / 'planted.py'}", f"--workdir={tmp_path / 'run'}",
-                                   f"--config.data.data_dir={data_dir}"])
+    run_in_process(
+      "efftx.train",
+      [f"--config={tmp_path / 'planted.py'}", f"--workdir={tmp_path / 'run'}", f"--config.data.data_dir={data_dir}"],
+    )
 
 
 def test_an_error_inside_efftx_reached_from_get_config_is_a_bug_and_keeps_its_traceback(tmp_path):
@@ -250,13 +310,20 @@ def test_an_error_inside_efftx_reached_from_get_config_is_a_bug_and_keeps_its_tr
   mistyped section), is one line naming the file's line; one raised inside efftx's code (not a UserError) is a
   bug: None, so efftx.train re-raises it with its traceback."""
   from efftx import cli  # pylint: disable=g-import-not-at-top
-  (tmp_path / "typo.py").write_text("from efftx import config as config_lib\n\n\ndef get_config(arg=None):\n"
-                                    "  c = config_lib.default_config()\n  c.mdoel.d_model = 3\n  return c\n")
-  (tmp_path / "misuse.py").write_text("from efftx import config as config_lib\n\n\ndef get_config(arg=None):\n"
-                                      "  config_lib.set_where_declared(None, window=3)\n")
+
+  (tmp_path / "typo.py").write_text(
+    "from efftx import config as config_lib\n\n\ndef get_config(arg=None):\n"
+    "  c = config_lib.default_config()\n  c.mdoel.d_model = 3\n  return c\n"
+  )
+  (tmp_path / "misuse.py").write_text(
+    "from efftx import config as config_lib\n\n\ndef get_config(arg=None):\n"
+    "  config_lib.set_where_declared(None, window=3)\n"
+  )
   typo = cli.explain_flag_error([f"--config={tmp_path / 'typo.py'}"], RuntimeError("flags"))
-  assert typo == (f"--config={tmp_path / 'typo.py'}: get_config raised AttributeError: 'mdoel'; Did you mean "
-                  f"\"model\" instead of \"mdoel\"? ({tmp_path / 'typo.py'}, line 6)")
+  assert typo == (
+    f"--config={tmp_path / 'typo.py'}: get_config raised AttributeError: 'mdoel'; Did you mean "
+    f"\"model\" instead of \"mdoel\"? ({tmp_path / 'typo.py'}, line 6)"
+  )
   assert cli.explain_flag_error([f"--config={tmp_path / 'misuse.py'}"], RuntimeError("flags")) is None
 
 
@@ -265,12 +332,18 @@ def test_the_default_config_is_the_imported_trees_own(tmp_path):
   """A second source tree (a worktree frozen for a sweep, a fork) run from its root takes its own
   configs/quickstart.py as the default, not the installed checkout's."""
   import shutil  # pylint: disable=g-import-not-at-top
+
   tree = tmp_path / "tree"
   for folder in ("efftx", "configs"):
     shutil.copytree(os.path.join(REPO, folder), tree / folder, ignore=shutil.ignore_patterns("__pycache__"))
   shutil.copy(os.path.join(REPO, "pyproject.toml"), tree)
-  proc = subprocess.run([sys.executable, "-c", "from efftx import cli; print(cli.default_config_file())"],
-                        cwd=tree, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+    [sys.executable, "-c", "from efftx import cli; print(cli.default_config_file())"],
+    cwd=tree,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip() == str(tree / "configs" / "quickstart.py")
 
@@ -282,19 +355,27 @@ def test_without_a_default_config_an_explicit_one_still_works(tmp_path):
   without it the error is one line naming the flag."""
   import shutil  # pylint: disable=g-import-not-at-top
   import sysconfig  # pylint: disable=g-import-not-at-top
+
   shutil.copytree(os.path.join(REPO, "efftx"), tmp_path / "efftx", ignore=shutil.ignore_patterns("__pycache__"))
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), sysconfig.get_paths()["purelib"]])}
-  run = lambda *flags: subprocess.run([sys.executable, "-S", "-m", "efftx.train", *flags,
-                                       f"--workdir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
-                                      capture_output=True, text=True, timeout=120)
+  run = lambda *flags: subprocess.run(
+    [sys.executable, "-S", "-m", "efftx.train", *flags, f"--workdir={tmp_path / 'run'}"],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   given = run(f"--config={REPO}/configs/quickstart.py:smoke", "--config.model.mixerr=1")
   assert given.returncode == 2 and given.stderr.startswith(
-      "efftx.train: error: --config.model.mixerr: config.model has no field 'mixerr'"), given.stderr
+    "efftx.train: error: --config.model.mixerr: config.model has no field 'mixerr'"
+  ), given.stderr
   for flags in ((), ("--config.model.d_model=3",)):
     proc = run(*flags)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
-        "efftx.train: error: no --config given, and no default: efftx.configs is not installed and no configs/ is "
-        "beside the efftx package; pass --config=PATH/TO/configs/quickstart.py"], proc.stderr
+      "efftx.train: error: no --config given, and no default: efftx.configs is not installed and no configs/ is "
+      "beside the efftx package; pass --config=PATH/TO/configs/quickstart.py"
+    ], proc.stderr
   assert not (tmp_path / "run").exists()
 
 
@@ -302,7 +383,9 @@ def test_a_configs_folder_beside_an_installed_efftx_is_not_taken_for_its_own(tmp
   """In site-packages, a configs/quickstart.py of another package beside efftx/ is not efftx's default; with no
   efftx.configs importable either, there is no default (None)."""
   import importlib.util  # pylint: disable=g-import-not-at-top
+
   from efftx import cli  # pylint: disable=g-import-not-at-top
+
   (tmp_path / "efftx").mkdir()
   (tmp_path / "configs").mkdir()
   (tmp_path / "configs" / "quickstart.py").write_text("")
@@ -310,6 +393,7 @@ def test_a_configs_folder_beside_an_installed_efftx_is_not_taken_for_its_own(tmp
 
   def missing(name, *args):
     raise ModuleNotFoundError(f"No module named '{name.rsplit('.', 1)[0]}'")
+
   monkeypatch.setattr(importlib.util, "find_spec", missing)
   assert cli.default_config_file() is None
   (tmp_path / "pyproject.toml").write_text('[project]\nname = "efftx"\n')

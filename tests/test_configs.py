@@ -1,5 +1,6 @@
 """Every config under configs/ builds and validates, and its smoke variant's data fits its training and
 evaluation steps; two of them train a step end to end."""
+
 import contextlib
 import glob
 import os
@@ -16,8 +17,8 @@ from efftx import config as config_lib
 from efftx import model as model_lib
 from efftx import train
 from efftx import trainer
-from efftx.data import pipeline
 from efftx.data import TASKS
+from efftx.data import pipeline
 from efftx.mixers import MIXERS
 
 CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.py")) if not p.endswith("__init__.py"))
@@ -105,7 +106,9 @@ def _another_value(field):
 def test_each_model_field_is_declared_once_and_reaches_the_model():
   """config.model, its checks, `python -m efftx.config` and build_model's arguments all come from CONFIG_FIELDS."""
   assert config_lib.default_config("fnet").model.to_dict() == {
-      **{name: field.default for name, field in model_lib.CONFIG_FIELDS.items()}, "mixer": "fnet"}
+    **{name: field.default for name, field in model_lib.CONFIG_FIELDS.items()},
+    "mixer": "fnet",
+  }
   described = config_lib.describe_model_fields()
   config = config_lib.default_config("attention")
   for name, field in model_lib.CONFIG_FIELDS.items():
@@ -128,9 +131,11 @@ def test_norm_eps_reaches_every_layer_norm(reversible, layout):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   config = config_lib.default_config("attention")
-  config.model.update(d_model=32, d_ff=64, num_layers=2, max_len=16, norm_eps=0.25, reversible=reversible,
-                      block_layout=layout)
+  config.model.update(
+    d_model=32, d_ff=64, num_layers=2, max_len=16, norm_eps=0.25, reversible=reversible, block_layout=layout
+  )
   model = model_lib.build_model(config, head=lambda x_BxLxD, mask_BxL: x_BxLxD, vocab_size=16)
   epsilons = []
 
@@ -144,14 +149,17 @@ def test_norm_eps_reaches_every_layer_norm(reversible, layout):
   assert len(epsilons) >= 2 * config.model.num_layers and set(epsilons) == {0.25}, epsilons
 
 
-@pytest.mark.parametrize("name,value,message", [
+@pytest.mark.parametrize(
+  "name,value,message",
+  [
     ("d_model", 0, "config.model.d_model=0 must be a positive integer"),
     ("dropout", 1.0, "config.model.dropout=1.0 must be in [0, 1)"),
     ("norm_eps", 0.0, "config.model.norm_eps=0.0 must be in (0, 1)"),
     ("init_std", -0.02, "config.model.init_std=-0.02 must be ≥ 0"),
     ("block_layout", "post", "config.model.block_layout='post' must be one of pre_ln, post_ln"),
     ("mixer", "fnett", "config.model.mixer='fnett': 'fnett' is not a mixer; choose from: attention, fnet, "),
-])
+  ],
+)
 def test_a_model_field_out_of_its_declared_range_is_refused_in_one_line(name, value, message):
   config = config_lib.default_config()
   config.model[name] = value

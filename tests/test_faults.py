@@ -1,6 +1,7 @@
 """Runs that survive: signals and kill -9 at any step (even mid-save), unreadable checkpoints, divergence, two runs
 on one workdir — a real process where a signal or the kernel's lock is the property, then the same command again
 (in this process, conftest.run_in_process, where a process is not the property)."""
+
 import json
 import logging
 import os
@@ -15,9 +16,9 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import REPO
 from conftest import logged_step
 from conftest import metrics_rows
-from conftest import REPO
 from conftest import run_in_process
 from conftest import summation_atol
 from efftx import checkpoints
@@ -28,9 +29,14 @@ OVERRIDES = {"total_steps": 60, "log_every": 1, "eval_every": 30, "checkpoint_ev
 
 
 def _command(workdir, data_dir, overrides=OVERRIDES, module="efftx.train"):
-  return [sys.executable, "-m", module, "--config=configs/quickstart.py:smoke", f"--workdir={workdir}",
-          f"--config.data.data_dir={data_dir}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
-
+  return [
+    sys.executable,
+    "-m",
+    module,
+    "--config=configs/quickstart.py:smoke",
+    f"--workdir={workdir}",
+    f"--config.data.data_dir={data_dir}",
+  ] + [f"--config.{k}={v}" for k, v in overrides.items()]
 
 
 def _steps(workdir):
@@ -54,6 +60,7 @@ def straight(data_dir, tmp_path_factory):
   """(config, workdir) of the uninterrupted run of OVERRIDES (checkpoints kept at steps 40, 50 and 60), the
   reference the module's interrupted and damaged runs are compared with; tests copy it before changing it."""
   from configs import quickstart  # pylint: disable=g-import-not-at-top
+
   config = quickstart.get_config("smoke")
   config.data.data_dir = data_dir
   config.update(OVERRIDES)
@@ -143,8 +150,12 @@ def _damage(step_dir, how):
   if how == "unrecorded":
     os.remove(os.path.join(step_dir, checkpoints.SIZES_FILE))
     how = "truncate"
-  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(step_dir, "state")) for f in fs
-           if os.path.basename(d) == "d"]
+  files = [
+    os.path.join(d, f)
+    for d, _, fs in os.walk(os.path.join(step_dir, "state"))
+    for f in fs
+    if os.path.basename(d) == "d"
+  ]
   assert files
   for path in files:
     if how == "truncate":
@@ -179,8 +190,11 @@ def test_when_no_checkpoint_is_readable_the_run_stops_with_one_line(straight, tm
     _damage(str(tmp_path / "checkpoints" / str(step)), "truncate")
   config = config.copy_and_resolve_references()
   config.total_steps = 70
-  with pytest.raises(ValueError, match=r"no checkpoint in .* can be read \(step 60: .*; step 50: .*; step 40: .*\): "
-                                       r"to start over, remove .*checkpoints or use another --workdir"):
+  with pytest.raises(
+    ValueError,
+    match=r"no checkpoint in .* can be read \(step 60: .*; step 50: .*; step 40: .*\): "
+    r"to start over, remove .*checkpoints or use another --workdir",
+  ):
     train.train_and_evaluate(config, str(tmp_path))
   assert _steps(str(tmp_path)) == [40, 50, 60]  # nothing moved or removed
 
@@ -189,9 +203,16 @@ def test_divergence_stops_with_one_line_and_keeps_the_good_checkpoint(data_dir, 
   # A learning rate of 1e4 without clipping, warmed up over 40 steps: finite for a few steps, then NaN. With the
   # L×L attention path: there the first bad step has a NaN loss and a non-finite gradient leaf to name ("flash",
   # the default, overflows the gradient norm first, with every gradient finite: the line then names none).
-  overrides = {"total_steps": 60, "log_every": 5, "eval_every": 60, "checkpoint_every": 2,
-               "optim.learning_rate": 1e4, "optim.grad_clip": 0, "optim.warmup_steps": 40,
-               "mixer.attention_impl": "plain"}
+  overrides = {
+    "total_steps": 60,
+    "log_every": 5,
+    "eval_every": 60,
+    "checkpoint_every": 2,
+    "optim.learning_rate": 1e4,
+    "optim.grad_clip": 0,
+    "optim.warmup_steps": 40,
+    "mixer.attention_impl": "plain",
+  }
   code, _, stderr = run_in_process("efftx.train", _command(tmp_path, data_dir, overrides)[3:])
   assert code == 2 and "Traceback" not in stderr
   line = stderr.strip().splitlines()[-1]
@@ -236,8 +257,9 @@ def test_evaluate_equals_the_runs_own_last_eval_and_reads_the_test_split(straigh
   assert stdout.startswith("validation at step 60: accuracy=")
   record = json.loads((tmp_path / "eval_validation_60.json").read_text())
   # The same model on the same examples; the mean over the split may be reduced in another order.
-  assert record["loss"] == pytest.approx(last_eval["eval_loss"],
-                                        abs=summation_atol(record["examples"], last_eval["eval_loss"]))
+  assert record["loss"] == pytest.approx(
+    last_eval["eval_loss"], abs=summation_atol(record["examples"], last_eval["eval_loss"])
+  )
   assert record["accuracy"] == last_eval["eval_accuracy"]
 
   code, _, stderr = run_in_process("efftx.evaluate", [f"--workdir={tmp_path}", "--checkpoint=50", "--split=test"])

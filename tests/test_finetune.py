@@ -1,4 +1,5 @@
 """Masked-LM pre-training, then fine-tuning from its checkpoint (config.init_from): encoder loaded, head new."""
+
 import flax.traverse_util
 import jax
 import numpy as np
@@ -15,6 +16,7 @@ from efftx import trainer
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory, data_dir):
   from configs import mlm_bytes  # pylint: disable=g-import-not-at-top
+
   config = mlm_bytes.get_config("smoke")
   config.data.data_dir = data_dir
   config.total_steps = 3
@@ -30,6 +32,7 @@ def _abstract_params(config):
 
 def _glue_config(data_dir):
   from configs import glue  # pylint: disable=g-import-not-at-top
+
   config = glue.get_config("smoke")
   config.data.data_dir = data_dir
   return config
@@ -43,8 +46,9 @@ def test_load_encoder_takes_every_encoder_parameter_and_keeps_new_heads(pretrain
   parts = trainer.parts(config)
   new = trainer.init_params(parts.model, jax.random.key(5))
   fresh_names = parts.objective.fresh_params
-  loaded = flax.traverse_util.flatten_dict(init_from.load_encoder(jax.device_get(new), pretrained, fresh_names),
-                                           sep="/")
+  loaded = flax.traverse_util.flatten_dict(
+    init_from.load_encoder(jax.device_get(new), pretrained, fresh_names), sep="/"
+  )
   source = flax.traverse_util.flatten_dict(jax.device_get(source_params), sep="/")
   fresh = flax.traverse_util.flatten_dict(jax.device_get(new), sep="/")
   heads = {k for k in loaded if k.split("/")[0] in fresh_names}
@@ -71,12 +75,15 @@ def test_fine_tuning_run_starts_from_the_encoder(pretrained, data_dir, tmp_path)
   assert result["step"] == 1 and np.isfinite(result["eval_loss"])
 
 
-@pytest.mark.parametrize("change,message", [
+@pytest.mark.parametrize(
+  "change,message",
+  [
     ({"num_layers": 3}, "has no parameter block_2/.*num_layers=2"),
     ({"num_layers": 1}, "this model has no parameter block_1/.*num_layers=2"),
     ({"mixer": "attention"}, "has no parameter block_0/mixing/mixer/.*mixer=fnet"),  # (config.mixer refilled)
     ({"d_model": 64}, "has shape"),
-])
+  ],
+)
 def test_a_different_encoder_is_refused_clearly(pretrained, data_dir, change, message):
   config = _glue_config(data_dir)
   config.model.update(**change)

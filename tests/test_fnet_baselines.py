@@ -1,13 +1,17 @@
 """FNet's baselines — Linear, Random and FF-only (efftx/mixers/linear_mixing.py, random_mixing.py, ff_only.py) —
 against plain numpy loops of the published formula y[b,n,k] = Σ_{i,j} W_seq[n,i] x[b,i,j] W_hidden[j,k]
 (google-research f_net layers.py), with the matrices read from the modules; Random's matrices are not trained."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_close_sums, compiled, mixer_config, padded_inputs
+from conftest import assert_close_sums
+from conftest import compiled
+from conftest import mixer_config
+from conftest import padded_inputs
 from efftx import trainer
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
@@ -54,8 +58,9 @@ def test_linear_mixing_equals_the_published_product(shape, causal, padding):
   assert params["w_seq"].shape == (MAX_LEN, MAX_LEN) and params["w_hidden"].shape == (shape[2],) * 2
   y = compiled(module).apply(variables, x, mask=mask)
   assert y.shape == x.shape and y.dtype == x.dtype
-  assert_close_sums(y, _numpy_mixing(x, params["w_seq"], params["w_hidden"], mask, causal, padding),
-                    n_terms=shape[1] + shape[2])
+  assert_close_sums(
+    y, _numpy_mixing(x, params["w_seq"], params["w_hidden"], mask, causal, padding), n_terms=shape[1] + shape[2]
+  )
 
 
 def test_linear_mixing_initialises_both_matrices_from_n_0_0_02():
@@ -157,8 +162,9 @@ def test_random_matrices_are_not_trained():
   mask = np.ones((B, L), bool)
   mask[1, 4:] = False
   params = trainer.init_params(model, jax.random.key(0))
-  mixer_leaves = lambda tree: [path for path, _ in jax.tree_util.tree_leaves_with_path(tree)
-                               if "['mixer']" in jax.tree_util.keystr(path)]
+  mixer_leaves = lambda tree: [
+    path for path, _ in jax.tree_util.tree_leaves_with_path(tree) if "['mixer']" in jax.tree_util.keystr(path)
+  ]
   assert not mixer_leaves(params)
   before = _captured_matrices(model, {"params": params}, tokens, mask)
   assert sorted(before) == ["block_0/mixing/mixer", "block_1/mixing/mixer"]
@@ -242,9 +248,9 @@ def test_ff_only_decodes_the_identity_step_by_step():
   assert [leaf.shape for leaf in jax.tree.leaves(cache)] == [()]  # the position counter only
   step = jax.jit(lambda cache, x_t: module.apply({"cache": cache}, x_t, decode=True, mutable=["cache"]))
   for t in range(L):
-    y_t, mutated = step(cache, x[:, t:t + 1])
+    y_t, mutated = step(cache, x[:, t : t + 1])
     cache = mutated["cache"]
-    np.testing.assert_array_equal(y_t, x[:, t:t + 1])
+    np.testing.assert_array_equal(y_t, x[:, t : t + 1])
   assert int(cache["index"]) == L
   with pytest.raises(UserError, match="decoding needs causal=True"):
     compiled(MIXERS["ff_only"](causal=False)).init(jax.random.key(0), x, decode=True)

@@ -1,13 +1,14 @@
 """efftx.gpu_bench: its rows measured in this process at the tiny shape, its tables and ratios from rows, a spent
 budget, and (slow: real worker processes) the dry run end to end. No timing is asserted; no GPU or torch is needed."""
+
 import importlib.util
 import json
 
 import pytest
 
 from efftx import platform
-from efftx.perf import gpu_bench
 from efftx.errors import UserError
+from efftx.perf import gpu_bench
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 
@@ -36,17 +37,37 @@ def test_an_efftx_row_is_the_bfloat16_train_step_measured(mixer):
 def _row(model, seq, tokens_per_s=None, **extra):
   if tokens_per_s is None:
     return dict(model=model, seq=seq, status="oom", reason="RESOURCE_EXHAUSTED: out of memory", **extra)
-  return dict(model=model, seq=seq, status="ok", batch=1, median_step_s=seq / tokens_per_s, flops_per_token=1e9,
-              compile_s=1.0, first_loss=5.5, step_times_s=[seq / tokens_per_s], peak_mib=100.0, **extra)
+  return dict(
+    model=model,
+    seq=seq,
+    status="ok",
+    batch=1,
+    median_step_s=seq / tokens_per_s,
+    flops_per_token=1e9,
+    compile_s=1.0,
+    first_loss=5.5,
+    step_times_s=[seq / tokens_per_s],
+    peak_mib=100.0,
+    **extra,
+  )
 
 
 def test_tables_give_tokens_per_second_ratios_mfu_and_memory_per_length():
-  rows = [_row("efftx-attention", 512, 4000, kernels=["cuDNN fused attention"]), _row("hf-bert-sdpa", 512, 2000),
-          _row("hf-fnet", 512, 1000), _row("efftx-attention", 1024, None), _row("hf-bert-sdpa", 1024, 500)]
-  run = dict(meta=dict(dry_run=False, shape=gpu_bench.SHAPES["gpu"], steps=5, warmup=2, matmul_n=8192,
-                       versions={"jax": "0"}),
-             peaks={"jax": dict(matmul_tflops=10.0, device_kind="GPU", backend="gpu"),
-                    "torch": dict(matmul_tflops=20.0, device_kind="GPU", backend="cuda")}, rows=rows)
+  rows = [
+    _row("efftx-attention", 512, 4000, kernels=["cuDNN fused attention"]),
+    _row("hf-bert-sdpa", 512, 2000),
+    _row("hf-fnet", 512, 1000),
+    _row("efftx-attention", 1024, None),
+    _row("hf-bert-sdpa", 1024, 500),
+  ]
+  run = dict(
+    meta=dict(dry_run=False, shape=gpu_bench.SHAPES["gpu"], steps=5, warmup=2, matmul_n=8192, versions={"jax": "0"}),
+    peaks={
+      "jax": dict(matmul_tflops=10.0, device_kind="GPU", backend="gpu"),
+      "torch": dict(matmul_tflops=20.0, device_kind="GPU", backend="cuda"),
+    },
+    rows=rows,
+  )
   gpu_bench.derive(rows, run["peaks"])
   assert rows[0]["tokens_per_s"] == pytest.approx(4000) and rows[0]["over_hf-bert-sdpa"] == pytest.approx(2.0)
   assert rows[0]["over_hf-fnet"] == pytest.approx(4.0) and rows[3]["over_hf-bert-sdpa"] is None
@@ -64,7 +85,8 @@ def test_a_spent_budget_records_every_row_as_skipped_and_starts_no_worker(tmp_pa
     gpu_bench.main(["--dry_run", "--budget_s=0", "--peers=hf-fnet", f"--out={tmp_path}"])
   run = json.loads((tmp_path / "gpu_bench.json").read_text())
   assert [(r["model"], r["seq"], r["status"]) for r in run["rows"]] == [
-      (m, s, "skipped") for m in ("efftx-attention", "efftx-fnet", "hf-fnet") for s in (64, 128)]
+    (m, s, "skipped") for m in ("efftx-attention", "efftx-fnet", "hf-fnet") for s in (64, 128)
+  ]
   assert not run["peaks"] and not list((tmp_path / "logs").iterdir())
   assert (tmp_path / "gpu_bench.md").exists() and (tmp_path / "gpu_bench.png").stat().st_size > 0
 

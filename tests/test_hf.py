@@ -1,6 +1,7 @@
 """Hugging Face FNet and BERT checkpoints load into efftx with their tokenizers and give HF's outputs; efftx encoders
 export to HF folders that transformers runs to efftx's outputs (fixtures from tests/fixtures/make_hf_fixtures.py:
 tiny random models and tokenizers run in torch; these tests need numpy and the tokenizer libraries only)."""
+
 import json
 import os
 import runpy
@@ -36,15 +37,19 @@ def _encoder(config, params):
 
 
 def _flat(tree):
-  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v) for path, v in
-          jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+    "/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+    for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def _pairs_through_efftx(folder, expected, max_len=20):
   """The fixture's sentence pairs as efftx's GLUE pipeline encodes them with the checkpoint's tokenizer."""
   encode = pipeline.Encode("glue", max_len, True, "mrpc", tokenizer=folder)
-  rows = [encode({"sentence1": str(a), "sentence2": str(b), "label": 0, "idx": i})
-          for i, (a, b) in enumerate(zip(expected["first"], expected["second"]))]
+  rows = [
+    encode({"sentence1": str(a), "sentence2": str(b), "label": 0, "idx": i})
+    for i, (a, b) in enumerate(zip(expected["first"], expected["second"]))
+  ]
   return {k: np.stack([r[k] for r in rows]) for k in ("tokens", "mask", "token_types")}
 
 
@@ -63,8 +68,11 @@ def test_tokenized_sentence_pairs_give_hf_hidden_states_and_pooled_output(name):
   np.testing.assert_array_equal(batch["token_types"], expected["token_type_ids"])
   np.testing.assert_array_equal(batch["mask"], expected["attention_mask"].astype(bool))
   assert batch["token_types"].any() and (~batch["mask"]).any()  # segment B and padding are both exercised
-  got = np.asarray(_encoder(config, params).apply({"params": params}, batch["tokens"], mask=batch["mask"],
-                                                    token_types=batch["token_types"]))
+  got = np.asarray(
+    _encoder(config, params).apply(
+      {"params": params}, batch["tokens"], mask=batch["mask"], token_types=batch["token_types"]
+    )
+  )
   want, mask = expected["last_hidden_state"], batch["mask"]
   error = float(np.abs(got - want)[mask].max())
   print(f"{name}: max |efftx - HF| = {error:.2e} over {int(mask.sum())} real positions")
@@ -79,9 +87,10 @@ def test_sentencepiece_and_vocab_files_tokenize_as_transformers_does(tmp_path):
   """Without tokenizer.json: FNet's spiece.model through sentencepiece gives the ids and types of transformers'
   Python FNetTokenizer (longest-first cut included); BERT's vocab.txt through tokenizers' WordPiece gives its
   fast tokenizer's."""
-  for name, files, prefix, kind in (("hf_fnet_tiny", ("spiece.model", "tokenizer_config.json"), "slow_",
-                                     "sentencepiece"),
-                                    ("hf_bert_tiny", ("vocab.txt", "tokenizer_config.json"), "", "wordpiece")):
+  for name, files, prefix, kind in (
+    ("hf_fnet_tiny", ("spiece.model", "tokenizer_config.json"), "slow_", "sentencepiece"),
+    ("hf_bert_tiny", ("vocab.txt", "tokenizer_config.json"), "", "wordpiece"),
+  ):
     folder = tmp_path / name
     folder.mkdir()
     for file in files:
@@ -111,8 +120,9 @@ def test_a_converted_encoder_takes_a_new_classifier_and_keeps_its_pooler():
   vocab = len(params["embed"]["embedding"])
   model = model_lib.build_model(config, OBJECTIVES["classify"].head(vocab, 3, "first"), vocab)
   fresh = trainer.init_params(model, jax.random.key(0))
-  flat = lambda tree: {"/".join(str(k.key) for k in path): v.shape for path, v in
-                       jax.tree_util.tree_flatten_with_path(tree)[0]}
+  flat = lambda tree: {
+    "/".join(str(k.key) for k in path): v.shape for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
   new = flat(fresh)
   head = {k for k in new if k.split("/")[0] in OBJECTIVES["classify"].fresh_params}
   assert head == {"classifier/kernel", "classifier/bias"}
@@ -137,6 +147,7 @@ def test_settings_that_would_convert_into_another_model_are_refused_in_one_line(
   """Each would otherwise load silently as a different model: relative positions (distance embeddings dropped),
   a decoder (converted bidirectional), a config with fewer or more layers than the weights, a missing tensor."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
   folder = os.path.join(FIXTURES, "hf_bert_tiny")
   hf_config = json.load(open(os.path.join(folder, "config.json")))
   weights = load_file(os.path.join(folder, "model.safetensors"))
@@ -161,11 +172,14 @@ def test_settings_that_would_convert_into_another_model_are_refused_in_one_line(
 def test_legacy_layernorm_names_load_as_hf_loads_them():
   """A checkpoint whose LayerNorms are named gamma / beta (TF-converted BERT) converts to the same parameters."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
   folder = os.path.join(FIXTURES, "hf_bert_tiny")
   hf_config = json.load(open(os.path.join(folder, "config.json")))
   weights = load_file(os.path.join(folder, "model.safetensors"))
-  legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-            for k, v in weights.items()}
+  legacy = {
+    k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+    for k, v in weights.items()
+  }
   assert legacy.keys() != weights.keys()
   _, want = hf.convert(hf_config, weights)
   _, got = hf.convert(hf_config, legacy)
@@ -177,14 +191,16 @@ def test_an_exported_encoder_runs_in_transformers_as_in_efftx(kind):
   """tests/fixtures/efftx_export_<kind>: written by efftx.hf.export (a random efftx encoder, every parameter
   perturbed, with the fixture's tokenizer); transformers' AutoModel ran it on the tokenized pairs (expected.npz).
   efftx reads the folder back and gives transformers' outputs; exporting what it read writes the same tensors."""
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   folder = os.path.join(FIXTURES, f"efftx_export_{kind}")
   expected = np.load(os.path.join(folder, "expected.npz"))
   config, params = hf.load(folder)
   batch = _pairs_through_efftx(folder, expected)
   np.testing.assert_array_equal(batch["tokens"], expected["input_ids"])
-  got = np.asarray(_encoder(config, params).apply({"params": params}, batch["tokens"], mask=batch["mask"],
-                                                    token_types=batch["token_types"]))
+  got = np.asarray(
+    _encoder(config, params).apply(
+      {"params": params}, batch["tokens"], mask=batch["mask"], token_types=batch["token_types"]
+    )
+  )
   want = expected["last_hidden_state"]
   error = float(np.abs(got - want)[batch["mask"]].max())
   print(f"efftx_export_{kind}: max |efftx - transformers| = {error:.2e}")
@@ -198,6 +214,7 @@ def test_export_then_load_gives_identical_parameters(kind, tmp_path):
   """A fresh efftx encoder in each HF layout → export → efftx.hf.load: every parameter bit for bit, the config's
   architecture the same, the tokenizer carried along; and the committed export's tensors are what export writes."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
   source = os.path.join(FIXTURES, f"hf_{kind}_tiny")
   config, _ = hf.load(source)
   config.model.update(num_layers=3, d_ff=40, dropout=0.0)  # settings the fixture does not have
@@ -211,25 +228,32 @@ def test_export_then_load_gives_identical_parameters(kind, tmp_path):
   for name, value in _flat(params).items():
     np.testing.assert_array_equal(_flat(loaded)[name], value, err_msg=name)
   assert not hf.mismatches(config, loaded_config)
-  assert tokenizer_lib.load(str(tmp_path)).encode("The cat.")[0].tolist() == \
-      tokenizer_lib.load(source).encode("The cat.")[0].tolist()
+  assert (
+    tokenizer_lib.load(str(tmp_path)).encode("The cat.")[0].tolist()
+    == tokenizer_lib.load(source).encode("The cat.")[0].tolist()
+  )
 
   committed = os.path.join(FIXTURES, f"efftx_export_{kind}")
   config, params = hf.load(committed)
   hf.export(config, params, str(tmp_path / "again"))
-  again, want = load_file(str(tmp_path / "again" / "model.safetensors")), load_file(
-      os.path.join(committed, "model.safetensors"))
+  again, want = (
+    load_file(str(tmp_path / "again" / "model.safetensors")),
+    load_file(os.path.join(committed, "model.safetensors")),
+  )
   assert again.keys() == want.keys()
   for name in want:
     np.testing.assert_array_equal(again[name], want[name], err_msg=name)
 
 
-@pytest.mark.parametrize("change,message", [
+@pytest.mark.parametrize(
+  "change,message",
+  [
     (dict(block_layout="pre_ln"), "block_layout='pre_ln'"),
     (dict(mixer="aft_simple"), "mixer 'aft_simple'"),
     (dict(pooling="cls"), "pooling='cls'"),
     (dict(causal=True), "causal=True"),
-])
+  ],
+)
 def test_encoders_without_an_hf_counterpart_are_not_exported(change, message, tmp_path):
   config, params = hf.load(os.path.join(FIXTURES, "hf_bert_tiny"))
   config.model.update(change)
@@ -266,8 +290,11 @@ def test_init_from_an_hf_folder_needs_the_checkpoints_architecture(data_dir):
   config.model.update(norm_eps=1e-6, block_layout="pre_ln")
   model = trainer.parts(config).model
   params = jax.eval_shape(lambda: trainer.init_params(model, jax.random.key(0)))
-  with pytest.raises(UserError, match=r"the checkpoint has config.model.block_layout='post_ln' \(this run: 'pre_ln'\), "
-                                      r"config.model.norm_eps=1e-12 \(this run: 1e-06\)"):
+  with pytest.raises(
+    UserError,
+    match=r"the checkpoint has config.model.block_layout='post_ln' \(this run: 'pre_ln'\), "
+    r"config.model.norm_eps=1e-12 \(this run: 1e-06\)",
+  ):
     init_from.load_encoder(params, config.init_from, ("classifier",), ("pooler",), config)
 
 
@@ -275,6 +302,7 @@ def test_masked_lm_on_tokenized_pairs_uses_the_tokenizers_special_tokens():
   """data.objective=mlm with a tokenizer: [MASK] is the tokenizer's, [CLS] / [SEP] / padding are never chosen, and
   the pairs keep their token types."""
   from efftx.objectives.mlm import _MaskForMlm  # pylint: disable=g-import-not-at-top
+
   folder = os.path.join(FIXTURES, "hf_bert_tiny")
   task = resolve("glue", folder)
   tok = tokenizer_lib.load(folder)
@@ -337,6 +365,7 @@ def _with(config, **sections):
 
 def test_a_tokenizer_that_does_not_write_cls_a_sep_b_sep_is_refused(tmp_path):
   import tokenizers  # pylint: disable=g-import-not-at-top
+
   tok = tokenizers.Tokenizer.from_file(os.path.join(FIXTURES, "hf_bert_tiny", "tokenizer.json"))
   tok.post_processor = None  # no template: "a b" without [CLS] / [SEP]
   tok.save(str(tmp_path / "tokenizer.json"))
@@ -347,8 +376,13 @@ def test_a_tokenizer_that_does_not_write_cls_a_sep_b_sep_is_refused(tmp_path):
 def test_export_with_one_tokenizer_file_copies_that_file_and_its_settings(tmp_path):
   config, params = hf.load(os.path.join(FIXTURES, "hf_fnet_tiny"))
   hf.export(config, params, str(tmp_path), tokenizer=os.path.join(FIXTURES, "hf_fnet_tiny", "spiece.model"))
-  assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors", "special_tokens_map.json",
-                                          "spiece.model", "tokenizer_config.json"]
+  assert sorted(os.listdir(tmp_path)) == [
+    "config.json",
+    "model.safetensors",
+    "special_tokens_map.json",
+    "spiece.model",
+    "tokenizer_config.json",
+  ]
   assert tokenizer_lib.Tokenizer(str(tmp_path)).kind == "sentencepiece"
   assert json.load(open(tmp_path / "config.json"))["pad_token_id"] == 3
 
@@ -357,10 +391,12 @@ def test_export_with_one_tokenizer_file_copies_that_file_and_its_settings(tmp_pa
 def test_the_config_alone_is_read_from_the_weights_header(name, monkeypatch):
   """hf.load_config gives load's config (configs/glue_hf.py reads it) without reading a tensor."""
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
+
   folder = os.path.join(FIXTURES, name)
   want, params = hf.load(folder, max_len=16)
   monkeypatch.setattr(safetensors.numpy, "load_file", lambda *a, **k: pytest.fail("read the weights"))
   got = hf.load_config(folder, max_len=16)
   assert got.to_dict() == want.to_dict()
   assert got.data.vocab_size == len(params["embed"]["embedding"]) and got.model.type_vocab_size == len(
-      params["type_embed"]["embedding"])
+    params["type_embed"]["embedding"]
+  )

@@ -1,11 +1,12 @@
 """The ListOps generator and TFDS builder, checked by an independent evaluator."""
+
 import collections
 
 import numpy as np
 import pytest
 
-from efftx.data import listops
 from efftx.data import TASKS
+from efftx.data import listops
 
 
 def _evaluate(tokens: list[str]) -> int:
@@ -95,6 +96,7 @@ def test_alphanumeric_tokenisation_is_what_lra_trained_on():
   """LRA issue #14: the published pipeline's tokenizer split on non-alphanumerics, so brackets vanished. The
   reference here is that rule as a regular expression over the raw source."""
   import re  # pylint: disable=g-import-not-at-top
+
   source = "[MAX 2 [MIN 9 4 ] [SM 1 [MED 3 8 5 ] ] 0 ]"
   want = re.findall(r"[A-Za-z0-9]+", source)
   got = [listops.VOCAB[i].lstrip("[") for i in listops.tokenize_alphanumeric(source)]

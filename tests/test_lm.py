@@ -1,4 +1,5 @@
 """Causal language modelling: the byte corpus, the next-token loss, training, and sampling through the caches."""
+
 import os
 import subprocess
 import sys
@@ -12,9 +13,9 @@ from conftest import REPO
 from efftx import sample
 from efftx import train
 from efftx import trainer
+from efftx.data import TASKS
 from efftx.data import byte_text
 from efftx.data import sequence
-from efftx.data import TASKS
 from efftx.objectives import OBJECTIVES
 
 
@@ -25,7 +26,7 @@ def test_byte_records_are_contiguous_disjoint_slices_of_the_corpus():
   offset = 0
   for split, fraction in byte_text.SPLITS:
     records = splits[split]
-    assert records.tobytes() == corpus[offset:offset + records.size]  # in order, no gap inside a split
+    assert records.tobytes() == corpus[offset : offset + records.size]  # in order, no gap inside a split
     offset += int(len(corpus) * fraction)
 
 
@@ -59,6 +60,7 @@ def test_lm_loss_is_next_token_cross_entropy_on_real_tokens():
 @pytest.fixture(scope="module")
 def trained_lm(tmp_path_factory, data_dir):
   from configs import lm_bytes  # pylint: disable=g-import-not-at-top
+
   config = lm_bytes.get_config("mixer=aft_simple,smoke")
   config.data.data_dir = data_dir
   config.total_steps, config.eval_every, config.log_every = 80, 80, 80
@@ -78,21 +80,40 @@ def test_greedy_sampling_through_the_caches_matches_the_full_forward_pass(traine
   config, params = sample.load(workdir)
   prompt = TASKS["bytes"].tokenize(b"import json")
   tokens = sample.generate(config, params, prompt, 12, temperature=0.0, top_k=0, rng=jax.random.key(0))
-  assert len(tokens) == len(prompt) + 12 and tokens[:len(prompt)].tolist() == prompt.tolist()
+  assert len(tokens) == len(prompt) + 12 and tokens[: len(prompt)].tolist() == prompt.tolist()
   # One causal forward pass over the result: the logits at t - 1 see tokens < t only, so each greedy choice is
   # their argmax (padding, id 0, is never sampled).
   logits = trainer.parts(config).model.apply({"params": params}, jnp.asarray(tokens[None]))
   greedy = np.asarray(jnp.argmax(logits[0, :, 1:], axis=-1)) + 1
-  np.testing.assert_array_equal(tokens[len(prompt):], greedy[len(prompt) - 1:-1])
+  np.testing.assert_array_equal(tokens[len(prompt) :], greedy[len(prompt) - 1 : -1])
 
 
 @pytest.mark.slow
 def test_sample_command(trained_lm):
   workdir, _ = trained_lm
-  proc = subprocess.run([sys.executable, "-m", "efftx.sample", f"--workdir={workdir}", "--prompt=def ", "--length=20",
-                         "--temperature=0.8", "--top_k=10"], cwd=REPO, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "efftx.sample",
+      f"--workdir={workdir}",
+      "--prompt=def ",
+      "--length=20",
+      "--temperature=0.8",
+      "--top_k=10",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.startswith("def ")
-  bad = subprocess.run([sys.executable, "-m", "efftx.sample", f"--workdir={os.path.dirname(workdir)}"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+  bad = subprocess.run(
+    [sys.executable, "-m", "efftx.sample", f"--workdir={os.path.dirname(workdir)}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert bad.returncode != 0 and "Traceback" not in bad.stderr and "config.json" in bad.stderr

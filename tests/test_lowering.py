@@ -1,6 +1,7 @@
 """Every mixer's steps lower for a TPU and a GPU from this CPU (efftx.lowering: the training step as efftx.train
 jits it, on a data × fsdp mesh of the 8 fake devices, plain and reversible; the decoding step where the mixers
 decode), with the kernels each platform's "auto" paths promise, and a step that cannot lower is reported."""
+
 import logging
 
 import jax
@@ -8,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from efftx import platform
 from efftx import config as config_lib
-from efftx.mixers import fourier
+from efftx import platform
 from efftx.mixers import MIXERS
+from efftx.mixers import fourier
 from efftx.perf import lowering
 
 
@@ -20,8 +21,9 @@ def _config(mixer: str, causal: bool, num_layers: int = 1, **model):
   in blocks of 8 where a mixer works in blocks, so that every blocked path still loops over several."""
   config = config_lib.default_config(mixer)
   config.model.update(d_model=32, num_layers=num_layers, d_ff=64, max_len=32, causal=causal, **model)
-  config_lib.set_where_declared(config.mixer, num_heads=2, window=8, block_size=8, lsh_chunk=8, attention_chunk=8,
-                                chunk=8)
+  config_lib.set_where_declared(
+    config.mixer, num_heads=2, window=8, block_size=8, lsh_chunk=8, attention_chunk=8, chunk=8
+  )
   config.data.batch_size, config.mesh.fsdp = 8, 2
   if causal:
     config.data.update(task="bytes", variant="stdlib", objective="lm")
@@ -51,10 +53,10 @@ def test_a_hybrid_in_bfloat16_lowers_with_splash_in_its_attention_layers_only():
 
 
 BROKEN = {  # an operation that has no lowering for one platform
-    # a nonsymmetric eigendecomposition: CPU and GPU only
-    "tpu": lambda y: y + 0 * jnp.linalg.eig(jax.lax.stop_gradient(y[0, :2, :2]).astype(jnp.float32))[0].real.sum(),
-    # a platform-dependent choice written for CPU and TPU only
-    "cuda": lambda y: jax.lax.platform_dependent(y, cpu=lambda y: y, tpu=lambda y: 2 * y),
+  # a nonsymmetric eigendecomposition: CPU and GPU only
+  "tpu": lambda y: y + 0 * jnp.linalg.eig(jax.lax.stop_gradient(y[0, :2, :2]).astype(jnp.float32))[0].real.sum(),
+  # a platform-dependent choice written for CPU and TPU only
+  "cuda": lambda y: jax.lax.platform_dependent(y, cpu=lambda y: y, tpu=lambda y: 2 * y),
 }
 
 
@@ -63,13 +65,15 @@ def test_a_step_that_cannot_lower_for_a_platform_is_reported(monkeypatch, platfo
   """aft_simple broken on purpose: its output passes through an operation that `platform` cannot lower."""
   module = MIXERS["aft_simple"].module
   original = module.__call__
-  monkeypatch.setattr(module, "__call__", lambda self, x, *args, **kwargs: BROKEN[platform](
-      original(self, x, *args, **kwargs)))
+  monkeypatch.setattr(
+    module, "__call__", lambda self, x, *args, **kwargs: BROKEN[platform](original(self, x, *args, **kwargs))
+  )
   config = _config("aft_simple", causal=False)
   other = {"tpu": "cuda", "cuda": "tpu"}[platform]
   assert [r.platform for r in lowering.lower_steps(config, platforms=("cpu", other))] == ["cpu", other]
-  with pytest.raises(lowering.LoweringError, match=f"aft_simple: the train step does not lower for {platform}: "
-                     "NotImplementedError"):
+  with pytest.raises(
+    lowering.LoweringError, match=f"aft_simple: the train step does not lower for {platform}: NotImplementedError"
+  ):
     lowering.lower_steps(config)
 
 
@@ -107,20 +111,24 @@ def test_the_training_log_names_the_kernels_and_warns_when_an_expected_one_is_mi
   """efftx.train.report_kernels on compiled programs' text: a bfloat16 attention model on a GPU expects cuDNN's
   fused attention; the program that calls it passes, one that fell back to XLA's attention is warned about."""
   from efftx import train  # pylint: disable=import-outside-toplevel
+
   caplog.set_level(logging.INFO, logger="absl")
   config = _config("fnet+attention*1@top", causal=False, dtype="bfloat16")
   with_cudnn = 'custom-call(%a), custom_call_target="__cudnn$fmhaSoftmax"\n %f = fft(%x), fft_type=FFT'
   assert train.report_kernels(config, with_cudnn, "gpu") == []
   assert "cuDNN fused attention ×1, FFT ×1" in caplog.text and "attention → cuDNN fused attention" in caplog.text
   warnings = train.report_kernels(config, " %f = fft(%x), fft_type=FFT", "gpu")
-  assert warnings == ["attention: expected cuDNN fused attention on gpu, but the compiled step does not call it "
-                      "(XLA's code runs instead)"]
-  assert train.report_kernels(config, "", "tpu") == ["attention: expected Pallas TPU kernel on tpu, but the "
-                                                     "compiled step does not call it (XLA's code runs instead)"]
+  assert warnings == [
+    "attention: expected cuDNN fused attention on gpu, but the compiled step does not call it (XLA's code runs instead)"
+  ]
+  assert train.report_kernels(config, "", "tpu") == [
+    "attention: expected Pallas TPU kernel on tpu, but the compiled step does not call it (XLA's code runs instead)"
+  ]
   # float32 on a GPU expects no kernel for attention (flash: XLA's code), and the FFT for FNet.
   config.model.dtype = "float32"
-  assert train.report_kernels(config, "", "gpu") == ["fnet: expected FFT on gpu, but the compiled step does not "
-                                                     "call it (XLA's code runs instead)"]
+  assert train.report_kernels(config, "", "gpu") == [
+    "fnet: expected FFT on gpu, but the compiled step does not call it (XLA's code runs instead)"
+  ]
   # Attention dropout: the chunked (or plain) path, nothing expected of attention.
   config.mixer.attention.attention_dropout = 0.1
   assert train.report_kernels(config, "fft(", "tpu") == []

@@ -2,6 +2,7 @@
 convention option against a numpy reference written from trax's and HF's code, and "unit" + "across_rounds" against
 HF's layer itself (tests/fixtures/reformer_lsh.npz); per-step rotations: reproducible, and exact under the
 reversible backward pass."""
+
 import itertools
 import os
 
@@ -10,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_close_gradients, compiled, mixer_config
+from conftest import assert_close_gradients
+from conftest import compiled
+from conftest import mixer_config
 from efftx import model as model_lib
 from efftx import reversible
 from efftx import trainer
@@ -42,7 +45,7 @@ def _inputs(L=9, seed=0):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(2, L, 8)).astype(np.float32)
   mask = np.ones((2, L), bool)
-  mask[1, L - 3:] = False
+  mask[1, L - 3 :] = False
   return x, mask
 
 
@@ -54,8 +57,9 @@ def test_one_bucket_one_chunk_is_full_shared_qk_attention(causal, hashes):
   variables = compiled(module).init(jax.random.key(0), x)
   params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
   want = _full_shared_qk_attention(x.astype(np.float64), mask, params, causal)
-  np.testing.assert_allclose(np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4, atol=1e-5
+  )
 
 
 def test_more_hash_rounds_approach_full_attention():
@@ -66,10 +70,19 @@ def test_more_hash_rounds_approach_full_attention():
   reference = np.asarray(compiled(full).apply(variables, x, mask=mask))[mask]
   errors = {}
   for hashes in (1, 8):
-    errors[hashes] = np.mean([
-        np.abs(np.asarray(compiled(MIXERS["lsh"](num_heads=H, lsh_buckets=8, lsh_hashes=hashes, lsh_chunk=8,
-                                                 lsh_seed=seed)).apply(variables, x, mask=mask))[mask] - reference).mean()
-        for seed in range(4)])
+    errors[hashes] = np.mean(
+      [
+        np.abs(
+          np.asarray(
+            compiled(MIXERS["lsh"](num_heads=H, lsh_buckets=8, lsh_hashes=hashes, lsh_chunk=8, lsh_seed=seed)).apply(
+              variables, x, mask=mask
+            )
+          )[mask]
+          - reference
+        ).mean()
+        for seed in range(4)
+      ]
+    )
   assert errors[8] < 0.7 * errors[1], errors
 
 
@@ -110,7 +123,7 @@ def _lsh_reference(x, mask, params, rotations_HxRxKxN, chunk, causal, scale, loo
     real = np.concatenate([mask[b], np.zeros(P - L, bool)])
     q, v = (np.concatenate([qv[b, :, c, h], np.zeros((P - L, K))]) for c in (0, 1))
     if scale == "unit":
-      k, factor = q / np.sqrt(np.mean(q ** 2, -1, keepdims=True) + 1e-6) / np.sqrt(K), 1.0
+      k, factor = q / np.sqrt(np.mean(q**2, -1, keepdims=True) + 1e-6) / np.sqrt(K), 1.0
     else:
       k, factor = q / np.linalg.norm(q, axis=-1, keepdims=True).clip(1e-30), 1 / np.sqrt(K)
     rounds = []
@@ -121,12 +134,13 @@ def _lsh_reference(x, mask, params, rotations_HxRxKxN, chunk, causal, scale, loo
     sequences = rounds if lookback == "per_round" else [sum(rounds, [])]
     o_RxPxK, lse_RxP = np.zeros((R, P, K)), np.zeros((R, P))
     for sequence in sequences:
-      chunks = [sequence[c:c + chunk] for c in range(0, len(sequence), chunk)]
+      chunks = [sequence[c : c + chunk] for c in range(0, len(sequence), chunk)]
       for c, own in enumerate(chunks):
         window = [j for _, j in own + (chunks[c - 1] if len(chunks) > 1 else [])]
         for r, i in own:
-          s = np.array([-1e5 if j == i else -np.inf if not real[j] or (causal and j > i) else q[i] @ k[j] * factor
-                        for j in window])
+          s = np.array(
+            [-1e5 if j == i else -np.inf if not real[j] or (causal and j > i) else q[i] @ k[j] * factor for j in window]
+          )
           lse_RxP[r, i] = s.max() + np.log(np.exp(s - s.max()).sum())
           o_RxPxK[r, i] = np.exp(s - lse_RxP[r, i]) @ v[window]
     weights_RxP = np.exp(lse_RxP - lse_RxP.max(0))
@@ -140,8 +154,9 @@ def _lsh_reference(x, mask, params, rotations_HxRxKxN, chunk, causal, scale, loo
 def test_conventions_match_numpy_reference(causal, scale, lookback):
   x, mask = _inputs(L=14)  # 14 = 3 chunks of 4 + 2: the last chunk is padded
   rotations = np.random.default_rng(3).normal(size=(H, 3, 8 // H, 2)).astype(np.float32)
-  module = MIXERS["lsh"](num_heads=H, causal=causal, lsh_buckets=4, lsh_hashes=3, lsh_chunk=4, lsh_scale=scale,
-                         lsh_lookback=lookback)
+  module = MIXERS["lsh"](
+    num_heads=H, causal=causal, lsh_buckets=4, lsh_hashes=3, lsh_chunk=4, lsh_scale=scale, lsh_lookback=lookback
+  )
   variables = compiled(module).init(jax.random.key(0), x)
   params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
   want = _lsh_reference(x.astype(np.float64), mask, params, rotations.astype(np.float64), 4, causal, scale, lookback)
@@ -155,13 +170,15 @@ def test_one_chunk_is_full_attention_in_every_convention(scale, lookback):
   """HF computes full attention when the sequence fits in one chunk; the chunks compute the same here (across
   rounds every key is met once per round in each window, which leaves the softmax unchanged)."""
   x, mask = _inputs()
-  module = MIXERS["lsh"](num_heads=H, causal=True, lsh_buckets=4, lsh_hashes=3, lsh_chunk=64, lsh_scale=scale,
-                         lsh_lookback=lookback)
+  module = MIXERS["lsh"](
+    num_heads=H, causal=True, lsh_buckets=4, lsh_hashes=3, lsh_chunk=64, lsh_scale=scale, lsh_lookback=lookback
+  )
   variables = compiled(module).init(jax.random.key(0), x)
   params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
   want = _full_shared_qk_attention(x.astype(np.float64), mask, params, True, scale)
-  np.testing.assert_allclose(np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-4, atol=1e-5
+  )
 
 
 # ------------------------------------------------------------------ parity with HF transformers' LSHSelfAttention
@@ -176,20 +193,39 @@ def test_unit_across_rounds_equals_hf_reformer_lsh(causal):
   f = np.load(_FIXTURE)
   (_, _, D), (_, K, R, half) = f["x"].shape, f["rotations_HxKxRxN"].shape
   heads = lambda w_HKxD: w_HKxD.T.reshape(D, H, K)  # torch Linear (out, in) → D×H×K; HF splits out as (H, K)
-  params = {"qkv": {"kernel": np.stack([heads(f["query_key"]), heads(f["value"])], 1),  # shared QK, V; no biases
-                    "bias": np.zeros((2, H, K), np.float32)},
-            "out": {"kernel": f["out"].T.reshape(H, K, D), "bias": np.zeros(D, np.float32)}}
+  params = {
+    "qkv": {
+      "kernel": np.stack([heads(f["query_key"]), heads(f["value"])], 1),  # shared QK, V; no biases
+      "bias": np.zeros((2, H, K), np.float32),
+    },
+    "out": {"kernel": f["out"].T.reshape(H, K, D), "bias": np.zeros(D, np.float32)},
+  }
   rotations_HxRxKxN = f["rotations_HxKxRxN"].transpose(0, 2, 1, 3)
   want = f["out_decoder" if causal else "out_encoder"]  # HF in float64 (see the fixture script)
   mask = f["mask"]
 
   # The numpy reference is HF's computation ...
-  reference = _lsh_reference(f["x"].astype(np.float64), mask, jax.tree.map(np.float64, params),
-                             rotations_HxRxKxN.astype(np.float64), int(f["chunk"]), causal, "unit", "across_rounds")
+  reference = _lsh_reference(
+    f["x"].astype(np.float64),
+    mask,
+    jax.tree.map(np.float64, params),
+    rotations_HxRxKxN.astype(np.float64),
+    int(f["chunk"]),
+    causal,
+    "unit",
+    "across_rounds",
+  )
   np.testing.assert_allclose(reference[mask], want[mask], rtol=0, atol=1e-9)
   # ... and so is efftx's module.
-  module = MIXERS["lsh"](num_heads=H, causal=causal, lsh_buckets=2 * half, lsh_hashes=R, lsh_chunk=int(f["chunk"]),
-                         lsh_scale="unit", lsh_lookback="across_rounds")
+  module = MIXERS["lsh"](
+    num_heads=H,
+    causal=causal,
+    lsh_buckets=2 * half,
+    lsh_hashes=R,
+    lsh_chunk=int(f["chunk"]),
+    lsh_scale="unit",
+    lsh_lookback="across_rounds",
+  )
   got = np.asarray(compiled(module).apply({"params": params}, f["x"], mask=mask, rotations_HxRxKxN=rotations_HxRxKxN))
   assert np.abs(got - want)[mask].max() < 1e-5, np.abs(got - want)[mask].max()  # measured: 8e-8, 1.1e-7
 
@@ -205,8 +241,9 @@ def test_per_step_rotations_follow_the_dropout_key_and_are_fixed_at_evaluation()
   x, mask = _inputs(32)
   module = _per_step()
   variables = compiled(module).init(jax.random.key(0), x)
-  run = lambda key, deterministic: np.asarray(compiled(module).apply(
-      variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(key)}))
+  run = lambda key, deterministic: np.asarray(
+    compiled(module).apply(variables, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(key)})
+  )
   np.testing.assert_array_equal(run(1, False), run(1, False))  # reproducible
   assert not np.allclose(run(1, False)[mask], run(2, False)[mask])  # another step, other hashes
   np.testing.assert_array_equal(run(1, True), run(2, True))  # evaluation: the fixed rotations ...
@@ -237,12 +274,23 @@ def test_reversible_backward_is_exact_with_per_step_rotations():
   """The reversible stack re-runs each layer with its dropout key: the recomputation hashes with the same rotations,
   so its gradients equal plain autodiff's (tests/test_reversible.py checks the other mixers the same way)."""
   B, L, D = 2, 16, 16
-  config = mixer_config("lsh", num_heads=2, causal=True, max_len=L, d_model=D, lsh_buckets=4, lsh_chunk=4,
-                        lsh_rotations="per_step", attention_dropout=0.1)
+  config = mixer_config(
+    "lsh",
+    num_heads=2,
+    causal=True,
+    max_len=L,
+    d_model=D,
+    lsh_buckets=4,
+    lsh_chunk=4,
+    lsh_rotations="per_step",
+    attention_dropout=0.1,
+  )
   make_mixer = trainer.parts(config).model.make_mixer
   stack = reversible.ReversibleStack(
-      make_f=lambda: model_lib.MixingSublayer(make_mixer, 0.2, parent=None),
-      make_g=lambda: model_lib.FeedForwardSublayer(32, 0.2, 0, parent=None), num_layers=2)
+    make_f=lambda: model_lib.MixingSublayer(make_mixer, 0.2, parent=None),
+    make_g=lambda: model_lib.FeedForwardSublayer(32, 0.2, 0, parent=None),
+    num_layers=2,
+  )
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(B, L, D)).astype(np.float32))
   mask = jnp.asarray(np.arange(L)[None, :] < np.array([[L], [11]]))
@@ -254,6 +302,7 @@ def test_reversible_backward_is_exact_with_per_step_rotations():
     def loss(layers, x1, x2, key):
       y1, y2 = forward(f, g, layers, x1, x2, mask, key)
       return ((y1 + 2 * y2) * weights).sum()
+
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
   plain = grads(reversible.coupling_forward)

@@ -1,4 +1,5 @@
 """Mixers against independent references: naive numpy attention, numpy's FFT; causality and padding properties."""
+
 import os
 
 import flax.linen as nn
@@ -7,7 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_close_sums, compiled, padded_inputs
+from conftest import REPO
+from conftest import assert_close_sums
+from conftest import compiled
+from conftest import padded_inputs
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
@@ -31,8 +35,14 @@ def _numpy_attention(x, mask, params, num_heads, causal, window=None, feature_ma
     heads = np.zeros((L, num_heads, K))
     for h in range(num_heads):
       for i in range(L):
-        keys = [j for j in range(L) if mask[b, j] and (j <= i or not causal) and (window is None or abs(i - j) < window)
-                and (same_block is None or same_block(i, j))]
+        keys = [
+          j
+          for j in range(L)
+          if mask[b, j]
+          and (j <= i or not causal)
+          and (window is None or abs(i - j) < window)
+          and (same_block is None or same_block(i, j))
+        ]
         if not keys:  # a padded query with no real key in its window: compared nowhere
           continue
         if feature_map is None:
@@ -64,8 +74,9 @@ def test_local_attention_matches_numpy(causal, window):
   variables = compiled(module).init(jax.random.key(0), x)
   params = jax.tree.map(np.asarray, variables["params"])
   want = _numpy_attention(x, mask, params, 2, causal, window=window)
-  np.testing.assert_allclose(np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5, atol=1e-5
+  )
 
 
 @pytest.mark.parametrize("causal,chunk", [(False, 256), (True, 2), (True, 3), (True, 256)])
@@ -76,8 +87,9 @@ def test_linear_attention_matches_numpy(causal, chunk):
   params = jax.tree.map(np.asarray, variables["params"])
   elu_plus_one = lambda z: np.where(z > 0, z + 1, np.exp(z))
   want = _numpy_attention(x, mask, params, 2, causal, feature_map=elu_plus_one)
-  np.testing.assert_allclose(np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(compiled(module).apply(variables, x, mask=mask))[mask], want[mask], rtol=1e-5, atol=1e-5
+  )
 
 
 @pytest.mark.parametrize("impl", ["fft", "rfft", "matmul", "auto"])
@@ -85,18 +97,20 @@ def test_linear_attention_matches_numpy(causal, chunk):
 def test_fnet_equals_numpy_fft2(impl, shape):
   x = np.random.default_rng(2).normal(size=shape).astype(np.float32)  # odd and even lengths and widths
   mask = np.ones(shape[:2], bool)
-  mask[0, shape[1] // 2:] = False
+  mask[0, shape[1] // 2 :] = False
   module = MIXERS["fnet"](causal=False, fourier_impl=impl)
   y = compiled(module).apply(compiled(module).init(jax.random.key(0), x), x)
   np.testing.assert_allclose(y, np.real(np.fft.fft2(x, axes=(-2, -1))), rtol=1e-4, atol=1e-4)
   # With a mask, padded positions are zero before the transform.
   y = compiled(module).apply({}, x, mask=mask)
-  np.testing.assert_allclose(y, np.real(np.fft.fft2(np.where(mask[..., None], x, 0), axes=(-2, -1))),
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+    y, np.real(np.fft.fft2(np.where(mask[..., None], x, 0), axes=(-2, -1))), rtol=1e-4, atol=1e-4
+  )
   # padding="mix", the published code's convention: the mask is ignored, padded positions are mixed in.
   mixing = MIXERS["fnet"](causal=False, fourier_impl=impl, padding="mix")
-  np.testing.assert_allclose(compiled(mixing).apply({}, x, mask=mask), np.real(np.fft.fft2(x, axes=(-2, -1))),
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+    compiled(mixing).apply({}, x, mask=mask), np.real(np.fft.fft2(x, axes=(-2, -1))), rtol=1e-4, atol=1e-4
+  )
 
 
 @pytest.mark.parametrize("impl", ["fft", "rfft", "matmul"])
@@ -108,20 +122,26 @@ def test_fnet_gradient_equals_the_dft_matrices_transposed(impl, L, D):
   rng = np.random.default_rng(5)
   x_BxLxD, g_BxLxD = (rng.normal(size=(2, L, D)).astype(np.float32) for _ in range(2))
   mask_BxL = np.ones((2, L), bool)
-  mask_BxL[1, L * 2 // 3:] = False
+  mask_BxL[1, L * 2 // 3 :] = False
   module = MIXERS["fnet"](causal=False, fourier_impl=impl)
   grad_BxLxD = jax.grad(lambda x: jnp.sum(compiled(module).apply({}, x, mask=mask_BxL) * g_BxLxD))(x_BxLxD)
+
   def cos_sin(n):
     angle = 2 * np.pi * np.outer(np.arange(n), np.arange(n)) / n
     return np.cos(angle), np.sin(angle)
+
   (c_l, s_l), (c_d, s_d) = cos_sin(L), cos_sin(D)
   want_BxLxD = np.einsum("kl,bke,de->bld", c_l, g_BxLxD, c_d) - np.einsum("kl,bke,de->bld", s_l, g_BxLxD, s_d)
-  np.testing.assert_allclose(grad_BxLxD, np.where(mask_BxL[..., None], want_BxLxD, 0), rtol=1e-4,
-                             atol=1e-4 * np.sqrt(L * D))
+  np.testing.assert_allclose(
+    grad_BxLxD, np.where(mask_BxL[..., None], want_BxLxD, 0), rtol=1e-4, atol=1e-4 * np.sqrt(L * D)
+  )
   x_NxBxLxD = np.stack([x_BxLxD, g_BxLxD])
-  np.testing.assert_allclose(jax.vmap(lambda x: compiled(module).apply({}, x))(x_NxBxLxD),
-                             np.real(np.fft.fft2(x_NxBxLxD, axes=(-2, -1))), rtol=1e-4,
-                             atol=1e-4 * np.sqrt(L * D))
+  np.testing.assert_allclose(
+    jax.vmap(lambda x: compiled(module).apply({}, x))(x_NxBxLxD),
+    np.real(np.fft.fft2(x_NxBxLxD, axes=(-2, -1))),
+    rtol=1e-4,
+    atol=1e-4 * np.sqrt(L * D),
+  )
 
 
 @pytest.mark.parametrize("impl", ["fft", "rfft"])
@@ -129,6 +149,7 @@ def test_fnet_transforms_only_each_devices_share_of_the_batch(impl):
   """Data parallel over 8 devices: every FFT of the compiled step (forward and backward) has the device's 2 rows
   of the batch of 16, no all-gather brings the batch together, and the values equal one device's."""
   from efftx import sharding  # pylint: disable=import-outside-toplevel
+
   mesh = sharding.make_mesh()
   x_BxLxD = np.random.default_rng(6).normal(size=(2 * len(mesh.devices.flat), 16, 8)).astype(np.float32)
   module = MIXERS["fnet"](causal=False, fourier_impl=impl)
@@ -200,8 +221,15 @@ def test_outputs_at_real_positions_ignore_padded_contents(name, causal):
   # Without the mask the padded contents do change the real outputs: the property above is the mask's doing.
   # (Not so for causal mixers: the padding is at the end, in every real position's future; nor for ff_only, which
   # mixes nothing.)
-  assert causal or name == "ff_only" or not np.allclose(np.asarray(compiled(module).apply(variables, x))[mask],
-                         np.asarray(compiled(module).apply(variables, x_other))[mask], atol=1e-3)
+  assert (
+    causal
+    or name == "ff_only"
+    or not np.allclose(
+      np.asarray(compiled(module).apply(variables, x))[mask],
+      np.asarray(compiled(module).apply(variables, x_other))[mask],
+      atol=1e-3,
+    )
+  )
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -214,7 +242,8 @@ def test_every_mixer_jits_keeps_shape_and_dtype_and_has_finite_grads(name, dtype
   y = jax.jit(lambda v, x: module.apply(v, x, mask=mask))(variables, x)
   assert y.shape == x.shape and y.dtype == x.dtype
   grads = jax.jit(jax.grad(lambda v, x: module.apply(v, x, mask=mask).astype(jnp.float32).sum(), argnums=(0, 1)))(
-      variables, x)
+    variables, x
+  )
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
@@ -226,8 +255,10 @@ def test_every_mixer_is_a_linen_module_with_declared_defaults():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("impl,chunk", [("chunked", 3), ("chunked", 4), ("chunked", 64), ("flash", 3), ("flash", 4),
-                                        ("flash", 64), ("fused", 256)])
+@pytest.mark.parametrize(
+  "impl,chunk",
+  [("chunked", 3), ("chunked", 4), ("chunked", 64), ("flash", 3), ("flash", 4), ("flash", 64), ("fused", 256)],
+)
 def test_attention_impls_equal_plain_in_values_and_gradients(causal, impl, chunk):
   x, mask = _inputs()
   plain = MIXERS["attention"](num_heads=2, causal=causal, attention_impl="plain")
@@ -239,8 +270,9 @@ def test_attention_impls_equal_plain_in_values_and_gradients(causal, impl, chunk
   # normalizer and weighted sum over the L keys (blocked: a partial sum, and for "flash" a rescaling, per block);
   # the backward pass the same again, then the weight gradients' sum over the B·L rows.
   forward = 2 * D + D // 2 + 3 * L
-  assert_close_sums(compiled(other).apply(variables, x, mask=mask), compiled(plain).apply(variables, x, mask=mask),
-                    n_terms=forward)
+  assert_close_sums(
+    compiled(other).apply(variables, x, mask=mask), compiled(plain).apply(variables, x, mask=mask), n_terms=forward
+  )
   got = jax.jit(jax.grad(loss(other), argnums=(0, 1)))(variables, x)
   want = jax.jit(jax.grad(loss(plain), argnums=(0, 1)))(variables, x)
   jax.tree.map(lambda a, b: assert_close_sums(a, b, n_terms=2 * forward + B * L), got, want)
@@ -291,24 +323,29 @@ def test_flash_attention_at_extreme_logits_and_in_bfloat16(causal):
   np.testing.assert_allclose(np.where(rows, got, 0), np.where(rows, want, 0), rtol=1e-4, atol=1e-3)
   weights = rng.normal(size=x.shape).astype(np.float32) * rows
   loss = lambda module: lambda v, x: (module.apply(v, x, mask=mask) * weights).sum()
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(b).max()),
-               *(jax.jit(jax.grad(loss(m), argnums=(0, 1)))(variables, x) for m in (flash, plain)))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(b).max()),
+    *(jax.jit(jax.grad(loss(m), argnums=(0, 1)))(variables, x) for m in (flash, plain)),
+  )
   x16 = jnp.asarray(x / 30, jnp.bfloat16)
   flash16 = MIXERS["attention"](num_heads=H, causal=causal, attention_impl="flash", attention_chunk=8)
   got16 = compiled(flash16).apply(jax.tree.map(lambda p: p.astype(jnp.bfloat16), variables), x16, mask=mask)
   assert got16.dtype == jnp.bfloat16
   want32 = compiled(plain).apply(variables, np.asarray(x16, np.float32), mask=mask)
-  np.testing.assert_allclose(np.where(rows, np.asarray(got16, np.float32), 0), np.where(rows, want32, 0),
-                             atol=0.05 * np.abs(want32).max())
+  np.testing.assert_allclose(
+    np.where(rows, np.asarray(got16, np.float32), 0), np.where(rows, want32, 0), atol=0.05 * np.abs(want32).max()
+  )
   # bfloat16 gradients (the hand-written backward pass in bfloat16, 5 blocks: dK and dV carried transposed on a CPU)
   # against plain's float32 autodiff at the same rounded inputs, within bfloat16's resolution.
   variables16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), variables)
   grads16 = jax.jit(jax.grad(loss(flash16), argnums=(0, 1)))(variables16, x16)
-  grads32 = jax.jit(jax.grad(loss(plain), argnums=(0, 1)))(jax.tree.map(lambda p: p.astype(jnp.float32), variables16),
-                                                           np.asarray(x16, np.float32))
+  grads32 = jax.jit(jax.grad(loss(plain), argnums=(0, 1)))(
+    jax.tree.map(lambda p: p.astype(jnp.float32), variables16), np.asarray(x16, np.float32)
+  )
   assert jax.tree.leaves(grads16)[0].dtype == jnp.bfloat16
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=0.05 * np.abs(b).max()),
-               grads16, grads32)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=0.05 * np.abs(b).max()), grads16, grads32
+  )
 
 
 @pytest.mark.parametrize("name", DECODING_MIXERS)
@@ -322,7 +359,7 @@ def test_step_by_step_decoding_equals_the_causal_forward_pass(name):
   cache = compiled(module).init(jax.random.key(0), x, decode=True)["cache"]
   step = jax.jit(lambda v, x_t: module.apply(v, x_t, decode=True, mutable=["cache"]))
   for t in range(L):
-    y_t, mutated = step({**variables, "cache": cache}, x[:, t:t + 1])
+    y_t, mutated = step({**variables, "cache": cache}, x[:, t : t + 1])
     cache = mutated["cache"]
     np.testing.assert_allclose(np.asarray(y_t)[:, 0], full[:, t], rtol=1e-5, atol=1e-5, err_msg=f"position {t}")
 
@@ -337,6 +374,7 @@ def test_aft_simple_decodes_in_constant_memory():
 def test_readme_shows_the_registry_table():
   """README's mixer table is `python -m efftx.mixers`, so it cannot drift from the declared specs."""
   from efftx.mixers.__main__ import table  # pylint: disable=g-import-not-at-top
+
   with open(os.path.join(REPO, "README.md")) as f:
     assert table() in f.read(), "README.md: paste the output of `python -m efftx.mixers`"
 
@@ -359,8 +397,13 @@ def test_flash_attention_on_a_long_padded_sequence_equals_plain(causal):
   # Equal up to the order of the sums (see test_attention_impls_equal_plain_in_values_and_gradients): the L keys'
   # normalizer and weighted sum dominate, a rescaling per block of 128 keys on top.
   forward = 2 * Dx + Dx // 2 + 2 * Lx + Lx // 128 + 1
-  assert_close_sums(np.where(rows, compiled(flash).apply(variables, x, mask=mask), 0),
-                    np.where(rows, compiled(plain).apply(variables, x, mask=mask), 0), n_terms=forward)
+  assert_close_sums(
+    np.where(rows, compiled(flash).apply(variables, x, mask=mask), 0),
+    np.where(rows, compiled(plain).apply(variables, x, mask=mask), 0),
+    n_terms=forward,
+  )
   loss = lambda module: lambda v, x: (module.apply(v, x, mask=mask) * weights).sum()
-  jax.tree.map(lambda a, b: assert_close_sums(a, b, n_terms=2 * forward + 2 * Lx),
-               *(jax.jit(jax.grad(loss(m), argnums=(0, 1)))(variables, x) for m in (flash, plain)))
+  jax.tree.map(
+    lambda a, b: assert_close_sums(a, b, n_terms=2 * forward + 2 * Lx),
+    *(jax.jit(jax.grad(loss(m), argnums=(0, 1)))(variables, x) for m in (flash, plain)),
+  )

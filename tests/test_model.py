@@ -1,4 +1,5 @@
 """The model around the mixers: padding never reaches the classifier; a causal LM never sees the future."""
+
 import subprocess
 import sys
 
@@ -8,7 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_decodes_like_forward, compiled, lm_model, mixer_config
+from conftest import assert_decodes_like_forward
+from conftest import compiled
+from conftest import lm_model
+from conftest import mixer_config
 from efftx import model as model_lib
 from efftx import trainer
 from efftx.errors import UserError
@@ -39,8 +43,9 @@ def test_classifier_ignores_padded_tokens(mixer):
 
 
 def test_causal_lm_logits_do_not_depend_on_later_tokens():
-  config = mixer_config("attention", num_heads=2, causal=True, d_model=16, num_layers=2, d_ff=32, max_len=L,
-                        dropout=0.0)
+  config = mixer_config(
+    "attention", num_heads=2, causal=True, d_model=16, num_layers=2, d_ff=32, max_len=L, dropout=0.0
+  )
   model = lm_model(config)
   tokens, _ = _tokens_and_mask()
   variables = compiled(model).init(jax.random.key(0), tokens)
@@ -48,10 +53,10 @@ def test_causal_lm_logits_do_not_depend_on_later_tokens():
   assert logits.shape == (B, L, 16)
   for t in range(L - 1):
     changed = tokens.copy()
-    changed[:, t + 1:] = (changed[:, t + 1:] + 1) % 16
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 1) % 16
     new = np.asarray(compiled(model).apply(variables, changed))
-    np.testing.assert_array_equal(new[:, :t + 1], logits[:, :t + 1])
-    assert not np.allclose(new[:, t + 1:], logits[:, t + 1:])
+    np.testing.assert_array_equal(new[:, : t + 1], logits[:, : t + 1])
+    assert not np.allclose(new[:, t + 1 :], logits[:, t + 1 :])
 
 
 def test_build_model_passes_mixer_options_to_the_mixer():
@@ -72,8 +77,7 @@ def test_build_model_builds_each_mixer_with_its_spec_s_maker():
   assert made.keywords == {"causal": False, "grid": (2, 3), **config.mixer}  # aft_conv has no max_len field
   assert model.make_mixer() == MIXERS["aft_conv"](max_len=6, grid=(2, 3), **config.mixer)
   config.model.causal = True
-  message = ("mixer 'aft_conv' mixes an image's patch grid in both directions: set config.model.causal=False for "
-             "patches")
+  message = "mixer 'aft_conv' mixes an image's patch grid in both directions: set config.model.causal=False for patches"
   with pytest.raises(UserError, match=f"^{message}$"):
     model_lib.build_model(config, head=lambda x_BxLxD, mask_BxL: x_BxLxD, vocab_size=16, image_shape=(4, 6, 1))
   with pytest.raises(UserError, match=f"^{message}$"):
@@ -90,8 +94,7 @@ def test_sequence_longer_than_max_len_is_refused():
 
 @pytest.mark.parametrize("mixer", sorted(MIXERS))
 def test_bfloat16_model_runs_close_to_float32(mixer):
-  config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, lsh_chunk=4,
-                        attention_chunk=4)
+  config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, lsh_chunk=4, attention_chunk=4)
   tokens, mask = _tokens_and_mask()
   model = trainer.parts(config).model
   variables = compiled(model).init(jax.random.key(0), tokens)
@@ -104,8 +107,9 @@ def test_bfloat16_model_runs_close_to_float32(mixer):
 
 @pytest.mark.parametrize("mixer", sorted(n for n, spec in MIXERS.items() if spec.can_decode))
 def test_model_decoding_token_by_token_equals_the_causal_forward_pass(mixer):
-  config = mixer_config(mixer, causal=True, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, num_layers=2,
-                        dropout=0.0)
+  config = mixer_config(
+    mixer, causal=True, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, num_layers=2, dropout=0.0
+  )
   model = lm_model(config)
   tokens, _ = _tokens_and_mask()
   assert_decodes_like_forward(model, tokens)
@@ -114,9 +118,11 @@ def test_model_decoding_token_by_token_equals_the_causal_forward_pass(mixer):
 @pytest.mark.slow
 def test_the_model_does_not_import_the_data_package():
   """Arrows point one way: the model gets its head from the objective and knows nothing of data (or TFDS)."""
-  code = ("import sys, efftx.model, efftx.objectives; "
-          "assert not [m for m in sys.modules if m.startswith(('efftx.data', 'tensorflow_datasets'))], "
-          "sorted(m for m in sys.modules if m.startswith(('efftx.data', 'tensorflow_datasets')))")
+  code = (
+    "import sys, efftx.model, efftx.objectives; "
+    "assert not [m for m in sys.modules if m.startswith(('efftx.data', 'tensorflow_datasets'))], "
+    "sorted(m for m in sys.modules if m.startswith(('efftx.data', 'tensorflow_datasets')))"
+  )
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -144,8 +150,9 @@ def test_cls_pooling_classifies_from_a_learned_first_position(mixer):
 def test_token_types_add_their_embedding_at_their_positions(pooling):
   """A type embedding is a per-position vector: with type rows (0, v), types t give the model whose position
   embedding has v added where t is 1 — after the learned [CLS] position when there is one (it is type 0)."""
-  config = mixer_config("attention", d_model=16, d_ff=32, num_heads=2, max_len=L, pooling=pooling, dropout=0.0,
-                        type_vocab_size=2)
+  config = mixer_config(
+    "attention", d_model=16, d_ff=32, num_heads=2, max_len=L, pooling=pooling, dropout=0.0, type_vocab_size=2
+  )
   model = trainer.parts(config).model
   tokens, mask = _tokens_and_mask()
   params = compiled(model).init(jax.random.key(0), tokens)["params"]
@@ -157,7 +164,7 @@ def test_token_types_add_their_embedding_at_their_positions(pooling):
   shift = 1 if pooling == "cls" else 0
   moved = jax.tree.map(lambda x: x, params)
   moved["pos_embed"] = np.asarray(params["pos_embed"]).copy()
-  moved["pos_embed"][shift:shift + L] += types_L[:, None] * v
+  moved["pos_embed"][shift : shift + L] += types_L[:, None] * v
   want = compiled(model).apply({"params": moved}, tokens, mask=mask)  # no types given: all type 0 (row 0 = 0)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   assert np.abs(np.asarray(got) - np.asarray(compiled(model).apply({"params": params}, tokens, mask=mask))).max() > 1e-3
@@ -167,18 +174,31 @@ def test_token_types_add_their_embedding_at_their_positions(pooling):
 def test_post_ln_layout_is_bert_s(activation):
   """block_layout="post_ln" against a numpy BERT-style encoder written from the paper's equations: embeddings →
   LayerNorm → (optional projection) → per block LN(x + Attn(x)), LN(x + FF(x)); no final norm."""
-  config = mixer_config("attention", d_model=16, d_ff=32, num_heads=2, max_len=L, num_layers=2, dropout=0.0,
-                        block_layout="post_ln", embed_projection=True, norm_eps=1e-12, activation=activation)
+  config = mixer_config(
+    "attention",
+    d_model=16,
+    d_ff=32,
+    num_heads=2,
+    max_len=L,
+    num_layers=2,
+    dropout=0.0,
+    block_layout="post_ln",
+    embed_projection=True,
+    norm_eps=1e-12,
+    activation=activation,
+  )
   model = trainer.parts(config).model.clone(head=lambda x, m: x)
   tokens, mask = _tokens_and_mask()
   params = jax.tree.map(lambda a: np.asarray(a, np.float64), compiled(model).init(jax.random.key(1), tokens)["params"])
   got = np.asarray(compiled(model).apply({"params": params}, tokens, mask=mask))
-  ln = lambda x, p: ((x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-12) * p["scale"]
-                     + p["bias"])
+  ln = lambda x, p: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-12) * p["scale"] + p["bias"]
   dense = lambda x, p: x @ p["kernel"] + p["bias"]
   erf = np.vectorize(__import__("math").erf)
-  gelu = ((lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))) if activation == "gelu_tanh"
-          else (lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2)))))
+  gelu = (
+    (lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))))
+    if activation == "gelu_tanh"
+    else (lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2))))
+  )
   x = params["embed"]["embedding"][tokens] + params["pos_embed"][:L]
   x = dense(ln(x, params["embed_norm"]), params["embed_projection"])
   for i in range(2):
@@ -200,13 +220,15 @@ def test_post_ln_layout_is_bert_s(activation):
 def test_a_model_without_feed_forward_is_a_stack_of_mixers(layout):
   """d_ff=0 (Zoology's MQAR models): each block is x + Mix(LN x) (pre_ln) or LN(x + Mix(x)) (post_ln) and nothing
   else, against the same blocks applied by hand; no feed-forward parameters exist."""
-  config = mixer_config("attention", d_model=16, d_ff=0, num_heads=2, max_len=L, num_layers=2, dropout=0.0,
-                        block_layout=layout)
+  config = mixer_config(
+    "attention", d_model=16, d_ff=0, num_heads=2, max_len=L, num_layers=2, dropout=0.0, block_layout=layout
+  )
   model = trainer.parts(config).model.clone(head=lambda x, m: x)
   tokens, mask = _tokens_and_mask()
   params = compiled(model).init(jax.random.key(1), tokens)["params"]
-  assert all(set(params[f"block_{i}"]) == ({"mixing"} if layout == "pre_ln" else {"mixing", "mixing_norm"})
-             for i in range(2))
+  assert all(
+    set(params[f"block_{i}"]) == ({"mixing"} if layout == "pre_ln" else {"mixing", "mixing_norm"}) for i in range(2)
+  )
   got = compiled(model).apply({"params": params}, tokens, mask=mask)
   mixing = model_lib.MixingSublayer(model.make_mixer, 0.0, layout == "pre_ln", model.norm_eps)
   norm = nn.LayerNorm(model.norm_eps)
@@ -227,14 +249,19 @@ def test_exact_gelu_and_its_gradient_against_the_erf_formula():
   the whole range: the tails (|x| up to 30, where Φ saturates and φ underflows) and zero; bfloat16 in, bfloat16
   out."""
   import math  # pylint: disable=g-import-not-at-top
+
   x = np.concatenate([np.linspace(-30, 30, 601), [0.0, 1e-3, -1e-3, 5.5, -5.5]])
   cdf = np.array([0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
-  pdf = np.exp(-0.5 * x ** 2) / math.sqrt(2 * math.pi)
+  pdf = np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
   x32 = jnp.asarray(x, jnp.float32)
   np.testing.assert_allclose(model_lib.gelu_erf(x32), x * cdf, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(jax.vmap(jax.grad(model_lib.gelu_erf))(x32), cdf + x * pdf, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(jax.vmap(jax.grad(lambda v: nn.gelu(v, approximate=False)))(x32),
-                             jax.vmap(jax.grad(model_lib.gelu_erf))(x32), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    jax.vmap(jax.grad(lambda v: nn.gelu(v, approximate=False)))(x32),
+    jax.vmap(jax.grad(model_lib.gelu_erf))(x32),
+    rtol=1e-5,
+    atol=1e-6,
+  )
   y16 = model_lib.gelu_erf(x32.astype(jnp.bfloat16))
   assert y16.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(y16, np.float32), x * cdf, rtol=1e-2, atol=1e-2)
@@ -245,11 +272,26 @@ def test_init_std_redraws_every_dense_kernel_and_nothing_else(mixer, reversible)
   """config.model.init_std = 0.02 (GPT-2 / BERT / Zoology): every nn.Dense / DenseGeneral kernel (the mixer's, the
   feed-forward's, the head's; stacked under the reversible layers too) is N(0, 0.02²) and independent of the
   others; biases, norms, embeddings and AFT-conv's renormalised kernel are as flax makes them; 0 is flax's init."""
-  model = lambda init_std: lm_model(mixer_config(mixer, d_model=64, d_ff=256, num_layers=2, max_len=32, causal=True,
-                                                  reversible=reversible, init_std=init_std, num_heads=4), 128)
+  model = lambda init_std: lm_model(
+    mixer_config(
+      mixer,
+      d_model=64,
+      d_ff=256,
+      num_layers=2,
+      max_len=32,
+      causal=True,
+      reversible=reversible,
+      init_std=init_std,
+      num_heads=4,
+    ),
+    128,
+  )
   flax_default, redrawn = (trainer.init_params(model(std), jax.random.key(0)) for std in (0.0, 0.02))
-  assert jax.tree.all(jax.tree.map(np.array_equal, flax_default,
-                                   model(0.0).init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))["params"]))
+  assert jax.tree.all(
+    jax.tree.map(
+      np.array_equal, flax_default, model(0.0).init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))["params"]
+    )
+  )
   kernels = []
   for (path, old), new in zip(jax.tree_util.tree_leaves_with_path(flax_default), jax.tree.leaves(redrawn)):
     name = jax.tree_util.keystr(path)

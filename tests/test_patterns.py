@@ -1,5 +1,6 @@
 """Layer patterns: FNet's hybrid layouts against the published rules, periods, per-layer options and their checks,
 the parameters each layer gets, decoding, reversible stacks, bfloat16, FLOP counts and a sharded training run."""
+
 import json
 
 import jax
@@ -7,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_decodes_like_forward, lm_model
+from conftest import assert_decodes_like_forward
+from conftest import lm_model
 from efftx import config as config_lib
 from efftx import patterns
 from efftx import reversible
@@ -21,17 +23,20 @@ L = 8
 
 # The published layouts (google-research f_net models.py, `_is_attention_layer`), written out by hand for the
 # models they are used with: which of N layers are attention when k of them are.
-@pytest.mark.parametrize("layout,n,k,attention_layers", [
-    ("top", 12, 2, {10, 11}),           # FNet-Hybrid
+@pytest.mark.parametrize(
+  "layout,n,k,attention_layers",
+  [
+    ("top", 12, 2, {10, 11}),  # FNet-Hybrid
     ("bottom", 12, 2, {0, 1}),
-    ("middle", 12, 2, {5, 6}),          # 10 ≤ 2i < 14
-    ("middle", 6, 4, {1, 2, 3, 4}),     # 2 ≤ 2i < 10
-    ("middle", 12, 3, {5, 6, 7}),       # 9 ≤ 2i < 15
-    ("mixed", 12, 2, {0, 6}),           # i mod 6 = 0
+    ("middle", 12, 2, {5, 6}),  # 10 ≤ 2i < 14
+    ("middle", 6, 4, {1, 2, 3, 4}),  # 2 ≤ 2i < 10
+    ("middle", 12, 3, {5, 6, 7}),  # 9 ≤ 2i < 15
+    ("mixed", 12, 2, {0, 6}),  # i mod 6 = 0
     ("mixed", 12, 4, {0, 3, 6, 9}),
-    ("top", 3, 3, {0, 1, 2}),           # every layer
-    ("bottom", 1, 1, {0}),              # one layer
-])
+    ("top", 3, 3, {0, 1, 2}),  # every layer
+    ("bottom", 1, 1, {0}),  # one layer
+  ],
+)
 def test_fnet_hybrid_layouts_place_attention_where_the_published_code_does(layout, n, k, attention_layers):
   layers = patterns.layer_mixers(f"fnet+attention*{k}@{layout}", n)
   assert len(layers) == n
@@ -41,13 +46,16 @@ def test_fnet_hybrid_layouts_place_attention_where_the_published_code_does(layou
 
 def test_periods_repeat_to_fill_the_model_and_named_patterns_expand():
   assert patterns.layer_mixers("local*3+attention", 8) == ("local",) * 3 + ("attention",) + ("local",) * 3 + (
-      "attention",)
+    "attention",
+  )
   assert patterns.layer_mixers("fnet", 3) == ("fnet",) * 3
   assert patterns.layer_mixers("fnet_hybrid", 4) == ("fnet", "fnet", "attention", "attention")
   assert patterns.mixer_names("local*3+attention+local") == ("local", "attention")
 
 
-@pytest.mark.parametrize("pattern,num_layers,message", [
+@pytest.mark.parametrize(
+  "pattern,num_layers,message",
+  [
     ("local*3+attention", 6, "its period of 4 layers does not divide config.model.num_layers=6"),
     ("fnet+attention*5@mixed", 12, "FNet's mixed layout places 6 attention layers, not 5"),
     ("fnet+attention*8@mixed", 12, "FNet's mixed layout places 12 attention layers, not 8"),
@@ -56,7 +64,8 @@ def test_periods_repeat_to_fill_the_model_and_named_patterns_expand():
     ("fnet+atention", 2, "'atention' is not a mixer; choose from: attention, fnet"),
     ("fnet+attention*0", 2, "repeats a mixer 0 times"),
     ("fnet,attention", 2, "is not a mixer name or NAME*COUNT"),
-])
+  ],
+)
 def test_a_pattern_that_does_not_fit_is_refused_in_one_line(pattern, num_layers, message):
   with pytest.raises(UserError, match=None) as error:
     patterns.layer_mixers(pattern, num_layers)
@@ -79,8 +88,9 @@ def test_a_hybrid_has_attention_parameters_in_exactly_its_attention_layers():
   for i in range(4):
     mixer_params = params[f"block_{i}"]["mixing"].get("mixer", {})
     if i >= 2:  # attention: its projections
-      assert set(mixer_params) == set(MIXERS["attention"].module(num_heads=2).init(
-          jax.random.key(0), jnp.zeros((1, L, 16)))["params"])
+      assert set(mixer_params) == set(
+        MIXERS["attention"].module(num_heads=2).init(jax.random.key(0), jnp.zeros((1, L, 16)))["params"]
+      )
       assert mixer_params
     else:  # FNet: no parameters at all
       assert not mixer_params
@@ -105,7 +115,9 @@ def test_each_layers_options_are_checked_and_foreign_options_refused():
 def test_a_config_built_for_one_pattern_is_refused_for_another():
   config = _hybrid_config()
   config.model.mixer = "local*3+attention"
-  with pytest.raises(UserError, match=r"config.mixer holds the options of mixers attention, fnet, not of 'local\*3\+atten"):
+  with pytest.raises(
+    UserError, match=r"config.mixer holds the options of mixers attention, fnet, not of 'local\*3\+atten"
+  ):
     config_lib.validate(config, 8)
 
 
@@ -135,8 +147,10 @@ def test_reversible_segments_give_the_gradients_of_plain_autodiff():
   f_tanh = lambda p, x, mask, key: jnp.tanh(x @ p["w"]) * mask[..., None]
   f_roll = lambda p, x, mask, key: jnp.roll(x, 1, axis=1) @ p["w"] + jax.random.normal(key, x.shape) * 0.1
   g = lambda p, y, key: jnp.sin(y @ p["w"])
-  stack = lambda n: {"F": {"w": jnp.asarray(rng.normal(size=(n, D, D)), jnp.float32) * 0.5},
-                     "G": {"w": jnp.asarray(rng.normal(size=(n, D, D)), jnp.float32) * 0.5}}
+  stack = lambda n: {
+    "F": {"w": jnp.asarray(rng.normal(size=(n, D, D)), jnp.float32) * 0.5},
+    "G": {"w": jnp.asarray(rng.normal(size=(n, D, D)), jnp.float32) * 0.5},
+  }
   layers = (stack(2), stack(3))
   x = jnp.asarray(rng.normal(size=(B, L, D)), jnp.float32)
   mask = jnp.asarray(np.arange(L)[None] < np.array([[L], [5]]))
@@ -146,6 +160,7 @@ def test_reversible_segments_give_the_gradients_of_plain_autodiff():
     def f(layers, x1, x2):
       y1, y2 = forward((f_tanh, f_roll), g, layers, x1, x2, mask, jax.random.key(3))
       return jnp.sum((y1 + 2 * y2) * weights)
+
     return f
 
   got = jax.jit(jax.grad(loss(reversible.reversible_forward), argnums=(0, 1, 2)))(layers, x, x)
@@ -181,8 +196,11 @@ def test_flops_of_a_pattern_are_the_sum_of_its_layers_mixers():
   config = _hybrid_config()
   model = lm_model(config)
   params = model.init(jax.random.key(0), jnp.zeros((1, L), jnp.int32))["params"]
-  dense = 6 * sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-                  if getattr(path[-1], "key", None) == "kernel")
+  dense = 6 * sum(
+    leaf.size
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+    if getattr(path[-1], "key", None) == "kernel"
+  )
   fnet = MIXERS["fnet"].train_flops(dict(config.mixer.fnet), L, 16, False)
   attention = MIXERS["attention"].train_flops(dict(config.mixer.attention), L, 16, False)
   assert fnet > 0 and attention > 0 and fnet != attention
@@ -193,6 +211,7 @@ def test_a_pattern_trains_on_8_devices_from_a_config_argument(smoke_config, tmp_
   """The pattern goes where a mixer name goes (the config argument), its config.mixer sections are saved with the
   run, and a 3-layer FNet/Linear hybrid with fsdp-sharded parameters trains to finite metrics."""
   from efftx import train  # pylint: disable=g-import-not-at-top
+
   config = smoke_config("smoke,mixer=fnet+linear_mixing*1@top")
   config.model.num_layers = 3
   config.mesh.fsdp = 2

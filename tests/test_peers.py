@@ -1,12 +1,13 @@
 """efftx.peers: the JAX peers at the tiny shape end to end (JSON, markdown, plot); a torch peer without torch says
 how to install it, in one line. No timing is asserted."""
+
 import importlib.util
 import json
 
 import pytest
 
-from efftx.perf import peers
 from efftx.errors import UserError
+from efftx.perf import peers
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 
@@ -14,8 +15,17 @@ HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 @pytest.mark.slow
 def test_the_jax_peers_run_end_to_end_at_the_tiny_shape(tmp_path, capsys):
   """flax-fnet and efftx-fnet at one length, each in its own process: rows, ratios, MFU, the three files."""
-  peers.main(["--tiny", "--peers=flax-fnet,efftx-fnet", "--seqs=64", "--warmup=1", "--steps=2",
-              "--ratio_to=flax-fnet", f"--out={tmp_path}"])
+  peers.main(
+    [
+      "--tiny",
+      "--peers=flax-fnet,efftx-fnet",
+      "--seqs=64",
+      "--warmup=1",
+      "--steps=2",
+      "--ratio_to=flax-fnet",
+      f"--out={tmp_path}",
+    ]
+  )
   run = json.loads((tmp_path / "peers.json").read_text())
   rows = {r["peer"]: r for r in run["results"]}
   assert set(rows) == {"flax-fnet", "efftx-fnet"} and all("error" not in r for r in rows.values()), rows
@@ -43,8 +53,10 @@ def test_a_torch_peer_without_torch_gives_the_install_hint(tmp_path):
 
 
 def test_bad_peers_are_refused_in_one_line(tmp_path):
-  for argv, words in ((["--peers=flax-fnett"], "flax-fnett: choose from"),
-                      (["--peers=flax-fnet", "--ratio_to=hf-fnet"], "--ratio_to=hf-fnet is not one of --peers")):
+  for argv, words in (
+    (["--peers=flax-fnett"], "flax-fnett: choose from"),
+    (["--peers=flax-fnet", "--ratio_to=hf-fnet"], "--ratio_to=hf-fnet is not one of --peers"),
+  ):
     with pytest.raises(UserError, match=words):
       peers.main(argv + [f"--out={tmp_path}"])
   with pytest.raises(UserError, match="'nomixer' is not a mixer"):
@@ -55,9 +67,11 @@ def test_efftx_rows_are_the_flax_peers_block_built_by_efftx():
   """efftx-fnet and efftx-attention rows: post-LN, exact GELU, epsilon 1e-12, FNet's embedding projection, and the
   same matmul weights as the plain-flax peers (so the same dense FLOPs)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from efftx.perf import step  # pylint: disable=g-import-not-at-top
+
   from efftx import model as model_lib  # pylint: disable=g-import-not-at-top
   from efftx.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
+  from efftx.perf import step  # pylint: disable=g-import-not-at-top
+
   c = peers.SHAPES["tiny"]
   kernels = lambda params: sum(x.size for p, x in jax.tree_util.tree_leaves_with_path(params) if p[-1].key == "kernel")
   ids = jax.numpy.zeros((1, 64), int)
@@ -66,7 +80,12 @@ def test_efftx_rows_are_the_flax_peers_block_built_by_efftx():
     m = config.model
     assert (m.d_model, m.num_layers, m.d_ff, m.max_len, config.data.batch_size) == (32, 1, 64, 64, 4)
     assert (m.block_layout, m.activation, m.norm_eps, m.embed_projection, m.dropout) == (
-        "post_ln", "gelu", 1e-12, mixer == "fnet", 0.0)
+      "post_ln",
+      "gelu",
+      1e-12,
+      mixer == "fnet",
+      0.0,
+    )
     model = model_lib.build_model(config, OBJECTIVES["lm"].head(256, 0), 256)
     ours = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, mask=ids == 0, deterministic=True))["params"]
     flax_model = peers._flax_encoder(c, flax_mixer, 512)  # pylint: disable=protected-access
@@ -79,8 +98,10 @@ def test_a_profile_of_an_efftx_step_puts_its_kernels_in_the_categories_of_what_t
   instruction of the program, and the model's parts — the dense layers' matmuls, attention's core, LayerNorm, GELU,
   the embedding, the loss, the optimizer — each get time; "other" is a small share."""
   import jax  # pylint: disable=g-import-not-at-top
-  from efftx.perf import step  # pylint: disable=g-import-not-at-top
+
   from efftx.perf import profiling  # pylint: disable=g-import-not-at-top
+  from efftx.perf import step  # pylint: disable=g-import-not-at-top
+
   run, info = step.prepare(peers.efftx_variant("attention", peers.SHAPES["tiny"], 64))
   program, dense = profiling.instructions(run.program_text), profiling.dense_modules(run.params)
   assert {"block_0/mixing/mixer/qkv", "block_0/feed_forward/ff/up", "lm_head"} <= dense

@@ -1,6 +1,7 @@
 """Preparing a registered TFDS dataset: one that is not in data_dir and whose download hosts do not answer is
 refused at once with the command that builds it; a prepared one, or one under tfds.testing.mock_data, is not
 refused; the probe follows a proxy and gives up on a host that hangs."""
+
 import os
 import signal
 import socket
@@ -18,8 +19,10 @@ from efftx.errors import UserError
 @pytest.fixture(autouse=True)
 def deadline():
   """Fails a test that runs past 30 s, instead of letting it sit in TFDS's download retries (minutes)."""
+
   def fail(signum, frame):  # pylint: disable=unused-argument
     raise TimeoutError("ran past 30 s: preparing did not stop at the probe")
+
   previous = signal.signal(signal.SIGALRM, fail)
   signal.alarm(30)
   yield
@@ -51,13 +54,17 @@ def _config(task: str, variant: str, data_dir: str):
   return config
 
 
-@pytest.mark.parametrize("task,variant,name,host", [
+@pytest.mark.parametrize(
+  "task,variant,name,host",
+  [
     ("imdb_bytes", "plain_text", "imdb_reviews/plain_text", ("ai.stanford.edu", 80)),
     ("cifar10_grey", "default", "cifar10", ("www.cs.toronto.edu", 443)),
     ("glue", "sst2", "glue/sst2", ("dl.fbaipublicfiles.com", 443)),
-])
-def test_an_unprepared_dataset_whose_hosts_do_not_answer_is_refused_at_once(task, variant, name, host, offline,
-                                                                            tmp_path):
+  ],
+)
+def test_an_unprepared_dataset_whose_hosts_do_not_answer_is_refused_at_once(
+  task, variant, name, host, offline, tmp_path
+):
   data_dir = str(tmp_path / "empty_tfds")
   start = time.monotonic()
   with pytest.raises(UserError) as refused:

@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_close_gradients, assert_close_sums, mixer_config
+from conftest import assert_close_gradients
+from conftest import assert_close_sums
+from conftest import mixer_config
 from efftx import model as model_lib
 from efftx import reversible
 from efftx import trainer
@@ -17,8 +19,10 @@ def _stack(mixer, causal, dropout, ff_chunk_size=0, num_layers=3):
   config = mixer_config(mixer, num_heads=2, causal=causal, max_len=L, window=4, d_model=D)
   make_mixer = trainer.parts(config).model.make_mixer
   return reversible.ReversibleStack(
-      make_f=lambda: model_lib.MixingSublayer(make_mixer, dropout, parent=None),
-      make_g=lambda: model_lib.FeedForwardSublayer(32, dropout, ff_chunk_size, parent=None), num_layers=num_layers)
+    make_f=lambda: model_lib.MixingSublayer(make_mixer, dropout, parent=None),
+    make_g=lambda: model_lib.FeedForwardSublayer(32, dropout, ff_chunk_size, parent=None),
+    num_layers=num_layers,
+  )
 
 
 def _inputs():
@@ -29,13 +33,13 @@ def _inputs():
   return jnp.asarray(x), jnp.asarray(mask)
 
 
-@pytest.mark.parametrize("mixer,causal", [("attention", True), ("fnet", False), ("aft_local", True),
-                                          ("linear", False)])
+@pytest.mark.parametrize("mixer,causal", [("attention", True), ("fnet", False), ("aft_local", True), ("linear", False)])
 def test_recomputing_backward_equals_plain_autodiff(mixer, causal):
   x, mask = _inputs()
   stack = _stack(mixer, causal, dropout=0.2)
-  layers = jax.jit(lambda: stack.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x, mask,
-                                      False)["params"]["layers"])()
+  layers = jax.jit(
+    lambda: stack.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x, mask, False)["params"]["layers"]
+  )()
   f, g = stack._apply_fns(deterministic=False)  # dropout on: the backward pass must replay it
   key = jax.random.key(7)
   weights = jnp.asarray(np.random.default_rng(1).normal(size=(B, L, D)).astype(np.float32))
@@ -44,6 +48,7 @@ def test_recomputing_backward_equals_plain_autodiff(mixer, causal):
     def fn(layers, x1, x2):
       y1, y2 = forward(f, g, layers, x1, x2, mask, key)
       return ((y1 + 2 * y2) * weights).sum()
+
     return fn
 
   got = jax.jit(jax.grad(loss(reversible.reversible_forward), argnums=(0, 1, 2)))(layers, x, x)
@@ -58,8 +63,17 @@ def test_recomputing_backward_equals_plain_autodiff(mixer, causal):
 
 
 def _train_step_temp_bytes(num_layers, reversible_, ff_chunk_size=0, length=256, mixer="attention"):
-  config = mixer_config(mixer, d_model=32, num_heads=4, d_ff=64, max_len=length, num_layers=num_layers,
-                        reversible=reversible_, ff_chunk_size=ff_chunk_size, attention_impl="plain")
+  config = mixer_config(
+    mixer,
+    d_model=32,
+    num_heads=4,
+    d_ff=64,
+    max_len=length,
+    num_layers=num_layers,
+    reversible=reversible_,
+    ff_chunk_size=ff_chunk_size,
+    attention_impl="plain",
+  )
   parts = trainer.parts(config)
   tx, schedule = trainer.make_optimizer(config)
   step = trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(0))
@@ -89,13 +103,19 @@ def test_chunked_feed_forward_same_outputs_and_gradients():
   # and the weight gradients add 4 chunks' partial sums instead of one sum over the B·L rows. Forward: the
   # LayerNorm's statistics over D, the matmuls over D and d_ff; backward: the same sums again, then the rows.
   forward = 2 * D + 64
-  assert_close_sums(chunked.apply({"params": params}, x, True), whole.apply({"params": whole_params}, x, True),
-                    n_terms=forward)
-  grad = lambda module, p: jax.grad(lambda p, x: (module.apply({"params": p}, x, True) ** 2).sum(), argnums=(0, 1))(p, x)
+  assert_close_sums(
+    chunked.apply({"params": params}, x, True), whole.apply({"params": whole_params}, x, True), n_terms=forward
+  )
+  grad = lambda module, p: jax.grad(lambda p, x: (module.apply({"params": p}, x, True) ** 2).sum(), argnums=(0, 1))(
+    p, x
+  )
   (gp_c, gx_c), (gp_w, gx_w) = grad(chunked, params), grad(whole, whole_params)
   assert_close_sums(gx_c, gx_w, n_terms=2 * forward)
-  jax.tree.map(lambda a, b: assert_close_sums(a, b, n_terms=2 * forward + B * L),
-               {"norm": gp_c["norm"], "ff": gp_c["chunks"]["ff"]}, gp_w)
+  jax.tree.map(
+    lambda a, b: assert_close_sums(a, b, n_terms=2 * forward + B * L),
+    {"norm": gp_c["norm"], "ff": gp_c["chunks"]["ff"]},
+    gp_w,
+  )
 
 
 def test_chunked_feed_forward_lowers_compiled_memory_at_long_length():
@@ -109,6 +129,7 @@ def test_reconstruction_error_is_small_in_float32():
   stack = _stack("attention", False, dropout=0.0, num_layers=6)
   layers = jax.jit(lambda: stack.init(jax.random.key(0), x, mask, True)["params"]["layers"])()
   f, g = stack._apply_fns(deterministic=True)
-  errors = np.asarray(jax.jit(lambda layers, x: reversible.reconstruction_errors(f, g, layers, x, mask,
-                                                                                jax.random.key(0)))(layers, x))
+  errors = np.asarray(
+    jax.jit(lambda layers, x: reversible.reconstruction_errors(f, g, layers, x, mask, jax.random.key(0)))(layers, x)
+  )
   assert errors.shape == (6,) and errors.max() < 1e-4, errors

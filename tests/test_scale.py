@@ -1,5 +1,6 @@
 """Scale-out on 8 fake devices: the fsdp axis (parameters and optimizer state split), and resuming a checkpoint
 on another number of devices or another data/fsdp split."""
+
 import json
 import math
 import os
@@ -13,13 +14,13 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import REPO
 from conftest import assert_close_gradients
 from conftest import assert_close_sums
 from conftest import free_port
 from conftest import logged_step
-from conftest import mixer_config
 from conftest import metrics_rows
-from conftest import REPO
+from conftest import mixer_config
 from conftest import summation_atol
 from efftx import checkpoints
 from efftx import config as config_lib
@@ -39,8 +40,9 @@ def test_the_rule_splits_the_largest_divisible_dimension_and_never_a_layer_axis(
   assert sharding.spec(key("x"), (3, 5, 4099), 8) == jax.sharding.PartitionSpec()  # nothing divisible
   assert sharding.spec(key("x"), (64, 256), 1) == jax.sharding.PartitionSpec()  # no fsdp axis
   # The reversible stack's stacked parameters: the layer axis (here the largest) is never split.
-  assert sharding.spec(key("reversible", "layers", "G", "ff", "up", "kernel"), (512, 64, 128), 8) == \
-      jax.sharding.PartitionSpec(None, None, "fsdp")
+  assert sharding.spec(
+    key("reversible", "layers", "G", "ff", "up", "kernel"), (512, 64, 128), 8
+  ) == jax.sharding.PartitionSpec(None, None, "fsdp")
 
 
 def _metric_terms(config, batch_size: int) -> tuple[int, int]:
@@ -72,13 +74,19 @@ def _steps(config, fsdp, num_steps=1, batch_size=16, compiler_options=None):
   abstract = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))
   state_sharding = sharding.shardings(mesh, abstract)
   state = jax.jit(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)), out_shardings=state_sharding)()
-  step = jax.jit(trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(1)),
-                 in_shardings=(state_sharding, sharding.batch(mesh)),
-                 out_shardings=(state_sharding, sharding.replicated(mesh)), compiler_options=compiler_options)
+  step = jax.jit(
+    trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(1)),
+    in_shardings=(state_sharding, sharding.batch(mesh)),
+    out_shardings=(state_sharding, sharding.replicated(mesh)),
+    compiler_options=compiler_options,
+  )
   rng = np.random.default_rng(0)
   L, B = config.model.max_len, batch_size
-  batch = {"tokens": rng.integers(1, 16, (B, L)).astype(np.int32), "mask": np.ones((B, L), bool),
-           "label": rng.integers(0, 10, (B,)).astype(np.int32)}
+  batch = {
+    "tokens": rng.integers(1, 16, (B, L)).astype(np.int32),
+    "mask": np.ones((B, L), bool),
+    "label": rng.integers(0, 10, (B,)).astype(np.int32),
+  }
   out = []
   for _ in range(num_steps):
     state, metrics = step(state, jax.device_put(batch, sharding.batch(mesh)))
@@ -90,13 +98,13 @@ def _steps(config, fsdp, num_steps=1, batch_size=16, compiler_options=None):
 # meets around them (the rest repeat one of these: local and linear attention's projections are attention's,
 # aft_simple and aft_local's are aft_full's, random and ff_only split nothing as fnet):
 SHARDED_KINDS = {
-    "attention": "a D × 3 × H × K projection split on D, scores over all keys",
-    "block_local": "the same projection, blocks reshaped out of the sequence",
-    "lsh": "a shared-QK projection, positions sorted and gathered by hash",
-    "aft_full": "four D × D projections split, a position-pair bias kept whole",
-    "aft_conv": "D × D projections split, a per-head convolution over the sequence",
-    "linear_mixing": "a D × D hidden matrix split, a sequence matrix kept whole",
-    "fnet": "no parameters: its per-device FFT (custom_partitioning) on a mesh that splits the others",
+  "attention": "a D × 3 × H × K projection split on D, scores over all keys",
+  "block_local": "the same projection, blocks reshaped out of the sequence",
+  "lsh": "a shared-QK projection, positions sorted and gathered by hash",
+  "aft_full": "four D × D projections split, a position-pair bias kept whole",
+  "aft_conv": "D × D projections split, a per-head convolution over the sequence",
+  "linear_mixing": "a D × D hidden matrix split, a sequence matrix kept whole",
+  "fnet": "no parameters: its per-device FFT (custom_partitioning) on a mesh that splits the others",
 }
 
 
@@ -108,9 +116,11 @@ def test_the_sharded_mixers_stand_for_every_mixer():
     config = mixer_config(mixer, d_model=64, d_ff=128, num_layers=1, max_len=32, num_heads=4, lsh_chunk=8)
     model = trainer.parts(config).model
     params = jax.eval_shape(model.init, jax.random.key(0), jax.ShapeDtypeStruct((1, 32), np.int32))["params"]
-    split[mixer] = {(jax.tree_util.keystr(path[-2:]), x.shape)
-                    for path, x in jax.tree_util.tree_leaves_with_path(params["block_0"]["mixing"])
-                    if sharding.spec(path, x.shape, 8) != jax.sharding.PartitionSpec()}
+    split[mixer] = {
+      (jax.tree_util.keystr(path[-2:]), x.shape)
+      for path, x in jax.tree_util.tree_leaves_with_path(params["block_0"]["mixing"])
+      if sharding.spec(path, x.shape, 8) != jax.sharding.PartitionSpec()
+    }
   covered = set().union(*(split[m] for m in SHARDED_KINDS))
   for mixer in set(MIXERS) - set(SHARDED_KINDS):
     assert split[mixer] <= covered, (mixer, split[mixer] - covered)
@@ -118,18 +128,21 @@ def test_the_sharded_mixers_stand_for_every_mixer():
 
 @pytest.mark.parametrize("mixer,reversible", [(m, False) for m in SHARDED_KINDS] + [("attention", True)])
 def test_mixers_train_the_same_with_sharded_parameters(mixer, reversible):
-  config = mixer_config(mixer, d_model=64, d_ff=128, num_layers=1, max_len=32, num_heads=4, dropout=0.1,
-                        reversible=reversible, lsh_chunk=8)
+  config = mixer_config(
+    mixer, d_model=64, d_ff=128, num_layers=1, max_len=32, num_heads=4, dropout=0.1, reversible=reversible, lsh_chunk=8
+  )
   config.optim.warmup_steps = 0
   (metrics_1, state_1), (metrics_8, state_8) = _steps(config, 1), _steps(config, 8)
   _assert_metrics_close(metrics_8, metrics_1, config, batch_size=16)
   # Parameters after the update to within one update (learning rate 1e-3): Adam's first step moves each
   # parameter by ±lr whatever its gradient's size, so where a gradient is ~0 another summation order can flip it.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2.5e-3),
-               jax.device_get(state_8.params), jax.device_get(state_1.params))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2.5e-3),
+    jax.device_get(state_8.params),
+    jax.device_get(state_1.params),
+  )
   split = [x for x in jax.tree.leaves(state_8.params) if not x.sharding.is_fully_replicated]
   assert split, "no parameter was split"
-
 
 
 @pytest.mark.parametrize("mixer", ["aft_simple", "attention"])
@@ -151,11 +164,15 @@ def test_one_example_per_device_compiles_with_ynnpack_for_the_matmuls_only_and_t
   assert "__ynn_fusion" not in lowered.compile(options).as_text()
   config = mixer_config(mixer, d_model=64, d_ff=128, num_layers=1, max_len=64, num_heads=4)
   config.optim.warmup_steps = 0
-  (metrics, state), (metrics_opt, state_opt) = (_steps(config, 1, batch_size=8, compiler_options=o)
-                                                for o in (None, options))
+  (metrics, state), (metrics_opt, state_opt) = (
+    _steps(config, 1, batch_size=8, compiler_options=o) for o in (None, options)
+  )
   _assert_metrics_close(metrics_opt, metrics, config, batch_size=8)
-  first_moments = lambda state: [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state.opt_state)
-                                 if any(getattr(k, "name", None) == "mu" for k in path)]
+  first_moments = lambda state: [
+    leaf
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state.opt_state)
+    if any(getattr(k, "name", None) == "mu" for k in path)
+  ]
   moments, moments_opt = first_moments(jax.device_get(state)), first_moments(jax.device_get(state_opt))
   assert len(moments) == len(jax.tree.leaves(state.params))
   # Equal up to the order of the sums, which the fusions change: the forward pass's (the LayerNorms' statistics, the
@@ -185,8 +202,9 @@ def _max_parameter_difference(workdir, other, step) -> float:
   _, got, _ = checkpoints.restore_params(str(workdir), step)
   _, want, _ = checkpoints.restore_params(str(other), step)
   diffs = []
-  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(jax.device_get(got))[0],
-                          jax.tree.leaves(jax.device_get(want))):
+  for (path, a), b in zip(
+    jax.tree_util.tree_flatten_with_path(jax.device_get(got))[0], jax.tree.leaves(jax.device_get(want))
+  ):
     d = np.abs(np.asarray(a) - np.asarray(b))
     if [getattr(k, "key", None) for k in path][-2:] == ["qkv", "bias"]:
       d = np.delete(d, 1, axis=0)  # (q, k, v) × heads × head width: drop k
@@ -215,17 +233,22 @@ def test_fsdp_8_equals_data_8_with_an_eighth_of_the_state_per_device(smoke_confi
   for fsdp in (1, 8):
     mesh = sharding.make_mesh(fsdp)
     abstract = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))
-    state = jax.jit(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)),
-                    out_shardings=sharding.shardings(mesh, abstract))()
+    state = jax.jit(
+      lambda: trainer.create_state(parts.model, tx, jax.random.key(0)), out_shardings=sharding.shardings(mesh, abstract)
+    )()
     held[fsdp] = (sharding.bytes_on_first_device(state.params), sharding.bytes_on_first_device(state.opt_state))
   total = sum(x.nbytes for x in jax.tree.leaves(state.params))
   # Arrays under MIN_SHARDED elements stay whole on every device (here: embeddings of a 48-position, 20-token
   # model, biases, norms); everything else is split 8 ways.
-  small = [sum(x.nbytes for x in jax.tree.leaves(tree) if x.size < sharding.MIN_SHARDED)
-           for tree in (state.params, state.opt_state)]
-  print(f"bytes on device 0: parameters {held[1][0]} (data = 8) vs {held[8][0]} (fsdp = 8, "
-        f"{held[8][0] / held[1][0]:.3f}), AdamW state {held[1][1]} vs {held[8][1]} ({held[8][1] / held[1][1]:.3f}); "
-        f"arrays kept whole: {small[0]} + {small[1]} bytes")
+  small = [
+    sum(x.nbytes for x in jax.tree.leaves(tree) if x.size < sharding.MIN_SHARDED)
+    for tree in (state.params, state.opt_state)
+  ]
+  print(
+    f"bytes on device 0: parameters {held[1][0]} (data = 8) vs {held[8][0]} (fsdp = 8, "
+    f"{held[8][0] / held[1][0]:.3f}), AdamW state {held[1][1]} vs {held[8][1]} ({held[8][1] / held[1][1]:.3f}); "
+    f"arrays kept whole: {small[0]} + {small[1]} bytes"
+  )
   assert held[1][0] == total
   for data_8, fsdp_8, whole in zip(held[1], held[8], small):
     assert fsdp_8 == pytest.approx((data_8 - whole) / 8 + whole, rel=0.01)
@@ -245,13 +268,33 @@ def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(smo
 
   # 4 devices (another process, as JAX fixes its device count at start-up), data = 4.
   on_4 = stopped_at_6("on_4")
-  overrides = [f"--config.{k}={v}" for k, v in {"total_steps": 12, "log_every": 1, "eval_every": 12,
-                                                  "checkpoint_every": 6, "model.d_model": 64,
-                                                  "model.d_ff": 256}.items()]
-  proc = subprocess.run([sys.executable, "-m", "efftx.train", "--config=configs/quickstart.py:smoke",
-                         f"--workdir={on_4}", f"--config.data.data_dir={config.data.data_dir}"] + overrides,
-                        cwd=REPO, capture_output=True, text=True, timeout=300,
-                        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+  overrides = [
+    f"--config.{k}={v}"
+    for k, v in {
+      "total_steps": 12,
+      "log_every": 1,
+      "eval_every": 12,
+      "checkpoint_every": 6,
+      "model.d_model": 64,
+      "model.d_ff": 256,
+    }.items()
+  ]
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "efftx.train",
+      "--config=configs/quickstart.py:smoke",
+      f"--workdir={on_4}",
+      f"--config.data.data_dir={config.data.data_dir}",
+    ]
+    + overrides,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+  )
   assert proc.returncode == 0, proc.stderr
   assert "4 devices (data 4 × fsdp 1)" in proc.stderr
   # 8 devices split data 2 × fsdp 4.
@@ -275,24 +318,40 @@ def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, 
   config = smoke_config()
   config.total_steps = 2
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run(_train_command(tmp_path / "run", config, **{"data.batch_size": 6}), cwd=REPO,
-                        capture_output=True, text=True, timeout=300, env=env)
+  proc = subprocess.run(
+    _train_command(tmp_path / "run", config, **{"data.batch_size": 6}),
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+  )
   assert proc.returncode == 0, proc.stderr
   n = math.gcd(len(os.sched_getaffinity(0)), 6)
   assert f"{n} devices (data {n} × fsdp 1)" in proc.stderr
-  check = ("import jax, os; from efftx import sharding; sharding.use_cpu_cores(8); a = jax.device_count(); "
-           "sharding.use_cpu_cores(1); print(a, jax.device_count(), os.environ.get('PJRT_NPROC'))")
+  check = (
+    "import jax, os; from efftx import sharding; sharding.use_cpu_cores(8); a = jax.device_count(); "
+    "sharding.use_cpu_cores(1); print(a, jax.device_count(), os.environ.get('PJRT_NPROC'))"
+  )
   env = {k: v for k, v in env.items() if k not in ("PJRT_NPROC", "NPROC")}
-  chosen = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"})
+  chosen = subprocess.run(
+    [sys.executable, "-c", check],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"},
+  )
   assert chosen.stdout.split() == ["3", "3", "None"], chosen.stderr
-  default = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
-                           env=env)
+  default = subprocess.run(
+    [sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120, env=env
+  )
   cores = math.gcd(len(os.sched_getaffinity(0)), 8)
   threads = str(2 * cores) if cores > 1 else "None"  # XLA's CPU client: two threads a device (see use_cpu_cores)
   assert default.stdout.split() == [str(cores), str(cores), threads], default.stderr
-  own = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120,
-                       env={**env, "PJRT_NPROC": "3"})
+  own = subprocess.run(
+    [sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120, env={**env, "PJRT_NPROC": "3"}
+  )
   assert own.stdout.split() == [str(cores), str(cores), "3"], own.stderr
 
 
@@ -305,19 +364,40 @@ def test_fsdp_must_divide_the_devices(smoke_config):
 
 def _train_command(workdir, config, **overrides):
   """efftx.train on the quickstart's smoke data with _quickstart_size's model and schedule, as a command."""
-  fields = {"total_steps": config.total_steps, "log_every": config.log_every, "eval_every": config.eval_every,
-            "checkpoint_every": config.checkpoint_every, "model.d_model": 64, "model.d_ff": 256, **overrides}
-  return [sys.executable, "-m", "efftx.train", "--config=configs/quickstart.py:smoke", f"--workdir={workdir}",
-          f"--config.data.data_dir={config.data.data_dir}"] + [f"--config.{k}={v}" for k, v in fields.items()]
+  fields = {
+    "total_steps": config.total_steps,
+    "log_every": config.log_every,
+    "eval_every": config.eval_every,
+    "checkpoint_every": config.checkpoint_every,
+    "model.d_model": 64,
+    "model.d_ff": 256,
+    **overrides,
+  }
+  return [
+    sys.executable,
+    "-m",
+    "efftx.train",
+    "--config=configs/quickstart.py:smoke",
+    f"--workdir={workdir}",
+    f"--config.data.data_dir={config.data.data_dir}",
+  ] + [f"--config.{k}={v}" for k, v in fields.items()]
 
 
 def _two_processes(command):
   """Two processes × 4 CPU devices of one JAX run (jax.distributed over loopback)."""
   port = free_port()
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-  return [subprocess.Popen(command + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                                      f"--process_id={i}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  return [
+    subprocess.Popen(
+      command + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+      cwd=REPO,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
 
 
 @pytest.mark.slow
@@ -341,8 +421,7 @@ def test_two_processes_equal_one_stop_together_and_resume_on_one(smoke_config, t
   stopped = [int(o.split("stopped by signal at step ")[1].split()[0]) for o in outs]
   assert stopped[0] == stopped[1] < 60 and stopped[0] % 3 == 0, stopped  # at a log boundary
   assert sorted(os.listdir(workdir / "checkpoints")) == [str(stopped[0])]
-  _assert_rows_close(metrics_rows(workdir), [r for r in metrics_rows(straight) if r["step"] <= stopped[0]],
-                     config)
+  _assert_rows_close(metrics_rows(workdir), [r for r in metrics_rows(straight) if r["step"] <= stopped[0]], config)
 
   # efftx.evaluate on the two processes (each reading its shard) equals one process on 8 devices (this one).
   procs = _two_processes([sys.executable, "-m", "efftx.evaluate", f"--workdir={workdir}"])

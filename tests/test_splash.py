@@ -2,6 +2,7 @@
 float64 numpy softmax attention from the textbook formula and against "plain" (values and gradients), with padding,
 causal masks, lengths that are not a multiple of the kernel's 128-position blocks, float32 and bfloat16, one head,
 and under an 8-device mesh; and "auto" taking it exactly where the model is traced for a TPU."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +13,6 @@ from efftx import platform
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 from efftx.mixers import attention as attention_lib
-from efftx.mixers import spec
 
 B, L, D = 2, 200, 32  # 200 positions: padded to 256 inside the kernel
 
@@ -79,9 +79,10 @@ def test_splash_in_bfloat16_is_as_accurate_as_plain_in_bfloat16(causal):
   reference = _numpy_attention(x16.astype(jnp.float32), mask, variables["params"], 2, causal)
   real = ~np.isnan(reference).any(-1)  # the queries with a key to see
   reference = reference[real]
-  error = lambda module: np.abs(np.asarray(jax.jit(lambda v, x: module.apply(v, x, mask=mask))(variables, x16),
-                                           np.float64)[real] - reference).max()
-  bf16_step = 2.0 ** -8 * np.abs(reference).max()
+  error = lambda module: np.abs(
+    np.asarray(jax.jit(lambda v, x: module.apply(v, x, mask=mask))(variables, x16), np.float64)[real] - reference
+  ).max()
+  bf16_step = 2.0**-8 * np.abs(reference).max()
   assert error(splash) <= 2 * error(plain) + 0.1 * bf16_step, (error(splash), error(plain))
   weights = jnp.asarray(np.random.default_rng(3).normal(size=x.shape) * real[..., None], jnp.float32)
   loss = lambda module: lambda v, x: (module.apply(v, x, mask=mask).astype(jnp.float32) * weights).sum()
@@ -90,8 +91,9 @@ def test_splash_in_bfloat16_is_as_accurate_as_plain_in_bfloat16(causal):
   for path in (("qkv", "kernel"), ("out", "kernel")):
     leaf = lambda g: np.asarray(g["params"][path[0]][path[1]], np.float64)
     scale = np.abs(leaf(want)).max()
-    assert (np.abs(leaf(got16) - leaf(want)).max()
-            <= 2 * np.abs(leaf(plain16) - leaf(want)).max() + 0.1 * 2.0 ** -8 * scale), path
+    assert (
+      np.abs(leaf(got16) - leaf(want)).max() <= 2 * np.abs(leaf(plain16) - leaf(want)).max() + 0.1 * 2.0**-8 * scale
+    ), path
 
 
 def test_splash_with_one_head_a_full_block_and_a_one_token_sequence():
@@ -111,6 +113,7 @@ def test_splash_under_a_mesh_runs_per_device_and_equals_plain():
   """Under jax.set_mesh (as efftx.train lowers its steps), the batch of 8 is split over the 8 devices by
   shard_map: each device's kernel sees one example, and the result is the unsplit one's."""
   from efftx import sharding  # pylint: disable=import-outside-toplevel
+
   mesh = sharding.make_mesh(fsdp=2)
   x = jnp.asarray(np.random.default_rng(5).normal(size=(8, 136, 16)), jnp.float32)
   mask = jnp.asarray(np.arange(136)[None, :] < np.arange(1, 9)[:, None] * 17)
@@ -135,9 +138,16 @@ def _lowered_text(module, platform, dtype=jnp.float32, deterministic=True):
   x, mask = _inputs()
   variables = module.init(jax.random.key(0), x)
   with platform.lowering_for(platform):
-    fn = jax.jit(jax.grad(lambda v, x: module.apply(v, x, mask=mask, deterministic=deterministic,
-                                                     rngs={"dropout": jax.random.key(1)}).astype(jnp.float32).sum(),
-                          argnums=(0, 1)))
+    fn = jax.jit(
+      jax.grad(
+        lambda v, x: (
+          module.apply(v, x, mask=mask, deterministic=deterministic, rngs={"dropout": jax.random.key(1)})
+          .astype(jnp.float32)
+          .sum()
+        ),
+        argnums=(0, 1),
+      )
+    )
     return fn.trace(variables, x.astype(dtype)).lower(lowering_platforms=(platform,)).as_text()
 
 
@@ -160,12 +170,12 @@ def test_auto_paths_per_platform_and_dtype():
   assert resolve("auto", 1024, 256, False, "gpu", jnp.float16) == "fused"
   assert resolve("auto", 1024, 256, False, "gpu", jnp.float32) == "flash"
   assert resolve("auto", 1024, 256, False, "cpu", jnp.bfloat16) == "flash"
-  for platform in ("gpu", "tpu"):
-    assert resolve("auto", 1024, 256, True, platform) == "chunked"
-    assert resolve("auto", 200, 256, True, platform) == "plain"
+  for target in ("gpu", "tpu"):
+    assert resolve("auto", 1024, 256, True, target) == "chunked"
+    assert resolve("auto", 200, 256, True, target) == "plain"
   # On a CPU plain keeps the dropout up to 1,024 positions and 2^26 probabilities (faster there), chunked beyond.
   assert [resolve("auto", L, 256, True, "cpu") for L in (200, 784, 1024, 1025)] == ["plain"] * 3 + ["chunked"]
-  assert resolve("auto", 1024, 256, True, "cpu", batch_heads=64) == "plain"     # 2^26
+  assert resolve("auto", 1024, 256, True, "cpu", batch_heads=64) == "plain"  # 2^26
   assert resolve("auto", 1024, 256, True, "cpu", batch_heads=65) == "chunked"
   assert resolve("auto", 1024, 256, True, "cpu", batch_heads=256) == "chunked"  # LRA's CIFAR-10 batch
   assert resolve("splash", 10, 256, False, "cpu") == "splash"
@@ -194,7 +204,8 @@ def test_splash_with_keys_far_apart_equals_the_formula(causal):
   splash, plain = _modules(causal, num_heads=1)
   variables = plain.init(jax.random.key(5), x)
   want = _numpy_attention(x, mask, variables["params"], 1, causal)
-  error = lambda module: np.abs(np.asarray(jax.jit(lambda v, x: module.apply(v, x, mask=mask))(variables, x),
-                                           np.float64) - want).max()
+  error = lambda module: np.abs(
+    np.asarray(jax.jit(lambda v, x: module.apply(v, x, mask=mask))(variables, x), np.float64) - want
+  ).max()
   assert np.isfinite(error(splash))
   assert error(splash) <= 2 * error(plain) + 1e-6 * np.abs(want).max(), (error(splash), error(plain))

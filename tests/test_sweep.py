@@ -1,5 +1,6 @@
 """efftx.sweep: the grid, skip / resume / retry of points, a failing point, aggregation, the report, each
 launcher's dry run, and the SLURM path through submitit's local executor."""
+
 import dataclasses
 import json
 import os
@@ -42,20 +43,35 @@ def _sweep(*args, process=False):
   """`python -m efftx.sweep ARGS`, run in this process (its points still run as processes of their own), or as a
   process of its own where it runs points (its threads print the status while they run)."""
   if process:
-    return subprocess.run([sys.executable, "-m", "efftx.sweep", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+      [sys.executable, "-m", "efftx.sweep", *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
   code, stdout, stderr = run_in_process("efftx.sweep", [str(a) for a in args])
   return subprocess.CompletedProcess(["efftx.sweep", *args], code, stdout, stderr)
 
 
 def test_grid_names_and_commands():
-  points = study_lib.grid({"aft_local s=8": {"arg": "mixer=aft_local", "overrides": {"mixer.window": 8}}},
-                          seeds=(0, 1), learning_rates=(1e-3, 3e-4))
-  assert [p.name for p in points] == ["aft_local_s=8-lr0.001-seed0", "aft_local_s=8-lr0.001-seed1",
-                                      "aft_local_s=8-lr0.0003-seed0", "aft_local_s=8-lr0.0003-seed1"]
+  points = study_lib.grid(
+    {"aft_local s=8": {"arg": "mixer=aft_local", "overrides": {"mixer.window": 8}}},
+    seeds=(0, 1),
+    learning_rates=(1e-3, 3e-4),
+  )
+  assert [p.name for p in points] == [
+    "aft_local_s=8-lr0.001-seed0",
+    "aft_local_s=8-lr0.001-seed1",
+    "aft_local_s=8-lr0.0003-seed0",
+    "aft_local_s=8-lr0.0003-seed1",
+  ]
   assert points[3].command("configs/lm_bytes.py", "/w/x", python="python") == [
-      "python", "-m", "efftx.train", "--config=configs/lm_bytes.py:mixer=aft_local", "--config.mixer.window=8",
-      "--config.seed=1", "--config.optim.learning_rate=0.0003", "--workdir=/w/x"]
+    "python",
+    "-m",
+    "efftx.train",
+    "--config=configs/lm_bytes.py:mixer=aft_local",
+    "--config.mixer.window=8",
+    "--config.seed=1",
+    "--config.optim.learning_rate=0.0003",
+    "--workdir=/w/x",
+  ]
 
 
 def test_the_readme_lists_every_name_the_loader_reads_once():
@@ -66,8 +82,10 @@ def test_the_readme_lists_every_name_the_loader_reads_once():
 
   def listed(section):
     return [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+
   assert sorted(listed(names_section)) == sorted(study_lib.NAMES) and len(set(listed(names_section))) == len(
-      listed(names_section))
+    listed(names_section)
+  )
   assert listed(plot_section) == [f.name for f in dataclasses.fields(study_lib.Plot)]
 
 
@@ -77,8 +95,9 @@ def test_a_bench_points_list_flag_is_comma_joined():
 
 
 def test_a_group_may_start_from_its_own_config_file(tmp_path, data_dir):
-  path = _sweep_file(tmp_path, data_dir, {"listops": {"arg": "smoke"},
-                                          "bytes": {"arg": "smoke", "config": "configs/lm_bytes.py"}})
+  path = _sweep_file(
+    tmp_path, data_dir, {"listops": {"arg": "smoke"}, "bytes": {"arg": "smoke", "config": "configs/lm_bytes.py"}}
+  )
   study = study_lib.load(path)
   commands = launchers._commands(study, "/w", launchers.Launch())  # pylint: disable=protected-access
   assert commands["listops-seed0"][3] == "--config=configs/quickstart.py:smoke"  # relative to the checkout
@@ -88,8 +107,12 @@ def test_a_group_may_start_from_its_own_config_file(tmp_path, data_dir):
 def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
   rng = np.random.default_rng(0)
   values = rng.normal(size=(2, 3, 3))  # group × learning rate × seed
-  points = [{"group": f"g{g}", "learning_rate": lr, "seed": s, "state": "done", "value": float(values[g, i, s])}
-            for g in range(2) for i, lr in enumerate((1e-3, 3e-4, 1e-4)) for s in range(3)]
+  points = [
+    {"group": f"g{g}", "learning_rate": lr, "seed": s, "state": "done", "value": float(values[g, i, s])}
+    for g in range(2)
+    for i, lr in enumerate((1e-3, 3e-4, 1e-4))
+    for s in range(3)
+  ]
   points[0]["state"] = "failed"  # g0, lr 1e-3, seed 0: left out
   points[1]["value"] = float("nan")  # g0, lr 1e-3, seed 1: diverged, left out
   for goal, pick in (("max", np.argmax), ("min", np.argmin)):
@@ -106,47 +129,76 @@ def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
 
 
 def test_report_from_existing_workdirs(tmp_path, data_dir):
-  path = _sweep_file(tmp_path, data_dir, {"a": {"arg": "smoke"}, "b": {"arg": "smoke,mixer=fnet"}},
-                     extra='PAPER = {"a": 0.5}\nSOURCE = "Somebody et al. (2020), Table 1"\n'
-                           'from efftx.sweep import Plot\nPLOT = Plot(x=("width", {"a": 1, "b": 2}))\n'
-                           'def claim(rows):\n  return "held" if rows[0]["mean"] > rows[1]["mean"] else "did not hold"\n')
+  path = _sweep_file(
+    tmp_path,
+    data_dir,
+    {"a": {"arg": "smoke"}, "b": {"arg": "smoke,mixer=fnet"}},
+    extra='PAPER = {"a": 0.5}\nSOURCE = "Somebody et al. (2020), Table 1"\n'
+    'from efftx.sweep import Plot\nPLOT = Plot(x=("width", {"a": 1, "b": 2}))\n'
+    'def claim(rows):\n  return "held" if rows[0]["mean"] > rows[1]["mean"] else "did not hold"\n',
+  )
   study = study_lib.load(path)
   workdir = tmp_path / "runs"
   for p, value in zip(study.points, (0.75, 0.25)):  # what two finished runs leave behind
     (workdir / p.name).mkdir(parents=True)
     (workdir / p.name / "config.json").write_text(json.dumps({"total_steps": 10}))
     (workdir / p.name / "metrics.jsonl").write_text(
-        "\n".join(json.dumps(r) for r in ({"step": 5, "eval_accuracy": 0.1}, {"step": 10, "loss": 1.0},
-                                          {"step": 10, "eval_accuracy": value})) + "\n")
+      "\n".join(
+        json.dumps(r)
+        for r in ({"step": 5, "eval_accuracy": 0.1}, {"step": 10, "loss": 1.0}, {"step": 10, "eval_accuracy": value})
+      )
+      + "\n"
+    )
   proc = _sweep(path, f"--workdir={workdir}", "--report", "--publish")
   assert proc.returncode == 0, proc.stderr
   table = (workdir / "report.md").read_text()
-  assert "| a | 0.5 | 0.75 | 1/1 |" in table and "| b | — | 0.25 | 1/1 |" in table, table  # one seed: no ± 
+  assert "| a | 0.5 | 0.75 | 1/1 |" in table and "| b | — | 0.25 | 1/1 |" in table, table  # one seed: no ±
   assert "**Claim at our scale:** held" in table and "Somebody et al. (2020), Table 1" in table
   assert (workdir / "report.csv").read_text().splitlines()[1:] == ["a,0.5,0.75,0.0,1,1,", "b,,0.25,0.0,1,1,"]
   assert (workdir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   for name in ("table.md", "table.csv", "plot.png", "results.json"):
-    assert (tmp_path / "study" / name).read_bytes() == (workdir / {"table.md": "report.md", "table.csv": "report.csv",
-                                                         "plot.png": "report.png"}.get(name, name)).read_bytes()
+    assert (tmp_path / "study" / name).read_bytes() == (
+      workdir / {"table.md": "report.md", "table.csv": "report.csv", "plot.png": "report.png"}.get(name, name)
+    ).read_bytes()
 
 
 def _finished(folder, steps, value, total=10, outcome=None):
   """What a run leaves behind: its config, metric rows up to `steps` (the last with eval_accuracy=value)."""
   folder.mkdir(parents=True)
   (folder / "config.json").write_text(json.dumps({"total_steps": total, "mixer": {"name": folder.name}}))
-  (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
-      {"step": 1, "eval_accuracy": 0.1}, {"step": steps, "loss": 1.5}, {"step": steps, "eval_accuracy": value})))
+  (folder / "metrics.jsonl").write_text(
+    "\n".join(
+      json.dumps(r)
+      for r in (
+        {"step": 1, "eval_accuracy": 0.1},
+        {"step": steps, "loss": 1.5},
+        {"step": steps, "eval_accuracy": value},
+      )
+    )
+  )
   if outcome:
     (folder / points_lib.POINT_FILE).write_text(json.dumps(outcome))
 
 
 def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data_dir):
-  path = _sweep_file(tmp_path, data_dir, {"a": {"arg": "smoke"}, "b": {"arg": "smoke,mixer=fnet"},
-                                          "c": {"arg": "smoke,mixer=aft_full"}, "d": {"arg": "smoke,mixer=linear"}})
+  path = _sweep_file(
+    tmp_path,
+    data_dir,
+    {
+      "a": {"arg": "smoke"},
+      "b": {"arg": "smoke,mixer=fnet"},
+      "c": {"arg": "smoke,mixer=aft_full"},
+      "d": {"arg": "smoke,mixer=linear"},
+    },
+  )
   study = study_lib.load(path)
   first = tmp_path / "first"
-  _finished(first / "a-seed0", 10, 0.75, outcome={"status": "done", "total_seconds": 12.5, "commits": ["abc"],
-                                                  "machine": "a test machine"})
+  _finished(
+    first / "a-seed0",
+    10,
+    0.75,
+    outcome={"status": "done", "total_seconds": 12.5, "commits": ["abc"], "machine": "a test machine"},
+  )
   _finished(first / "b-seed0", 10, 0.25)
   _finished(first / "c-seed0", 10, 0.5)
   _finished(first / "d-seed0", 5, 0.5)  # stopped halfway
@@ -179,22 +231,25 @@ def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data
   assert proc.returncode == 0, proc.stderr
   head = points_lib.checkout_commit()[:12]
   assert proc.stdout.splitlines()[:4] == [
-      f"reuse        a-seed0: its published record (commit abc; this checkout {head})",
-      "not reused   b-seed0: unfinished in the workdir, which goes on with its own run",
-      "not reused   c-seed0: its record ran with other flags",
-      "not reused   d-seed0: its record is incomplete"]
+    f"reuse        a-seed0: its published record (commit abc; this checkout {head})",
+    "not reused   b-seed0: unfinished in the workdir, which goes on with its own run",
+    "not reused   c-seed0: its record ran with other flags",
+    "not reused   d-seed0: its record is incomplete",
+  ]
   assert points_lib.state(second / "a-seed0") == "done"
   assert points_lib.state(second / "c-seed0") == points_lib.state(second / "d-seed0") == "pending"
   assert points_lib.metric_rows(second / "a-seed0") == a["metrics"]
   assert json.loads((second / "a-seed0" / points_lib.POINT_FILE).read_text())["reused_record"] == (
-      os.path.relpath(records / "a-seed0.json", REPO))
+    os.path.relpath(records / "a-seed0.json", REPO)
+  )
   assert "| a | — | 0.75 | 1/1 |" in proc.stdout
   assert points_lib.metric_rows(second / "b-seed0")[-1]["eval_accuracy"] == 0.4  # the workdir's own run, untouched
 
 
 def test_a_bench_record_is_reused_only_on_the_machine_that_measured_it(tmp_path):
-  path = _bench_sweep_file(tmp_path, {"attention L=32": {"mixers": "attention", "lengths": 32},
-                                      "fnet L=32": {"mixers": "fnet", "lengths": 32}})
+  path = _bench_sweep_file(
+    tmp_path, {"attention L=32": {"mixers": "attention", "lengths": 32}, "fnet L=32": {"mixers": "fnet", "lengths": 32}}
+  )
   study = study_lib.load(path)
   first = tmp_path / "first"
   for p, where in zip(study.points, (points_lib.machine(), "another machine")):
@@ -205,10 +260,12 @@ def test_a_bench_record_is_reused_only_on_the_machine_that_measured_it(tmp_path)
   assert [os.path.basename(w) for w in written] == ["attention_L=32.json", "fnet_L=32.json"]
   second = tmp_path / "second"
   assert records_lib.reuse_records(study, str(second), "cpu") == {
-      "attention_L=32": (True, "its published record"),
-      "fnet_L=32": (False, "a timing measured on another machine, not this one")}
+    "attention_L=32": (True, "its published record"),
+    "fnet_L=32": (False, "a timing measured on another machine, not this one"),
+  }
   assert json.loads((second / "attention_L=32" / "bench.json").read_text()) == {
-      "rows": [{"temp_mib": 3.0, "argument_mib": 1.0}]}
+    "rows": [{"temp_mib": 3.0, "argument_mib": 1.0}]
+  }
   assert points_lib.state(second / "attention_L=32") == "done" and points_lib.state(second / "fnet_L=32") == "pending"
 
 
@@ -236,7 +293,10 @@ def points(scale, finished):
   proc = _sweep(path, f"--workdir={second}", "--report", "--reuse_published")
   assert proc.returncode == 0, proc.stderr
   assert [l.split(":")[0] for l in proc.stdout.splitlines()[:3]] == [
-      "reuse        a-lr0.001-seed0", "reuse        a-lr0.01-seed0", "reuse        a-lr0.01-seed1"]
+    "reuse        a-lr0.001-seed0",
+    "reuse        a-lr0.01-seed0",
+    "reuse        a-lr0.01-seed1",
+  ]
   assert "| a | — | 0.65 [0.0147, 1.285] | 2/2 | 0.01 |" in proc.stdout  # seeds 0 and 1 at the best rate
 
 
@@ -267,16 +327,30 @@ def points(scale):
 
 
 def test_bench_points_metrics_and_ratios_to_a_baseline(tmp_path):
-  groups = {"attention L=32": {"mixers": "attention", "lengths": 32}, "fnet L=32": {"mixers": "fnet", "lengths": 32},
-            "fnet L=64": {"mixers": "fnet", "lengths": 64}, "lsh L=32": {"mixers": "lsh", "lengths": 32}}
+  groups = {
+    "attention L=32": {"mixers": "attention", "lengths": 32},
+    "fnet L=32": {"mixers": "fnet", "lengths": 32},
+    "fnet L=64": {"mixers": "fnet", "lengths": 64},
+    "lsh L=32": {"mixers": "lsh", "lengths": 32},
+  }
   path = _bench_sweep_file(tmp_path, groups)
   study = study_lib.load(path)
   assert [p.name for p in study.points] == ["attention_L=32", "fnet_L=32", "fnet_L=64", "lsh_L=32"]  # no seeds
   assert study.points[1].command("", "/w/fnet_L=32", python="python") == [
-      "python", "-m", "efftx.bench", "--mixers=fnet", "--lengths=32", "--json=/w/fnet_L=32/bench.json"]
+    "python",
+    "-m",
+    "efftx.bench",
+    "--mixers=fnet",
+    "--lengths=32",
+    "--json=/w/fnet_L=32/bench.json",
+  ]
   workdir = tmp_path / "runs"
-  measured = {"attention_L=32": (40.0, 8.0), "fnet_L=32": (10.0, 2.0), "fnet_L=64": (12.0, 3.0),
-              "lsh_L=32": (None, 1.0)}
+  measured = {
+    "attention_L=32": (40.0, 8.0),
+    "fnet_L=32": (10.0, 2.0),
+    "fnet_L=64": (12.0, 3.0),
+    "lsh_L=32": (None, 1.0),
+  }
   for name, (temp, argument) in measured.items():  # what four bench runs leave behind
     (workdir / name).mkdir(parents=True)
     row = {"argument_mib": argument, **({"temp_mib": temp} if temp is not None else {})}
@@ -286,35 +360,42 @@ def test_bench_points_metrics_and_ratios_to_a_baseline(tmp_path):
   assert proc.returncode == 0, proc.stderr
   table = (workdir / "report.md").read_text()
   # A paper column only for the metric the paper gives.
-  assert ("| setting | ours: temp_mib ÷ baseline | ours: temp_mib | paper: argument_mib | "
-          "ours: argument_mib ÷ baseline | ours: argument_mib | seeds |") in table, table
+  assert (
+    "| setting | ours: temp_mib ÷ baseline | ours: temp_mib | paper: argument_mib | "
+    "ours: argument_mib ÷ baseline | ours: argument_mib | seeds |"
+  ) in table, table
   assert "| fnet L=32 | 0.25 | 10 | 0.5 | 0.25 | 2 | 1/1 |" in table, table
   assert "| fnet L=64 | 0.3 | 12 | — | 0.375 | 3 | 1/1 |" in table, table
   assert "Done but without temp_mib in their output (left out): lsh_L=32" in table, table
   assert (workdir / "report.csv").read_text().splitlines()[0] == (
-      "setting,paper,mean,std,seeds,runs,best_learning_rate,argument_mib_mean,argument_mib_std,temp_mib_ratio,"
-      "argument_mib_ratio")
+    "setting,paper,mean,std,seeds,runs,best_learning_rate,argument_mib_mean,argument_mib_std,temp_mib_ratio,"
+    "argument_mib_ratio"
+  )
   assert (workdir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
 def test_a_bench_point_runs_once_and_on_one_tpu_worker(tmp_path):
   tiny = {"mode": "mixers", "lengths": 32, "seconds": 0, "set": "d_model=32,d_ff=64,num_layers=1"}
-  path = _bench_sweep_file(tmp_path, {"attention L=32": {"mixers": "attention", **tiny},
-                                      "fnet L=32": {"mixers": "fnet", **tiny}})
+  path = _bench_sweep_file(
+    tmp_path, {"attention L=32": {"mixers": "attention", **tiny}, "fnet L=32": {"mixers": "fnet", **tiny}}
+  )
   workdir = tmp_path / "runs"
   proc = _sweep(path, f"--workdir={workdir}", process=True)
   assert proc.returncode == 0, proc.stderr
-  rows = {name: json.loads((workdir / name / "bench.json").read_text())["rows"]
-          for name in ("attention_L=32", "fnet_L=32")}
+  rows = {
+    name: json.loads((workdir / name / "bench.json").read_text())["rows"] for name in ("attention_L=32", "fnet_L=32")
+  }
   assert rows["fnet_L=32"][0]["mixer"] == "fnet" and rows["fnet_L=32"][0]["length"] == 32
   ratio = rows["fnet_L=32"][0]["temp_mib"] / rows["attention_L=32"][0]["temp_mib"]
   assert f"| fnet L=32 | {ratio:.3g} |" in (workdir / "report.md").read_text()
   assert "attention" in (workdir / "attention_L=32" / "bench.log").read_text()
   again = _sweep(path, f"--workdir={workdir}", "--dry_run", "--launcher=tpu", "--tpu=s", "--zone=z")
   assert again.returncode == 0, again.stderr
-  assert again.stdout.startswith("skip (done)  attention_L=32: gcloud compute tpus tpu-vm ssh s --zone=z --worker=0 "
-                                 "'--command=cd efftx && python3 -m efftx.bench --mixers=attention --mode=mixers")
+  assert again.stdout.startswith(
+    "skip (done)  attention_L=32: gcloud compute tpus tpu-vm ssh s --zone=z --worker=0 "
+    "'--command=cd efftx && python3 -m efftx.bench --mixers=attention --mode=mixers"
+  )
   assert "--distributed" not in again.stdout
 
 
@@ -326,33 +407,55 @@ def test_dry_run_prints_each_launchers_commands(tmp_path, data_dir):
   line = local.stdout.splitlines()[0]
   assert line.startswith("run          a-seed0: ") and "-m efftx.train --config=configs/quickstart.py:smoke" in line
   assert f"--workdir={workdir}/a-seed0" in line and not workdir.exists()
-  slurm = _sweep(path, f"--workdir={workdir}", "--dry_run", "--launcher=slurm", "--slurm_partition=gpu",
-                 "--nodes=2", "--gpus_per_node=8")
+  slurm = _sweep(
+    path,
+    f"--workdir={workdir}",
+    "--dry_run",
+    "--launcher=slurm",
+    "--slurm_partition=gpu",
+    "--nodes=2",
+    "--gpus_per_node=8",
+  )
   assert slurm.returncode == 0, slurm.stderr
   assert "--distributed" in slurm.stdout and "'slurm_partition': 'gpu'" in slurm.stdout
   assert "'gpus_per_node': 8" in slurm.stdout and "'nodes': 2" in slurm.stdout
-  tpu = _sweep(path, f"--workdir={workdir}", "--dry_run", "--launcher=tpu", "--tpu=my-slice",
-               "--zone=us-central2-b")  # a dry run takes a local workdir too (a real one must be gs://)
+  tpu = _sweep(
+    path, f"--workdir={workdir}", "--dry_run", "--launcher=tpu", "--tpu=my-slice", "--zone=us-central2-b"
+  )  # a dry run takes a local workdir too (a real one must be gs://)
   assert tpu.returncode == 0, tpu.stderr
-  assert ("gcloud compute tpus tpu-vm ssh my-slice --zone=us-central2-b --worker=all '--command=cd efftx && "
-          "python3 -m efftx.train --config=configs/quickstart.py:smoke") in tpu.stdout
+  assert (
+    "gcloud compute tpus tpu-vm ssh my-slice --zone=us-central2-b --worker=all '--command=cd efftx && "
+    "python3 -m efftx.train --config=configs/quickstart.py:smoke"
+  ) in tpu.stdout
   assert f"--workdir={workdir}/a-seed0 --distributed'" in tpu.stdout
   refused = _sweep(path, f"--workdir={workdir}", "--launcher=tpu", "--tpu=my-slice", "--zone=z")
   assert refused.returncode == 2
   assert refused.stderr.strip().splitlines()[-1] == (
-      "efftx.sweep: error: --launcher=tpu needs a --workdir every worker and this machine reach: gs://bucket/folder")
+    "efftx.sweep: error: --launcher=tpu needs a --workdir every worker and this machine reach: gs://bucket/folder"
+  )
 
 
 @pytest.mark.slow
 def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
   long = {"total_steps": 200, "checkpoint_every": 50, "eval_every": 200, "log_every": 10}
-  path = _sweep_file(tmp_path, data_dir, {"long": {"arg": "smoke", "overrides": long},
-                                          "short": {"arg": "smoke,mixer=fnet", "overrides": {"total_steps": 6}},
-                                          "broken": {"arg": "smoke", "overrides": {"model.d_model": -1}}})
+  path = _sweep_file(
+    tmp_path,
+    data_dir,
+    {
+      "long": {"arg": "smoke", "overrides": long},
+      "short": {"arg": "smoke,mixer=fnet", "overrides": {"total_steps": 6}},
+      "broken": {"arg": "smoke", "overrides": {"model.d_model": -1}},
+    },
+  )
   workdir = tmp_path / "runs"
   # Stopped (SIGTERM to the sweep) once the first point has a checkpoint: it saves and stops, nothing else starts.
-  first = subprocess.Popen([sys.executable, "-m", "efftx.sweep", path, f"--workdir={workdir}"], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  first = subprocess.Popen(
+    [sys.executable, "-m", "efftx.sweep", path, f"--workdir={workdir}"],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   deadline = time.time() + 180
   while not (workdir / "long-seed0" / "checkpoints" / "50").exists():
     assert first.poll() is None and time.time() < deadline, first.communicate()
@@ -367,29 +470,37 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
   assert again.returncode == 1, again.stderr  # a point failed
   command = f"{sys.executable} -m efftx.train --config=configs/quickstart.py:smoke"
   assert again.stdout.splitlines()[:3] == [
-      f"resume       long-seed0: {command} --config.total_steps=200 --config.checkpoint_every=50 "
-      f"--config.eval_every=200 --config.log_every=10 --config.data.data_dir={data_dir} --config.seed=0 "
-      f"--workdir={workdir}/long-seed0",
-      f"run          short-seed0: {command},mixer=fnet --config.total_steps=6 --config.data.data_dir={data_dir} "
-      f"--config.seed=0 --workdir={workdir}/short-seed0",
-      f"run          broken-seed0: {command} --config.model.d_model=-1 --config.data.data_dir={data_dir} "
-      f"--config.seed=0 --workdir={workdir}/broken-seed0"]
-  assert ("failed       broken-seed0: efftx.train: error: config.model.d_model=-1 must be a positive integer"
-          in again.stderr)
+    f"resume       long-seed0: {command} --config.total_steps=200 --config.checkpoint_every=50 "
+    f"--config.eval_every=200 --config.log_every=10 --config.data.data_dir={data_dir} --config.seed=0 "
+    f"--workdir={workdir}/long-seed0",
+    f"run          short-seed0: {command},mixer=fnet --config.total_steps=6 --config.data.data_dir={data_dir} "
+    f"--config.seed=0 --workdir={workdir}/short-seed0",
+    f"run          broken-seed0: {command} --config.model.d_model=-1 --config.data.data_dir={data_dir} "
+    f"--config.seed=0 --workdir={workdir}/broken-seed0",
+  ]
+  assert (
+    "failed       broken-seed0: efftx.train: error: config.model.d_model=-1 must be a positive integer" in again.stderr
+  )
   assert "sweep: 2 done, 0 running, 1 failed, 0 pending" in again.stderr
   assert "not finished: broken-seed0" in again.stderr
   long_log = (workdir / "long-seed0" / "train.log").read_text()
   assert long_log.count("$ ") == 2 and "resuming from" in long_log
   assert long_log.splitlines()[0] == "$ " + again.stdout.splitlines()[0].split(": ", 1)[1]  # the printed command
-  train_steps = [json.loads(l)["step"] for l in (workdir / "long-seed0" / "metrics.jsonl").read_text().splitlines()
-                 if "loss" in json.loads(l)]
+  train_steps = [
+    json.loads(l)["step"]
+    for l in (workdir / "long-seed0" / "metrics.jsonl").read_text().splitlines()
+    if "loss" in json.loads(l)
+  ]
   assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 200  # every logged step once
   assert "| long | — |" in again.stdout and "| broken | — | — | 0/1 |" in again.stdout
 
   third = _sweep(path, f"--workdir={workdir}", process=True)
   assert third.returncode == 1, third.stderr
   assert [l.split(":")[0].strip() for l in third.stdout.splitlines()[:3]] == [
-      "skip (done)  long-seed0", "skip (done)  short-seed0", "retry        broken-seed0"]
+    "skip (done)  long-seed0",
+    "skip (done)  short-seed0",
+    "retry        broken-seed0",
+  ]
   assert (workdir / "long-seed0" / "train.log").read_text() == long_log  # not run again
 
 
@@ -402,12 +513,14 @@ def test_points_to_retry_are_pending_in_the_status_line_not_failed(tmp_path, dat
     (workdir / name).mkdir(parents=True)
     (workdir / name / points_lib.POINT_FILE).write_text(json.dumps({"status": "failed", "error": "killed"}))
   outcomes = {"a-seed0": "done", "b-seed0": "failed", "c-seed0": "done"}
-  monkeypatch.setattr(launchers, "run_point", lambda command, folder: {
-      "status": outcomes[os.path.basename(folder)], "error": "again", "seconds": 1.0})
+  monkeypatch.setattr(
+    launchers,
+    "run_point",
+    lambda command, folder: {"status": outcomes[os.path.basename(folder)], "error": "again", "seconds": 1.0},
+  )
   states = launchers.run(study_lib.load(path, workdir=str(workdir)), str(workdir), launchers.Launch())
   lines = [l.split(";")[0].split(" (")[0] for l in capsys.readouterr().err.splitlines() if l.startswith("sweep:")]
-  assert lines[:2] == ["sweep: 0 done, 1 running, 0 failed, 2 pending",
-                       "sweep: 1 done, 0 running, 0 failed, 2 pending"]
+  assert lines[:2] == ["sweep: 0 done, 1 running, 0 failed, 2 pending", "sweep: 1 done, 0 running, 0 failed, 2 pending"]
   assert lines[-1] == "sweep: 2 done, 0 running, 1 failed, 0 pending"
   assert states == {"a-seed0": "done", "b-seed0": "failed", "c-seed0": "done"}
 
@@ -431,8 +544,9 @@ def test_a_point_stopped_by_a_signal_is_resumable_and_one_killed_is_failed(tmp_p
   assert stopped["status"] == "stopped" and points_lib.state(tmp_path / "a") == "pending"
   killed = launchers.run_point([sys.executable, "-c", die.format("SIGKILL")], str(tmp_path / "b"))
   assert killed["status"] == "failed" and killed["error"] == "killed by SIGKILL; its last output: starting"
-  silent = launchers.run_point([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
-                            str(tmp_path / "c"))
+  silent = launchers.run_point(
+    [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], str(tmp_path / "c")
+  )
   assert silent["error"] == "killed by SIGKILL" and points_lib.state(tmp_path / "c") == "failed"
   outcome = json.loads((tmp_path / "c" / points_lib.POINT_FILE).read_text())
   assert outcome["commits"] == [points_lib.checkout_commit()] and outcome["machine"] == points_lib.machine()
@@ -444,7 +558,9 @@ def test_every_committed_study_builds_a_valid_config_for_every_point(scale):
   config that efftx.train accepts (a renamed option or a bad value fails here, not hours into a sweep)."""
   import glob  # pylint: disable=g-import-not-at-top
   import runpy  # pylint: disable=g-import-not-at-top
+
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
+
   paths = sorted(glob.glob(os.path.join(REPO, "experiments", "*", "sweep.py")))
   assert len(paths) >= 6  # one per study
   checked = 0
@@ -455,9 +571,13 @@ def test_every_committed_study_builds_a_valid_config_for_every_point(scale):
         continue
       get_config = runpy.run_path(os.path.join(REPO, point.config or study.config))["get_config"]
       config = get_config(*([point.arg] if point.arg else []))
-      config.update_from_flattened_dict({**dict(point.overrides), "seed": point.seed,
-                                         **({"optim.learning_rate": point.learning_rate}
-                                            if point.learning_rate is not None else {})})
+      config.update_from_flattened_dict(
+        {
+          **dict(point.overrides),
+          "seed": point.seed,
+          **({"optim.learning_rate": point.learning_rate} if point.learning_rate is not None else {}),
+        }
+      )
       config_lib.validate(config, num_devices=1)
       checked += 1
   assert checked > 100

@@ -1,6 +1,7 @@
 """efftx.sweep.stats: Student-t intervals against the textbook table and their coverage by simulation, paired
 differences, the verdict rule, a learning curve's last-fifth change; and the report's intervals, paired deltas
 and learning curves from a study's workdirs."""
+
 import json
 import math
 import os
@@ -98,7 +99,7 @@ def test_a_difference_is_settled_when_it_moved_less_than_its_interval_over_the_l
 
 def test_slopes_and_medians():
   lengths = [256, 1024, 4096]
-  assert stats.loglog_slope(lengths, [3e-6 * x ** 2 for x in lengths]) == pytest.approx(2.0)
+  assert stats.loglog_slope(lengths, [3e-6 * x**2 for x in lengths]) == pytest.approx(2.0)
   assert stats.loglog_slope(lengths, [7.0] * 3) == pytest.approx(0.0)
   assert stats.slope([0, 1, 2], [1, 3, 5]) == pytest.approx(2.0)
   assert stats.median([3.0, 1.0, 2.0]) == 2.0 and stats.median([4.0, 1.0, 2.0, 3.0]) == 2.5
@@ -144,7 +145,11 @@ def test_best_then_seeds_searches_on_one_seed_then_adds_seeds_at_the_best_rate()
   grown = study_lib.best_then_seeds(groups, (1e-3, 1e-2), (0, 1, 2), finished, "max")
   assert [p.name for p in grown[6:]] == ["b-lr0.001-seed1", "b-lr0.001-seed2"]
   assert [p.name for p in study_lib.best_then_seeds(groups, (1e-3, 1e-2), (0, 1, 2), finished, "min")[4:]] == [
-      "a-lr0.001-seed1", "a-lr0.001-seed2", "b-lr0.01-seed1", "b-lr0.01-seed2"]
+    "a-lr0.001-seed1",
+    "a-lr0.001-seed2",
+    "b-lr0.01-seed1",
+    "b-lr0.01-seed2",
+  ]
 
 
 def _study(tmp_path) -> study_lib.Study:
@@ -186,8 +191,9 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
     final[(p.group, p.seed)] = 1.0 + offset
     (workdir / p.name).mkdir(parents=True)
     (workdir / p.name / "config.json").write_text(json.dumps({"total_steps": 100}))
-    (workdir / p.name / "metrics.jsonl").write_text("\n".join(
-        json.dumps({"step": s, "eval_loss": 1.0 + offset + 1.0 / s}) for s in (10, 50, 90, 100)) + "\n")
+    (workdir / p.name / "metrics.jsonl").write_text(
+      "\n".join(json.dumps({"step": s, "eval_loss": 1.0 + offset + 1.0 / s}) for s in (10, 50, 90, 100)) + "\n"
+    )
     final[(p.group, p.seed)] += 1.0 / 100
   paths = report.report(study, str(workdir), "cpu", "test")
   rows = {r["group"]: r for r in json.loads(open(paths["json"]).read())["rows"]}
@@ -206,11 +212,15 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
   # The paper's numbers are not beside ours at a scale whose setting is not the paper's; the settings are stated.
   assert "paper |" not in table.split("| setting |")[-1].splitlines()[0]
   assert "The paper's numbers, in the paper's setting" in table and "attention 0.5, fnet 0.6" in table
-  assert "| paper | the paper's data, 12 layers |" in table and "| ours (scale `cpu`) | ListOps-small, 2 layers |" in table
+  assert (
+    "| paper | the paper's data, 12 layers |" in table and "| ours (scale `cpu`) | ListOps-small, 2 layers |" in table
+  )
   assert "Reference lines for eval_loss: uniform guess 2.5." in table
   # The difference moved 0 over the last fifth (the same 1/s on both): settled, so the verdict is earned.
-  assert ("| FNet's loss is within 0.1 of attention's | +0.1 (12 layers) | 0.2 [0.2, 0.2] | **held**: 95 % interval "
-          "[0.2, 0.2], the claim > 0.1 |") in table, table
+  assert (
+    "| FNet's loss is within 0.1 of attention's | +0.1 (12 layers) | 0.2 [0.2, 0.2] | **held**: 95 % interval "
+    "[0.2, 0.2], the claim > 0.1 |"
+  ) in table, table
   verdicts = json.loads(open(paths["json"]).read())["verdicts"]
   assert [v["verdict"] for v in verdicts] == [stats.HELD, stats.HELD]
   assert open(paths["curves"], "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -228,12 +238,14 @@ def _fake_runs(study, workdir, rng):
       continue
     (folder / "config.json").write_text(json.dumps({"total_steps": 1000}))
     final = float(rng.uniform(0.2, 0.8))
-    (folder / "metrics.jsonl").write_text("\n".join(
-        json.dumps({"step": s, study.metric: final + 0.1 * (1000 - s) / 1000}) for s in range(200, 1001, 200)))
+    (folder / "metrics.jsonl").write_text(
+      "\n".join(json.dumps({"step": s, study.metric: final + 0.1 * (1000 - s) / 1000}) for s in range(200, 1001, 200))
+    )
 
 
-@pytest.mark.parametrize("name", ["aft_window", "image_ar", "mqar", "lra_reduced", "fnet_model_set", "vision",
-                                  "cost_vs_length", "reversible"])
+@pytest.mark.parametrize(
+  "name", ["aft_window", "image_ar", "mqar", "lra_reduced", "fnet_model_set", "vision", "cost_vs_length", "reversible"]
+)
 def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
   """Each experiments/<study>/sweep.py at scale cpu, on made-up runs of every point: its report states both
   settings, and its claim() returns stats.Claim verdicts; at the cpu scale (not the paper's setting) a training
@@ -249,8 +261,9 @@ def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
   table = open(paths["md"]).read()
   assert "| paper | " in table and "| ours (scale `cpu`) | " in table, table
   verdicts = json.loads(open(paths["json"]).read())["verdicts"]
-  assert verdicts and all(v["verdict"] in (stats.HELD, stats.DID_NOT_HOLD, stats.INCONCLUSIVE, stats.UNTESTED)
-                          for v in verdicts)
+  assert verdicts and all(
+    v["verdict"] in (stats.HELD, stats.DID_NOT_HOLD, stats.INCONCLUSIVE, stats.UNTESTED) for v in verdicts
+  )
   assert "**Verdicts**" in table
   paper_claims = [v for v in verdicts if "FF-only" not in v["claim"] and "ff_only" not in v["claim"]]
   if any(p.program == "train" for p in study.points) and name != "mqar":
@@ -277,10 +290,19 @@ def points(scale):
 ''')
   study = study_lib.load(str(path))
   curve = [(10, 0.2), (20, 0.3)]
-  panels = report.curve_panels(study, {"listops attention": [curve, curve], "listops fnet": [curve],
-                                       "images attention": [curve, curve], "images fnet": []})
-  assert panels == {"listops": {"attention (2 seeds)": [curve, curve], "fnet (1 seed)": [curve]},
-                    "images": {"attention (2 seeds)": [curve, curve]}}
+  panels = report.curve_panels(
+    study,
+    {
+      "listops attention": [curve, curve],
+      "listops fnet": [curve],
+      "images attention": [curve, curve],
+      "images fnet": [],
+    },
+  )
+  assert panels == {
+    "listops": {"attention (2 seeds)": [curve, curve], "fnet (1 seed)": [curve]},
+    "images": {"attention (2 seeds)": [curve, curve]},
+  }
   workdir = tmp_path / "runs"
   _fake_runs(study, workdir, np.random.default_rng(0))
   paths = report.report(study, str(workdir), "cpu", "test")

@@ -1,5 +1,6 @@
 """The tasks and the pipeline: generators against independent checkers, splits, determinism, sharding over
 processes, iterator state, images from idx files, masked-LM corruption, registered TFDS tasks (mocked)."""
+
 import os
 
 import jax
@@ -12,12 +13,12 @@ from conftest import write_idx
 from efftx import config as config_lib
 from efftx import train
 from efftx import trainer
+from efftx.data import TASKS
 from efftx.data import images
 from efftx.data import mqar
 from efftx.data import pipeline
-from efftx.data import TASKS
-from efftx.objectives import mlm
 from efftx.objectives import OBJECTIVES
+from efftx.objectives import mlm
 
 
 # ------------------------------------------------------------------------------------------------------ MQAR
@@ -27,7 +28,7 @@ def test_mqar_every_query_is_answered_by_its_keys_value(seq_len, num_kv, vocab):
   assert tokens.shape == targets.shape == (300, seq_len)
   first_offsets = []
   for row_tokens, row_targets in zip(tokens, targets):
-    keys, values = row_tokens[0:2 * num_kv:2], row_tokens[1:2 * num_kv:2]
+    keys, values = row_tokens[0 : 2 * num_kv : 2], row_tokens[1 : 2 * num_kv : 2]
     assert len(set(keys)) == num_kv and len(set(values)) == num_kv
     assert all(1 <= k < vocab // 2 for k in keys) and all(vocab // 2 <= v < vocab for v in values)
     value_of = dict(zip(keys.tolist(), values.tolist()))
@@ -37,7 +38,7 @@ def test_mqar_every_query_is_answered_by_its_keys_value(seq_len, num_kv, vocab):
     for q in queries:
       assert row_targets[q] == value_of[row_tokens[q]]
     rest = np.ones(seq_len, bool)
-    rest[:2 * num_kv] = False
+    rest[: 2 * num_kv] = False
     rest[queries] = False
     assert (row_tokens[rest] == 0).all()  # every other slot is blank: answers are never inputs
     first_offsets.append((queries.min() - 2 * num_kv) // 2)
@@ -78,8 +79,9 @@ def test_mqar_logits_and_loss_at_the_query_positions_only():
   full_BxLxV = model.apply({"params": params}, batch["tokens"], mask=batch["mask"])
   at_BxKxV = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], positions=batch["positions"])
   assert at_BxKxV.shape == (3, 4, mqar.VOCAB_SIZE)
-  np.testing.assert_allclose(at_BxKxV, np.stack([f[e["positions"]] for f, e in zip(np.asarray(full_BxLxV),
-                                                                                      examples)]), atol=1e-5)
+  np.testing.assert_allclose(
+    at_BxKxV, np.stack([f[e["positions"]] for f, e in zip(np.asarray(full_BxLxV), examples)]), atol=1e-5
+  )
   # The loss: mean cross-entropy over the 12 queries, from the full logits by hand.
   log_p = np.asarray(jax.nn.log_softmax(full_BxLxV))
   expected = -np.mean([log_p[i, q, y[q]] for i, y in enumerate(targets) for q in np.flatnonzero(y)])
@@ -104,6 +106,7 @@ def test_mqar_generation_is_seeded_and_prepared_splits_are_disjoint(data_dir):
 # -------------------------------------------------------------------------------------- pipeline mechanics
 def _config(task, variant, data_dir, **model):
   from configs import quickstart  # pylint: disable=g-import-not-at-top
+
   config = quickstart.get_config("smoke")
   config.data.update(task=task, variant=variant, data_dir=data_dir, batch_size=16)
   config.model.update(**model)
@@ -115,8 +118,9 @@ def test_global_batches_are_the_same_on_any_number_of_processes_and_epochs_do_no
   pipeline.prepare(config)
   train_source, eval_source = pipeline.source(config, "train"), pipeline.source(config, "eval")
   row_key = lambda tokens: tokens.tobytes()  # ListOps expressions are distinct, and so are their token rows
-  everything = {row_key(pipeline.Encode("listops", 48, False)(train_source[i])["tokens"])
-                for i in range(len(train_source))}
+  everything = {
+    row_key(pipeline.Encode("listops", 48, False)(train_source[i])["tokens"]) for i in range(len(train_source))
+  }
   one = pipeline.train_iterator(config, train_source)
   two = [pipeline.train_iterator(config, train_source, process_index=p, process_count=2) for p in (0, 1)]
   epoch = len(train_source) // config.data.batch_size  # whole global batches in the first epoch
@@ -127,7 +131,7 @@ def test_global_batches_are_the_same_on_any_number_of_processes_and_epochs_do_no
     for k in whole:  # process p holds rows p·B/2 … (p+1)·B/2 − 1 of the one-process batch
       np.testing.assert_array_equal(np.concatenate([h[k] for h in halves]), whole[k])
     rows += [row_key(t) for t in whole["tokens"]]
-  first_epoch = rows[:len(train_source)]
+  first_epoch = rows[: len(train_source)]
   assert len(set(first_epoch)) == len(first_epoch) and set(first_epoch) == everything
   eval_rows, counts = [], []
   for p in range(2):
@@ -137,9 +141,13 @@ def test_global_batches_are_the_same_on_any_number_of_processes_and_epochs_do_no
   assert counts[0] == counts[1] and len(eval_rows) == len(set(eval_rows)) == len(eval_source)
   # config.data.eval_examples: the split's first 37 examples, each once, over two processes as over one.
   first = {row_key(pipeline.Encode("listops", 48, False)(eval_source[i])["tokens"]) for i in range(37)}
-  subset = [row_key(t) for p in range(2)
-            for b in pipeline.eval_batches(config, eval_source, process_index=p, process_count=2, examples=37)
-            for t, w in zip(b["tokens"], b["weight"]) if w]
+  subset = [
+    row_key(t)
+    for p in range(2)
+    for b in pipeline.eval_batches(config, eval_source, process_index=p, process_count=2, examples=37)
+    for t, w in zip(b["tokens"], b["weight"])
+    if w
+  ]
   assert len(subset) == 37 and set(subset) == first
 
 
@@ -152,20 +160,23 @@ def test_the_data_position_is_the_step(smoke_config):
     next(it)
   want = [next(it) for _ in range(3)]
   for count in (1, 2):  # resumed on one process, or on two
-    resumed = [pipeline.train_iterator(config, source, start_step=70, process_index=p, process_count=count)
-               for p in range(count)]
+    resumed = [
+      pipeline.train_iterator(config, source, start_step=70, process_index=p, process_count=count) for p in range(count)
+    ]
     for w in want:
       got = [next(r) for r in resumed]
       assert all((np.concatenate([g[k] for g in got]) == w[k]).all() for k in w)
   other_seed = config.copy_and_resolve_references()
   other_seed.seed = 1
-  assert not (next(pipeline.train_iterator(other_seed, source))["tokens"] ==
-              next(pipeline.train_iterator(config, source))["tokens"]).all()
+  assert not (
+    next(pipeline.train_iterator(other_seed, source))["tokens"]
+    == next(pipeline.train_iterator(config, source))["tokens"]
+  ).all()
 
 
-def test_token_ids_outside_the_vocabulary_are_refused_before_anything_is_written(smoke_config, monkeypatch,
-                                                                                   tmp_path):
+def test_token_ids_outside_the_vocabulary_are_refused_before_anything_is_written(smoke_config, monkeypatch, tmp_path):
   import dataclasses  # pylint: disable=g-import-not-at-top
+
   monkeypatch.setitem(TASKS, "listops_small_vocab", dataclasses.replace(TASKS["listops"], vocab_size=5))
   config = smoke_config()
   pipeline.prepare(config)
@@ -184,8 +195,13 @@ def test_mlm_corruption_follows_bert_80_10_10():
   tokens[~mask] = 0
   chosen = masked = randomised = kept = real = 0
   for i in range(400):
-    out = mlm.mask_for_mlm({"tokens": tokens[i], "mask": mask[i]}, np.random.default_rng(i), mask_id=258,
-                           random_ids=(1, 257), special_ids=(257,))
+    out = mlm.mask_for_mlm(
+      {"tokens": tokens[i], "mask": mask[i]},
+      np.random.default_rng(i),
+      mask_id=258,
+      random_ids=(1, 257),
+      special_ids=(257,),
+    )
     c = out["weights"] > 0
     assert not (c & ~mask[i]).any() and not (c & (tokens[i] == 257)).any()  # never padding, never SEP
     assert (out["targets"][c] == tokens[i][c]).all() and (out["tokens"][~c] == tokens[i][~c]).all()
@@ -206,6 +222,7 @@ def test_mlm_corruption_follows_bert_80_10_10():
 
 def test_mlm_eval_corruption_is_the_same_on_every_pass_and_for_any_process_count(data_dir):
   from configs import mlm_bytes  # pylint: disable=g-import-not-at-top
+
   config = mlm_bytes.get_config("smoke")
   config.data.data_dir = data_dir
   pipeline.prepare(config)
@@ -259,7 +276,7 @@ def test_idx_reader_and_fashion_mnist_splits(fashion_dir, tmp_path):
   assert (ar["targets"] == image).all() and ar["weights"].sum() == 784
   half = TASKS["fashion_mnist_ar_14"].encode(example, 196, False)
   grid_28 = np.asarray(example["image"], np.float64)
-  means = [[grid_28[2 * y:2 * y + 2, 2 * x:2 * x + 2].mean() for x in range(14)] for y in range(14)]
+  means = [[grid_28[2 * y : 2 * y + 2, 2 * x : 2 * x + 2].mean() for x in range(14)] for y in range(14)]
   expected = np.floor(np.asarray(means) + 0.5).reshape(-1)  # each 2 × 2 block's mean, rounded half up
   assert half["tokens"][0] == images.START_ID and (half["targets"] == expected).all()
   assert (half["tokens"][1:] == expected[:-1]).all() and half["weights"].sum() == 196
@@ -288,7 +305,7 @@ def test_missing_fashion_mnist_files_say_how_to_get_them(tmp_path):
 def test_grey_conversion_follows_tf_rgb_to_grayscale_on_uint8():
   # TF: luma of the [0, 1] floats, then convert_image_dtype back to uint8 = truncate(x * 255.5).
   rgb = np.array([[[255, 0, 0], [0, 255, 0], [0, 0, 255], [10, 20, 30], [255, 255, 255], [0, 0, 0]]], np.uint8)
-  luma = lambda r, g, b: (r * .2989 + g * .587 + b * .114) / 255
+  luma = lambda r, g, b: (r * 0.2989 + g * 0.587 + b * 0.114) / 255
   want = [int(luma(*px) * 255.5) for px in rgb[0].tolist()]
   assert want[:4] == [76, 149, 29, 18] and want[4] == 255  # 0.9999 * 255.5 = 255.47: white stays white
   assert images.grey(rgb).tolist() == [want]
@@ -305,22 +322,30 @@ def test_glue_examples_encode_as_bytes_with_sep(variant, tmp_path):
   if variant == "sst2":
     want = [b + 1 for b in example["sentence"].encode()]
   else:
-    first, second = {"mrpc": ("sentence1", "sentence2"), "qnli": ("question", "sentence"),
-                     "mnli": ("premise", "hypothesis")}[variant]
+    first, second = {
+      "mrpc": ("sentence1", "sentence2"),
+      "qnli": ("question", "sentence"),
+      "mnli": ("premise", "hypothesis"),
+    }[variant]
     assert first in fields and second in fields
     want = [b + 1 for b in example[first].encode()] + [257] + [b + 1 for b in example[second].encode()]  # 257: SEP
-  assert encoded["tokens"][:encoded["mask"].sum()].tolist() == want
+  assert encoded["tokens"][: encoded["mask"].sum()].tolist() == want
   assert TASKS["glue"].classes(variant) == (3 if variant == "mnli" else 2)
 
 
 def test_registered_datasets_say_how_to_build_them_when_absent(tmp_path):
   config = _config("imdb_bytes", "plain_text", str(tmp_path), max_len=128)
   import unittest.mock  # pylint: disable=g-import-not-at-top
+
   # The download host "answers" (no connection is made), so the download itself runs and fails: TFDS's own error
   # path. The unreachable-host path is tests/test_prepare.py's.
-  with unittest.mock.patch("tensorflow_datasets.core.dataset_builder.DatasetBuilder.download_and_prepare",
-                           side_effect=ConnectionError("no network")), \
-       unittest.mock.patch.object(pipeline, "_reachable", return_value=True):
+  with (
+    unittest.mock.patch(
+      "tensorflow_datasets.core.dataset_builder.DatasetBuilder.download_and_prepare",
+      side_effect=ConnectionError("no network"),
+    ),
+    unittest.mock.patch.object(pipeline, "_reachable", return_value=True),
+  ):
     with pytest.raises(ValueError, match="tfds build imdb_reviews/plain_text --file_format=array_record"):
       pipeline.prepare(config)
 
@@ -340,14 +365,19 @@ def test_runs_started_together_prepare_a_dataset_once(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
+
   from conftest import REPO  # pylint: disable=g-import-not-at-top
-  code = ("import sys; from configs import quickstart; from efftx.data import pipeline; "
-          "c = quickstart.get_config('smoke'); c.data.data_dir = sys.argv[1]; pipeline.prepare(c); print('ok')")
+
+  code = (
+    "import sys; from configs import quickstart; from efftx.data import pipeline; "
+    "c = quickstart.get_config('smoke'); c.data.data_dir = sys.argv[1]; pipeline.prepare(c); print('ok')"
+  )
   prepared = tmp_path / "listops" / "tiny" / "1.0.0"
   with open(tmp_path / ".efftx_prepare.lock", "a") as held:
     fcntl.flock(held, fcntl.LOCK_EX)
-    waiting = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    waiting = subprocess.Popen(
+      [sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
     while not _blocked_on_a_lock(waiting.pid):  # it imports, then asks for the lock this process holds
       assert waiting.poll() is None, waiting.communicate()
@@ -359,8 +389,12 @@ def test_runs_started_together_prepare_a_dataset_once(tmp_path):
   assert prepared.exists()
 
   fresh = tmp_path / "fresh"
-  procs = [subprocess.Popen([sys.executable, "-c", code, str(fresh)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for _ in range(2)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", code, str(fresh)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    for _ in range(2)
+  ]
   for proc in procs:
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0 and out.strip().endswith("ok"), err

@@ -1,12 +1,14 @@
 """The sharded train step, and whole runs in this process: outputs, resuming, refusing another model (signals and
 kills: test_faults.py)."""
+
 import json
 import os
 import shutil
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
@@ -59,15 +61,23 @@ def test_weight_decay_applies_to_weight_matrices_only(smoke_config):
   config = smoke_config()
   config.optim.update(warmup_steps=0, weight_decay=0.5)
   tx, _ = trainer.make_optimizer(config)
-  params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((3, 2, 2))}, "norm": {"scale": jnp.ones((2, 2))},
-            "embed": {"embedding": jnp.ones((4, 2))}, "linear_mixing": {"w_seq": jnp.ones((3, 3)),
-                                                                      "w_hidden": jnp.ones((2, 2))},
-            "aft": {"bias": {"u": jnp.ones((3, 2))}}}
+  params = {
+    "dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((3, 2, 2))},
+    "norm": {"scale": jnp.ones((2, 2))},
+    "embed": {"embedding": jnp.ones((4, 2))},
+    "linear_mixing": {"w_seq": jnp.ones((3, 3)), "w_hidden": jnp.ones((2, 2))},
+    "aft": {"bias": {"u": jnp.ones((3, 2))}},
+  }
   zero_grads = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zero_grads, tx.init(params), params)
   moved = jax.tree.map(lambda u: bool(jnp.any(u != 0)), updates)
-  assert moved == {"dense": {"kernel": True, "bias": False}, "norm": {"scale": False}, "embed": {"embedding": True},
-                   "linear_mixing": {"w_seq": True, "w_hidden": True}, "aft": {"bias": {"u": False}}}
+  assert moved == {
+    "dense": {"kernel": True, "bias": False},
+    "norm": {"scale": False},
+    "embed": {"embedding": True},
+    "linear_mixing": {"w_seq": True, "w_hidden": True},
+    "aft": {"bias": {"u": False}},
+  }
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -78,7 +88,8 @@ def test_weight_decay_mask_is_the_dense_rule_and_the_mixer_s_declared_matrices(m
   config = mixer_config(mixer, d_model=16, d_ff=32, max_len=16, num_heads=2, reversible=mixer == "attention")
   params = jax.eval_shape(lambda: lm_model(config).init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32)))["params"]
   old_rule = jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding", "w_seq", "w_hidden"), params)
+    lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding", "w_seq", "w_hidden"), params
+  )
   assert trainer.decay_mask(params) == old_rule
   names = {getattr(path[-1], "key", None) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
   assert set(MIXERS[mixer].decayed) <= names
@@ -110,7 +121,6 @@ def test_sharded_and_single_device_steps_agree(smoke_config):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
   jax.tree_util.tree_map_with_path(close, params_8, params_1)
-
 
 
 def test_outputs_land_in_workdir(smoke_config, tmp_path):
@@ -146,22 +156,50 @@ def test_a_workdir_made_before_new_config_fields_still_resumes(smoke_config, tmp
 
 # config.model as efftx wrote it before mixers declared their options (commit cc99d64): every mixer's options flat.
 _OLD_FLAT_MODEL = {
-    "mixer": "attention", "d_model": 32, "num_heads": 4, "num_layers": 2, "d_ff": 64, "max_len": 48,
-    "dropout": 0.1, "attention_dropout": 0.0, "dtype": "float32", "causal": False, "reversible": False,
-    "ff_chunk_size": 0, "attention_impl": "auto", "attention_chunk": 256, "window": 32, "aft_bias_dim": 64,
-    "aft_factorized": True, "kernel_size": 7, "lsh_buckets": 8, "lsh_hashes": 2, "lsh_chunk": 64, "lsh_seed": 0,
-    "fourier_impl": "auto"}
+  "mixer": "attention",
+  "d_model": 32,
+  "num_heads": 4,
+  "num_layers": 2,
+  "d_ff": 64,
+  "max_len": 48,
+  "dropout": 0.1,
+  "attention_dropout": 0.0,
+  "dtype": "float32",
+  "causal": False,
+  "reversible": False,
+  "ff_chunk_size": 0,
+  "attention_impl": "auto",
+  "attention_chunk": 256,
+  "window": 32,
+  "aft_bias_dim": 64,
+  "aft_factorized": True,
+  "kernel_size": 7,
+  "lsh_buckets": 8,
+  "lsh_hashes": 2,
+  "lsh_chunk": 64,
+  "lsh_seed": 0,
+  "fourier_impl": "auto",
+}
 
 
-@pytest.mark.parametrize("mixer,changes,want", [
-    ("attention", {"num_heads": 2, "attention_dropout": 0.1},
-     {"num_heads": 2, "attention_dropout": 0.1, "attention_impl": "auto", "attention_chunk": 256}),
+@pytest.mark.parametrize(
+  "mixer,changes,want",
+  [
+    (
+      "attention",
+      {"num_heads": 2, "attention_dropout": 0.1},
+      {"num_heads": 2, "attention_dropout": 0.1, "attention_impl": "auto", "attention_chunk": 256},
+    ),
     ("linear", {"attention_chunk": 64}, {"num_heads": 4, "chunk": 64}),  # renamed
     # lsh had no attention dropout then: an old run's setting had no effect, so it converts to 0.
-    ("lsh", {"attention_dropout": 0.1, "lsh_chunk": 16},
-     {"num_heads": 4, "lsh_buckets": 8, "lsh_hashes": 2, "lsh_chunk": 16, "lsh_seed": 0, "attention_dropout": 0.0}),
+    (
+      "lsh",
+      {"attention_dropout": 0.1, "lsh_chunk": 16},
+      {"num_heads": 4, "lsh_buckets": 8, "lsh_hashes": 2, "lsh_chunk": 16, "lsh_seed": 0, "attention_dropout": 0.0},
+    ),
     ("fnet", {"fourier_impl": "rfft", "num_heads": 8}, {"fourier_impl": "rfft"}),
-])
+  ],
+)
 def test_an_old_flat_config_json_converts(mixer, changes, want):
   saved = {"model": {**_OLD_FLAT_MODEL, "mixer": mixer, **changes}, "data": {"task": "listops"}, "seed": 3}
   config = saved_configs.from_saved(saved)
@@ -189,8 +227,11 @@ def test_a_workdir_from_before_mixer_options_resumes_exactly(smoke_config, tmp_p
   assert [r["step"] for r in resumed] == [r["step"] for r in reference]
   # Steps 1–4 were not trained again: their rows are the copied ones, timings included.
   assert [r for r in resumed if r["step"] <= 4] == [r for r in reference if r["step"] <= 4]
-  assert any(r["step"] > 4 and r["steps_per_sec"] != w["steps_per_sec"] for r, w in zip(resumed, reference)
-             if "steps_per_sec" in r)
+  assert any(
+    r["step"] > 4 and r["steps_per_sec"] != w["steps_per_sec"]
+    for r, w in zip(resumed, reference)
+    if "steps_per_sec" in r
+  )
   for got, want in zip(resumed, reference):
     for key in ("loss", "eval_loss"):
       if key in want:

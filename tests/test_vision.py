@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compiled, write_idx
+from conftest import compiled
+from conftest import write_idx
 from efftx import config as config_lib
 from efftx import model as model_lib
 from efftx import trainer
@@ -18,8 +19,9 @@ from efftx.perf import bench
 def _model(mixer="attention", image_shape=(8, 12, 3), patch=4, pooling="mean", **options):
   config = config_lib.default_config(mixer)
   H, W, C = image_shape
-  config.model.update(d_model=16, d_ff=32, num_layers=1, max_len=H * W * C, dropout=0.0, patch_size=patch,
-                      pooling=pooling)
+  config.model.update(
+    d_model=16, d_ff=32, num_layers=1, max_len=H * W * C, dropout=0.0, patch_size=patch, pooling=pooling
+  )
   config_lib.set_where_declared(config.mixer, num_heads=2, **options)
   return model_lib.build_model(config, OBJECTIVES["classify"].head(256, 3, pooling), 256, image_shape)
 
@@ -59,11 +61,14 @@ def test_the_grid_reaches_grid_aware_mixers_and_max_len_counts_patches():
     assert logits.shape == (2, 3) and np.isfinite(np.asarray(logits)).all()
 
 
-@pytest.mark.parametrize("task,patch,max_len,message", [
+@pytest.mark.parametrize(
+  "task,patch,max_len,message",
+  [
     ("listops", 4, 128, "config.model.patch_size=4: task 'listops' is not an image task"),
     ("fashion_mnist", 5, 784, "config.model.patch_size=5 must divide the 28×28 images of task 'fashion_mnist'"),
     ("fashion_mnist", 4, 700, "config.model.max_len=700: an image of task 'fashion_mnist' is 28×28×1 = 784"),
-])
+  ],
+)
 def test_a_patch_size_that_does_not_fit_the_task_is_refused(task, patch, max_len, message):
   config = config_lib.default_config("attention")
   config.data.task, config.data.variant = task, "tiny"
@@ -83,7 +88,7 @@ def fashion_dir(tmp_path_factory):
     pixels = rng.integers(0, 64, size=(n, 28, 28)).astype(np.uint8)
     for i, label in enumerate(labels):
       r, c = divmod(int(label), 4)
-      pixels[i, 7 * r:7 * r + 7, 7 * c:7 * c + 7] = 255
+      pixels[i, 7 * r : 7 * r + 7, 7 * c : 7 * c + 7] = 255
     write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", pixels)
     write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
   return str(folder)
@@ -93,6 +98,7 @@ def fashion_dir(tmp_path_factory):
 def test_the_vision_config_trains_on_fashion_mnist_patches(mixer, fashion_dir, tmp_path):
   from configs import vision  # pylint: disable=g-import-not-at-top
   from efftx import train  # pylint: disable=g-import-not-at-top
+
   config = vision.get_config(f"smoke,mixer={mixer}")
   config.data.update(data_dir=str(tmp_path / "tfds"), corpus_dir=fashion_dir)  # not the session's: another corpus
   model = trainer.parts(config).model
@@ -105,13 +111,15 @@ def test_flops_on_the_patch_grid_count_the_two_dimensional_kernel():
   """A depthwise s×s convolution over d + h channels at each of the grid's cells (the [CLS] position convolves
   nothing), three times for the training step, plus 6 × every matmul weight."""
   config = config_lib.default_config("aft_conv")
-  config.model.update(d_model=16, d_ff=32, num_layers=2, max_len=8 * 12 * 3, dropout=0.0, patch_size=4,
-                      pooling="cls")
+  config.model.update(d_model=16, d_ff=32, num_layers=2, max_len=8 * 12 * 3, dropout=0.0, patch_size=4, pooling="cls")
   config.mixer.update(num_heads=2, kernel_size=3)
   model = model_lib.build_model(config, OBJECTIVES["classify"].head(256, 3, "cls"), 256, (8, 12, 3))
   params = model.init(jax.random.key(0), jnp.zeros((1, 8 * 12 * 3), jnp.int32))["params"]
-  dense = 6 * sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-                  if getattr(path[-1], "key", None) == "kernel")
+  dense = 6 * sum(
+    leaf.size
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+    if getattr(path[-1], "key", None) == "kernel"
+  )
   cells, positions = 2 * 3, 2 * 3 + 1
   conv = 2 * 3 * 3 * (16 + 2) * cells / positions
   assert bench.flops_per_token(config, params, model.grid) == pytest.approx(dense + 2 * 3 * conv)

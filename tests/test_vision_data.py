@@ -2,6 +2,7 @@
 image_shape, and configs/vision.py: encoders against plain-loop and resize/crop arithmetic written from
 torchvision's definitions, TFDS examples under tfds.testing.mock_data, the one-line refusal of an ImageNet that
 is not there, and the published DeiT-S settings."""
+
 import socket
 import unittest.mock
 
@@ -11,9 +12,9 @@ import tensorflow_datasets as tfds
 
 from configs import vision
 from efftx import config as config_lib
+from efftx.data import TASKS
 from efftx.data import images
 from efftx.data import pipeline
-from efftx.data import TASKS
 from efftx.errors import UserError
 
 IMAGE_TASKS = ("fashion_mnist", "cifar10_grey", "cifar10", "imagenet")
@@ -87,19 +88,22 @@ def test_imagenet_crop_is_224_by_224_rgb_and_keeps_a_constant_colour(h, w):
   assert (out == (10, 200, 30)).all()  # any resampling kernel that sums to one; channel order kept
 
 
-@pytest.mark.parametrize("h,w,rows,cols", [
+@pytest.mark.parametrize(
+  "h,w,rows,cols",
+  [
     (300, 400, (140, 160), (190, 210)),  # at the image's centre
     (400, 300, (190, 210), (140, 160)),
     (300, 400, (100, 140), (120, 180)),  # off centre: where it lands depends on the scale and on the crop
     (400, 300, (240, 300), (70, 110)),
-])
+  ],
+)
 def test_imagenet_crop_is_centred_after_resizing_the_shorter_side_to_256(h, w, rows, cols):
   """A red rectangle on grey lands where the scale 256 / shorter side and the centre crop put it: its centroid (the
   mean of the output's pixel centres weighed by the red above the background) and its mass (the area it covers, ×
   the scale factors) match the arithmetic; a resampling kernel that sums to one and is symmetric keeps both, and
   the background (64) leaves room for bicubic overshoot, so nothing clips."""
   image = np.full((h, w, 3), 64, np.uint8)
-  image[rows[0]:rows[1], cols[0]:cols[1], 0] = 192
+  image[rows[0] : rows[1], cols[0] : cols[1], 0] = 192
   out = images.deit_eval_crop(image).astype(np.float64)
   new_h, new_w, top, left = _resized_and_crop(h, w)
   sy, sx = new_h / h, new_w / w
@@ -116,9 +120,11 @@ def test_imagenet_crop_is_centred_after_resizing_the_shorter_side_to_256(h, w, r
 def _bicubic_1d(row_N: np.ndarray, out_len: int) -> np.ndarray:
   """Antialiased bicubic resampling of one row from its definition: Keys' cubic (a = −0.5), stretched by the
   downscale factor when shrinking, centred on each output pixel's centre mapped back, weights normalised."""
+
   def keys(x, a=-0.5):
     x = np.abs(x)
     return np.where(x < 1, (a + 2) * x**3 - (a + 3) * x**2 + 1, np.where(x < 2, a * (x**3 - 5 * x**2 + 8 * x - 4), 0))
+
   scale = len(row_N) / out_len
   stretch = max(scale, 1.0)
   out = []
@@ -136,7 +142,7 @@ def test_imagenet_resize_is_antialiased_bicubic(h, w):
   image = np.broadcast_to(row_W[None, :, None], (h, w, 3)).astype(np.uint8)
   new_h, new_w, _, left = _resized_and_crop(h, w)
   out = images.deit_eval_crop(image).astype(np.float64)
-  want_224 = _bicubic_1d(row_W, new_w)[left:left + 224]
+  want_224 = _bicubic_1d(row_W, new_w)[left : left + 224]
   assert np.abs(out - want_224[None, :, None]).max() <= 1  # Pillow's fixed-point weights: a level at most
 
 
@@ -153,7 +159,10 @@ def test_a_centred_marker_lands_at_the_crops_centre():
 def test_imagenet_tokens_are_the_crop_in_raster_order_under_mocked_tfds(tmp_path):
   task = TASKS["imagenet"]
   assert (task.tfds_name("default"), task.split_names("default"), task.test_split) == (
-      "imagenet2012", ("train", "validation"), None)
+    "imagenet2012",
+    ("train", "validation"),
+    None,
+  )
   assert task.classes("default") == 1000 == tfds.builder("imagenet2012").info.features["label"].num_classes
   config = _config("imagenet", str(tmp_path))
   with tfds.testing.mock_data(num_examples=2):  # random images of random sizes
@@ -230,8 +239,13 @@ def test_fashion_mnist_is_a_small_vit():
   m = config.model
   assert (m.d_model, m.num_layers, m.d_ff, m.pooling, m.dropout) == (128, 4, 256, "mean", 0.1)
   assert dict(config.mixer) == {"num_heads": 4, "kernel_size": 3}
-  assert (config.data.batch_size, config.optim.learning_rate, config.optim.warmup_steps,
-          config.optim.weight_decay, config.total_steps) == (64, 1e-3, 200, 0.05, 3_000)
+  assert (
+    config.data.batch_size,
+    config.optim.learning_rate,
+    config.optim.warmup_steps,
+    config.optim.weight_decay,
+    config.total_steps,
+  ) == (64, 1e-3, 200, 0.05, 3_000)
   assert vision.get_config("mixer=aft_local").mixer.window == 8  # reaches the patch a row (7) above and below
 
 
@@ -240,7 +254,14 @@ def test_imagenet_is_deit_small_and_aft_conv_has_384_heads():
   config = vision.get_config("data=imagenet,mixer=attention")
   m, o = config.model, config.optim
   assert (m.patch_size, m.d_model, m.num_layers, m.d_ff, m.pooling, m.dropout, m.norm_eps) == (
-      16, 384, 12, 1536, "cls", 0.0, 1e-6)
+    16,
+    384,
+    12,
+    1536,
+    "cls",
+    0.0,
+    1e-6,
+  )
   assert config.mixer.num_heads == 6 and m.max_len == 150_528
   assert (config.data.batch_size, o.learning_rate, o.weight_decay) == (1024, 5e-4 * 1024 / 512, 0.05)
   steps_per_epoch = 1_281_167 / 1024

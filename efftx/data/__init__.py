@@ -6,12 +6,13 @@ read from local files, or a dataset registered in TFDS that a user builds once w
 `tfds build <name> --file_format=array_record` (it downloads) — here those are tested under
 `tfds.testing.mock_data`. The grain pipeline that reads them is `efftx.data.pipeline`.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 import dataclasses
 import functools
 import importlib
-from typing import Callable
 
 import numpy as np
 
@@ -28,26 +29,26 @@ from efftx.errors import UserError
 class Task:
   # A builder class of this package, or the name of a registered TFDS dataset ("{variant}" is replaced).
   dataset: type | str
-  vocab_size: int | dict[str, int]   # token ids are in [0, vocab_size) (per variant, if a dict)
+  vocab_size: int | dict[str, int]  # token ids are in [0, vocab_size) (per variant, if a dict)
   num_classes: int | dict[str, int]  # classes of "classify" tasks (per variant, if a dict); 0 otherwise
   # its own objective, a key of efftx.objectives.OBJECTIVES: "classify" (one label per sequence) or "lm" (a
   # target per position: the next token, or the task's own targets); config.data.objective may replace it
   objective: str
   # (raw TFDS example, max_len, truncate) -> {"tokens", "mask"} and {"label"} or {"targets", "weights"}
   encode: Callable[[dict, int, bool], dict[str, np.ndarray]]
-  variants: tuple[str, ...] = ()     # registered datasets: the accepted variants (local builders list their own)
+  variants: tuple[str, ...] = ()  # registered datasets: the accepted variants (local builders list their own)
   # TFDS split names (slices allowed) for training and evaluation; a dict gives them per variant
   splits: tuple[str, str] | dict[str, tuple[str, str]] = ("train", "validation")
-  test_split: str | None = "test"    # the held-out split a paper reports (efftx.evaluate --split=test); None: none
-  mask_id: int | None = None         # the [MASK] token: the task's text can be masked-LM pre-training data
+  test_split: str | None = "test"  # the held-out split a paper reports (efftx.evaluate --split=test); None: none
+  mask_id: int | None = None  # the [MASK] token: the task's text can be masked-LM pre-training data
   random_ids: tuple[int, int] = (0, 0)  # masked-LM: replacement tokens are drawn from [low, high)
   special_ids: tuple[int, ...] = ()  # masked-LM: never chosen (e.g. SEP)
   # LM tasks, for sampling: text -> token ids, and token ids -> text
   tokenize: Callable[[bytes], np.ndarray] | None = None
   detokenize: Callable[[np.ndarray], str] | None = None
-  token_unit: str | None = None      # next-token LM metrics are bits per <token_unit>
-  max_len: int | None = None         # the longest sequence an example holds, if the task has such a limit
-  module: str | None = None          # a TFDS module to import before building a registered dataset
+  token_unit: str | None = None  # next-token LM metrics are bits per <token_unit>
+  max_len: int | None = None  # the longest sequence an example holds, if the task has such a limit
+  module: str | None = None  # a TFDS module to import before building a registered dataset
   # images whose tokens are their pixels: (height, width, channels), the tokens in raster order (channels
   # interleaved: token (W·y + x)·C + c is channel c of pixel (y, x)), H·W·C of them; None for other tasks
   image_shape: tuple[int, int, int] | None = None
@@ -86,8 +87,9 @@ def _listops(example, max_len, truncate):
 
 
 def _listops_alphanumeric(example, max_len, truncate):
-  tokens_L, mask_L = sequence.pad_to(listops.tokenize_alphanumeric(example["source"]), max_len, truncate,
-                                     "a ListOps example")
+  tokens_L, mask_L = sequence.pad_to(
+    listops.tokenize_alphanumeric(example["source"]), max_len, truncate, "a ListOps example"
+  )
   return {"tokens": tokens_L, "mask": mask_L, "label": np.int32(example["label"])}
 
 
@@ -108,12 +110,24 @@ def _text_classify(example, max_len, truncate):
 
 
 # GLUE's text fields: a pair joined by SEP (the first pair the example has), or one sentence.
-_GLUE_PAIRS = (("sentence1", "sentence2"), ("question1", "question2"), ("premise", "hypothesis"),
-               ("question", "sentence"))
+_GLUE_PAIRS = (
+  ("sentence1", "sentence2"),
+  ("question1", "question2"),
+  ("premise", "hypothesis"),
+  ("question", "sentence"),
+)
 _GLUE_VARIANTS = ("cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli")
 # Training examples per GLUE task (TFDS glue/*, train split): the fine-tuning configs count epochs with them.
-GLUE_TRAIN_EXAMPLES = {"cola": 8_551, "sst2": 67_349, "mrpc": 3_668, "qqp": 363_846, "mnli": 392_702,
-                       "qnli": 104_743, "rte": 2_490, "wnli": 635}
+GLUE_TRAIN_EXAMPLES = {
+  "cola": 8_551,
+  "sst2": 67_349,
+  "mrpc": 3_668,
+  "qqp": 363_846,
+  "mnli": 392_702,
+  "qnli": 104_743,
+  "rte": 2_490,
+  "wnli": 635,
+}
 
 
 def _glue_text(example):
@@ -173,56 +187,145 @@ def _pixels_autoregressive_half(example, max_len, truncate):
 _BYTE_MLM = {"mask_id": byte_text.MASK_ID, "random_ids": (1, 257), "special_ids": (byte_text.SEP_ID,)}
 
 TASKS = {
-    "listops": Task(listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
-                    objective="classify", encode=_listops),
-    # The same data as LRA's published numbers saw it: LRA's tokenizer dropped the brackets
-    # (google-research/long-range-arena#14).
-    "listops_alphanumeric": Task(listops.ListOps, vocab_size=len(listops.VOCAB), num_classes=listops.NUM_CLASSES,
-                                 objective="classify", encode=_listops_alphanumeric),
-    "mqar": Task(mqar.Mqar, vocab_size={c.name: c.vocab_size for c in mqar.Mqar.BUILDER_CONFIGS}, num_classes=0,
-                 objective="lm", encode=_mqar),
-    "bytes": Task(byte_text.ByteText, vocab_size=byte_text.VOCAB_SIZE, num_classes=0, objective="lm",
-                  encode=_byte_lm, tokenize=byte_text.tokenize, detokenize=byte_text.decode_tokens,
-                  token_unit="byte", max_len=byte_text.RECORD_LEN, **_BYTE_MLM),
-    "fashion_mnist": Task(images.FashionMnistIdx, vocab_size=images.PIXEL_VOCAB, num_classes=10,
-                          objective="classify", encode=_pixels_classify, image_shape=(28, 28, 1)),
-    "fashion_mnist_ar": Task(images.FashionMnistIdx, vocab_size=images.AR_VOCAB, num_classes=0, objective="lm",
-                             encode=_pixels_autoregressive, token_unit="dim"),
-    # The same at 14 × 14 (2 × 2 blocks averaged): 196 tokens, a density-estimation task trained to convergence
-    # on a CPU.
-    "fashion_mnist_ar_14": Task(images.FashionMnistIdx, vocab_size=images.AR_VOCAB, num_classes=0, objective="lm",
-                                encode=_pixels_autoregressive_half, token_unit="dim"),
-    # LRA Text: IMDb reviews as bytes, cut at max_len (LRA: 1,000 in its configs, 4K in the paper); LRA
-    # evaluates on the test split (IMDb has no validation split).
-    "imdb_bytes": Task("imdb_reviews/{variant}", vocab_size=byte_text.VOCAB_SIZE, num_classes=2,
-                       objective="classify", encode=_text_classify, variants=("plain_text",),
-                       splits=("train", "test"), text=lambda example: (example["text"], None), **_BYTE_MLM),
-    # LRA Image: CIFAR-10 in grey, 1,024 tokens; LRA trains on train[:90%] and validates on train[90%:].
-    "cifar10_grey": Task("cifar10", vocab_size=images.PIXEL_VOCAB, num_classes=10, objective="classify",
-                         encode=_pixels_classify, variants=("default",), splits=("train[:90%]", "train[90%:]"),
-                         image_shape=(32, 32, 1)),
-    # CIFAR-10 in colour for patch models (ViT): RGB sub-pixels interleaved, 3,072 tokens; cifar10_grey's splits.
-    "cifar10": Task("cifar10", vocab_size=images.PIXEL_VOCAB, num_classes=10, objective="classify",
-                    encode=_pixels_classify_rgb, variants=("default",), splits=("train[:90%]", "train[90%:]"),
-                    image_shape=(32, 32, 3)),
-    # ImageNet-1k (ILSVRC 2012) through DeiT's evaluation transform on every split: 224·224·3 = 150,528 tokens (no
-    # training augmentation: efftx.data.images.encode_imagenet). Its two tar files are downloaded by hand into
-    # <data_dir>/downloads/manual (TFDS's manual_dir); papers report the validation split (no public test labels).
-    "imagenet": Task("imagenet2012", vocab_size=images.PIXEL_VOCAB, num_classes=1000, objective="classify",
-                     encode=_imagenet, variants=("default",), splits=("train", "validation"), test_split=None,
-                     image_shape=(images.IMAGENET_CROP, images.IMAGENET_CROP, 3)),
-    # AFT's CIFAR-10 density estimation: RGB sub-pixels, 3,072 tokens, bits per dim on the test split.
-    "cifar10_ar": Task("cifar10", vocab_size=images.AR_VOCAB, num_classes=0, objective="lm",
-                       encode=_pixels_autoregressive, variants=("default",), splits=("train", "test"),
-                       token_unit="dim"),
-    # FNet's GLUE fine-tuning, byte-level (FNet itself uses a SentencePiece vocabulary); MNLI validates on
-    # validation_matched. STS-B (regression) is not included.
-    "glue": Task("glue/{variant}", vocab_size=byte_text.VOCAB_SIZE,
-                 num_classes={v: 3 if v == "mnli" else 2 for v in _GLUE_VARIANTS}, objective="classify",
-                 encode=_glue, variants=_GLUE_VARIANTS, splits={"mnli": ("train", "validation_matched"),
-                                                                **{v: ("train", "validation") for v in _GLUE_VARIANTS
-                                                                   if v != "mnli"}},
-                 module="tensorflow_datasets.text.glue", test_split=None, text=_glue_text, **_BYTE_MLM),
+  "listops": Task(
+    listops.ListOps,
+    vocab_size=len(listops.VOCAB),
+    num_classes=listops.NUM_CLASSES,
+    objective="classify",
+    encode=_listops,
+  ),
+  # The same data as LRA's published numbers saw it: LRA's tokenizer dropped the brackets
+  # (google-research/long-range-arena#14).
+  "listops_alphanumeric": Task(
+    listops.ListOps,
+    vocab_size=len(listops.VOCAB),
+    num_classes=listops.NUM_CLASSES,
+    objective="classify",
+    encode=_listops_alphanumeric,
+  ),
+  "mqar": Task(
+    mqar.Mqar,
+    vocab_size={c.name: c.vocab_size for c in mqar.Mqar.BUILDER_CONFIGS},
+    num_classes=0,
+    objective="lm",
+    encode=_mqar,
+  ),
+  "bytes": Task(
+    byte_text.ByteText,
+    vocab_size=byte_text.VOCAB_SIZE,
+    num_classes=0,
+    objective="lm",
+    encode=_byte_lm,
+    tokenize=byte_text.tokenize,
+    detokenize=byte_text.decode_tokens,
+    token_unit="byte",
+    max_len=byte_text.RECORD_LEN,
+    **_BYTE_MLM,
+  ),
+  "fashion_mnist": Task(
+    images.FashionMnistIdx,
+    vocab_size=images.PIXEL_VOCAB,
+    num_classes=10,
+    objective="classify",
+    encode=_pixels_classify,
+    image_shape=(28, 28, 1),
+  ),
+  "fashion_mnist_ar": Task(
+    images.FashionMnistIdx,
+    vocab_size=images.AR_VOCAB,
+    num_classes=0,
+    objective="lm",
+    encode=_pixels_autoregressive,
+    token_unit="dim",
+  ),
+  # The same at 14 × 14 (2 × 2 blocks averaged): 196 tokens, a density-estimation task trained to convergence
+  # on a CPU.
+  "fashion_mnist_ar_14": Task(
+    images.FashionMnistIdx,
+    vocab_size=images.AR_VOCAB,
+    num_classes=0,
+    objective="lm",
+    encode=_pixels_autoregressive_half,
+    token_unit="dim",
+  ),
+  # LRA Text: IMDb reviews as bytes, cut at max_len (LRA: 1,000 in its configs, 4K in the paper); LRA
+  # evaluates on the test split (IMDb has no validation split).
+  "imdb_bytes": Task(
+    "imdb_reviews/{variant}",
+    vocab_size=byte_text.VOCAB_SIZE,
+    num_classes=2,
+    objective="classify",
+    encode=_text_classify,
+    variants=("plain_text",),
+    splits=("train", "test"),
+    text=lambda example: (example["text"], None),
+    **_BYTE_MLM,
+  ),
+  # LRA Image: CIFAR-10 in grey, 1,024 tokens; LRA trains on train[:90%] and validates on train[90%:].
+  "cifar10_grey": Task(
+    "cifar10",
+    vocab_size=images.PIXEL_VOCAB,
+    num_classes=10,
+    objective="classify",
+    encode=_pixels_classify,
+    variants=("default",),
+    splits=("train[:90%]", "train[90%:]"),
+    image_shape=(32, 32, 1),
+  ),
+  # CIFAR-10 in colour for patch models (ViT): RGB sub-pixels interleaved, 3,072 tokens; cifar10_grey's splits.
+  "cifar10": Task(
+    "cifar10",
+    vocab_size=images.PIXEL_VOCAB,
+    num_classes=10,
+    objective="classify",
+    encode=_pixels_classify_rgb,
+    variants=("default",),
+    splits=("train[:90%]", "train[90%:]"),
+    image_shape=(32, 32, 3),
+  ),
+  # ImageNet-1k (ILSVRC 2012) through DeiT's evaluation transform on every split: 224·224·3 = 150,528 tokens (no
+  # training augmentation: efftx.data.images.encode_imagenet). Its two tar files are downloaded by hand into
+  # <data_dir>/downloads/manual (TFDS's manual_dir); papers report the validation split (no public test labels).
+  "imagenet": Task(
+    "imagenet2012",
+    vocab_size=images.PIXEL_VOCAB,
+    num_classes=1000,
+    objective="classify",
+    encode=_imagenet,
+    variants=("default",),
+    splits=("train", "validation"),
+    test_split=None,
+    image_shape=(images.IMAGENET_CROP, images.IMAGENET_CROP, 3),
+  ),
+  # AFT's CIFAR-10 density estimation: RGB sub-pixels, 3,072 tokens, bits per dim on the test split.
+  "cifar10_ar": Task(
+    "cifar10",
+    vocab_size=images.AR_VOCAB,
+    num_classes=0,
+    objective="lm",
+    encode=_pixels_autoregressive,
+    variants=("default",),
+    splits=("train", "test"),
+    token_unit="dim",
+  ),
+  # FNet's GLUE fine-tuning, byte-level (FNet itself uses a SentencePiece vocabulary); MNLI validates on
+  # validation_matched. STS-B (regression) is not included.
+  "glue": Task(
+    "glue/{variant}",
+    vocab_size=byte_text.VOCAB_SIZE,
+    num_classes={v: 3 if v == "mnli" else 2 for v in _GLUE_VARIANTS},
+    objective="classify",
+    encode=_glue,
+    variants=_GLUE_VARIANTS,
+    splits={
+      "mnli": ("train", "validation_matched"),
+      **{v: ("train", "validation") for v in _GLUE_VARIANTS if v != "mnli"},
+    },
+    module="tensorflow_datasets.text.glue",
+    test_split=None,
+    text=_glue_text,
+    **_BYTE_MLM,
+  ),
 }
 
 
@@ -239,16 +342,20 @@ def resolve(name: str, tokenizer: str = "", vocab_size: int = 0) -> Task:
   task = TASKS[name]
   if tokenizer:
     if task.text is None:
-      raise UserError(f"config.data.tokenizer is set, but task '{name}' has no text to tokenize; text tasks: "
-                      f"{', '.join(n for n, t in TASKS.items() if t.text)}")
+      raise UserError(
+        f"config.data.tokenizer is set, but task '{name}' has no text to tokenize; text tasks: "
+        f"{', '.join(n for n, t in TASKS.items() if t.text)}"
+      )
     tok = tokenizer_lib.load(tokenizer)
     mlm = {"mask_id": tok.mask_id, "random_ids": (0, tok.vocab_size), "special_ids": tok.special_ids}
-    task = dataclasses.replace(task, vocab_size=tok.vocab_size, **mlm, encode=functools.partial(
-        _tokenized, text=task.text, tokenizer=tok))
+    task = dataclasses.replace(
+      task, vocab_size=tok.vocab_size, **mlm, encode=functools.partial(_tokenized, text=task.text, tokenizer=tok)
+    )
   if vocab_size:
     own = max(task.vocab_size.values()) if isinstance(task.vocab_size, dict) else task.vocab_size
     if vocab_size < own:
-      raise UserError(f"config.data.vocab_size={vocab_size} is smaller than the vocabulary of task '{name}' "
-                      f"({own} tokens)")
+      raise UserError(
+        f"config.data.vocab_size={vocab_size} is smaller than the vocabulary of task '{name}' ({own} tokens)"
+      )
     task = dataclasses.replace(task, vocab_size=vocab_size)
   return task

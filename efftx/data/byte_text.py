@@ -13,6 +13,7 @@ Builder configs: "stdlib" — the Python standard library's .py sources of the r
 present on every machine); "files" — every file under the folder given as config.data.corpus_dir (e.g. Debian's
 dict-gcide text, or enwik8 unzipped: a file is a file). Prepare a different folder into a different data_dir.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,7 +51,7 @@ def split_records(corpus: bytes) -> dict[str, np.ndarray]:
     end = len(corpus) if i == len(SPLITS) - 1 else start + int(len(corpus) * fraction)
     part = np.frombuffer(corpus[start:end], np.uint8)
     n = len(part) // RECORD_LEN
-    out[split] = part[:n * RECORD_LEN].reshape(n, RECORD_LEN)
+    out[split] = part[: n * RECORD_LEN].reshape(n, RECORD_LEN)
     start = end
   return out
 
@@ -76,16 +77,18 @@ class ByteText(tfds.core.GeneratorBasedBuilder):
   name = "byte_text"
   VERSION = tfds.core.Version("1.0.0")
   BUILDER_CONFIGS = [
-      tfds.core.BuilderConfig(name="stdlib", description="The Python standard library's .py sources."),
-      tfds.core.BuilderConfig(name="files", description="Every file under the manual dir (config.data.corpus_dir)."),
+    tfds.core.BuilderConfig(name="stdlib", description="The Python standard library's .py sources."),
+    tfds.core.BuilderConfig(name="files", description="Every file under the manual dir (config.data.corpus_dir)."),
   ]
   MANUAL_DOWNLOAD_INSTRUCTIONS = "give a folder of text files as config.data.corpus_dir"
   MANUAL_DIR_VARIANTS = ("files",)  # the variants that read config.data.corpus_dir
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self, description=__doc__,
-        features=tfds.features.FeaturesDict({"bytes": tfds.features.Tensor(shape=(RECORD_LEN,), dtype=np.uint8)}))
+      builder=self,
+      description=__doc__,
+      features=tfds.features.FeaturesDict({"bytes": tfds.features.Tensor(shape=(RECORD_LEN,), dtype=np.uint8)}),
+    )
 
   def _split_generators(self, dl_manager):
     if self.builder_config.name == "stdlib":
@@ -97,8 +100,10 @@ class ByteText(tfds.core.GeneratorBasedBuilder):
       paths = corpus_files(os.fspath(root))
     corpus = b"".join(open(p, "rb").read() for p in paths)
     if len(corpus) < 20 * RECORD_LEN:
-      raise UserError(f"byte_text: the corpus has {len(corpus)} bytes in {len(paths)} files; it needs at least "
-                      f"{20 * RECORD_LEN} (a {RECORD_LEN}-byte record in each of validation and test)")
+      raise UserError(
+        f"byte_text: the corpus has {len(corpus)} bytes in {len(paths)} files; it needs at least "
+        f"{20 * RECORD_LEN} (a {RECORD_LEN}-byte record in each of validation and test)"
+      )
     return {split: self._generate_examples(records) for split, records in split_records(corpus).items()}
 
   def _generate_examples(self, records_NxR):

@@ -20,6 +20,7 @@ Encodings (every pixel is a token, raster order, values 0–255; images have no 
   - autoregressive at half resolution: each 2 × 2 block of pixels averaged (rounded half up to an integer 0–255),
     then as above — Fashion-MNIST at 14 × 14, 196 tokens: a density-estimation task a CPU trains to convergence.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,13 +39,13 @@ START_ID = 256
 AR_VOCAB = 257
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+  "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+  "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
 FASHION_MNIST_VALIDATION = 5_000
 _IDX_UBYTE = 0x08
 IMAGENET_RESIZE = 256  # DeiT's evaluation transform: the shorter side before the crop (int(224 / 0.875))
-IMAGENET_CROP = 224    # ... and the centre crop's side: images of 224 × 224 × 3
+IMAGENET_CROP = 224  # ... and the centre crop's side: images of 224 × 224 × 3
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -100,10 +101,11 @@ def deit_eval_crop(image_HxWx3: np.ndarray) -> np.ndarray:
   h, w = image_HxWx3.shape[:2]
   longer = int(IMAGENET_RESIZE * max(h, w) / min(h, w))  # float, then truncated: torchvision's arithmetic
   new_h, new_w = (IMAGENET_RESIZE, longer) if h <= w else (longer, IMAGENET_RESIZE)
-  resized = np.asarray(Image.fromarray(np.asarray(image_HxWx3, np.uint8)).resize(
-      (new_w, new_h), Image.Resampling.BICUBIC))
+  resized = np.asarray(
+    Image.fromarray(np.asarray(image_HxWx3, np.uint8)).resize((new_w, new_h), Image.Resampling.BICUBIC)
+  )
   top, left = int(round((new_h - IMAGENET_CROP) / 2)), int(round((new_w - IMAGENET_CROP) / 2))
-  return resized[top:top + IMAGENET_CROP, left:left + IMAGENET_CROP]
+  return resized[top : top + IMAGENET_CROP, left : left + IMAGENET_CROP]
 
 
 def encode_imagenet(example: dict, max_len: int) -> dict[str, np.ndarray]:
@@ -115,8 +117,9 @@ def encode_imagenet(example: dict, max_len: int) -> dict[str, np.ndarray]:
   crop's integer values 0–255: DeiT's normalisation by ImageNet's channel means (0.485, 0.456, 0.406) and standard
   deviations (0.229, 0.224, 0.225) of the pixels scaled to [0, 1] is left to the model.
   """
-  return encode_classify_rgb({"image": deit_eval_crop(np.asarray(example["image"])), "label": example["label"]},
-                             max_len)
+  return encode_classify_rgb(
+    {"image": deit_eval_crop(np.asarray(example["image"])), "label": example["label"]}, max_len
+  )
 
 
 def encode_autoregressive(example: dict, max_len: int) -> dict[str, np.ndarray]:
@@ -132,8 +135,10 @@ def downsample(image_HxW: np.ndarray, factor: int) -> np.ndarray:
   image_HxW = np.asarray(image_HxW)
   h, w = image_HxW.shape[:2]
   if image_HxW.ndim != 2 or h % factor or w % factor:
-    raise UserError(f"cannot downsample an image of shape {image_HxW.shape} by {factor}: a grey image whose sides "
-                    f"are multiples of {factor} is needed")
+    raise UserError(
+      f"cannot downsample an image of shape {image_HxW.shape} by {factor}: a grey image whose sides "
+      f"are multiples of {factor} is needed"
+    )
   blocks = image_HxW.astype(np.int64).reshape(h // factor, factor, w // factor, factor).sum(axis=(1, 3))
   n = factor * factor
   return ((2 * blocks + n) // (2 * n)).astype(np.uint8)  # floor(sum / n + 1/2) in integers
@@ -155,23 +160,30 @@ class FashionMnistIdx(tfds.core.GeneratorBasedBuilder):
   name = "fashion_mnist_idx"
   VERSION = tfds.core.Version("1.0.0")
   BUILDER_CONFIGS = [
-      FashionMnistConfig(name="full", description="55k/5k/10k, from the idx files."),
-      FashionMnistConfig(name="tiny", description="The first 1k/200/200 of full's splits, for smoke runs.",
-                         max_examples=(1_000, 200, 200)),
+    FashionMnistConfig(name="full", description="55k/5k/10k, from the idx files."),
+    FashionMnistConfig(
+      name="tiny", description="The first 1k/200/200 of full's splits, for smoke runs.", max_examples=(1_000, 200, 200)
+    ),
   ]
   DEFAULT_MANUAL_DIR = FASHION_MNIST_DIR  # where Debian's package puts the files; config.data.corpus_dir overrides
   MANUAL_DIR_VARIANTS = ("full", "tiny")
-  MANUAL_DOWNLOAD_INSTRUCTIONS = (f"apt-get install dataset-fashion-mnist (files in {FASHION_MNIST_DIR}), or put "
-                                  "the four idx .gz files in a folder given as config.data.corpus_dir")
+  MANUAL_DOWNLOAD_INSTRUCTIONS = (
+    f"apt-get install dataset-fashion-mnist (files in {FASHION_MNIST_DIR}), or put "
+    "the four idx .gz files in a folder given as config.data.corpus_dir"
+  )
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self, description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Tensor(shape=(28, 28), dtype=np.uint8),
-            "label": tfds.features.ClassLabel(num_classes=10),
-        }),
-        homepage="https://github.com/zalandoresearch/fashion-mnist")
+      builder=self,
+      description=__doc__,
+      features=tfds.features.FeaturesDict(
+        {
+          "image": tfds.features.Tensor(shape=(28, 28), dtype=np.uint8),
+          "label": tfds.features.ClassLabel(num_classes=10),
+        }
+      ),
+      homepage="https://github.com/zalandoresearch/fashion-mnist",
+    )
 
   def _split_generators(self, dl_manager):
     root = os.fspath(dl_manager.manual_dir)
@@ -187,14 +199,16 @@ class FashionMnistIdx(tfds.core.GeneratorBasedBuilder):
       arrays[split] = (images, labels)
     images, labels = arrays["train"]
     if len(images) <= FASHION_MNIST_VALIDATION:
-      raise UserError(f"Fashion-MNIST in {root}: {len(images)} training images, need more than "
-                      f"{FASHION_MNIST_VALIDATION} (the validation split)")
+      raise UserError(
+        f"Fashion-MNIST in {root}: {len(images)} training images, need more than "
+        f"{FASHION_MNIST_VALIDATION} (the validation split)"
+      )
     cut = len(images) - FASHION_MNIST_VALIDATION
-    splits = {"train": (images[:cut], labels[:cut]), "validation": (images[cut:], labels[cut:]),
-              "test": arrays["test"]}
+    splits = {"train": (images[:cut], labels[:cut]), "validation": (images[cut:], labels[cut:]), "test": arrays["test"]}
     limits = self.builder_config.max_examples
-    return {split: self._generate_examples(x[:limit], y[:limit])
-            for (split, (x, y)), limit in zip(splits.items(), limits)}
+    return {
+      split: self._generate_examples(x[:limit], y[:limit]) for (split, (x, y)), limit in zip(splits.items(), limits)
+    }
 
   def _generate_examples(self, images, labels):
     for i, (image, label) in enumerate(zip(images, labels)):

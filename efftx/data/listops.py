@@ -9,6 +9,7 @@ The TFDS builder stores each example as its source string (`"[MAX 2 9 [MIN 4 7 ]
 input pipeline tokenises: `tokenize` as LRA's data files are written (whitespace-split, one id per token), or
 `tokenize_alphanumeric` as LRA's own input pipeline read them (task "listops_alphanumeric").
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,13 +58,13 @@ def _tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tupl
 
 
 def generate(
-    num_examples: int,
-    *,
-    seed: int,
-    min_length: int,
-    max_length: int,
-    max_depth: int = 10,
-    max_args: int = 10,
+  num_examples: int,
+  *,
+  seed: int,
+  min_length: int,
+  max_length: int,
+  max_depth: int = 10,
+  max_args: int = 10,
 ) -> list[tuple[str, int]]:
   """`num_examples` distinct (source, label) pairs with min_length < length < max_length, in draw order."""
   rng = random.Random(seed)
@@ -125,27 +126,41 @@ class ListOps(tfds.core.GeneratorBasedBuilder):
   name = "listops"
   VERSION = tfds.core.Version("1.0.0")
   BUILDER_CONFIGS = [
-      # LRA's ListOps: 96K/2K/2K, 500 < length < 2000. ~1.3M draws; about a minute of plain Python.
-      ListOpsConfig(name="full", description="LRA ListOps: 96K/2K/2K, 500 < length < 2000."),
-      # Short expressions for CPU runs: the quickstart trains on this in minutes.
-      ListOpsConfig(
-          name="small", description="20K/1K/1K, 10 < length < 128.", num_train=20_000,
-          num_validation=1_000, num_test=1_000, min_length=10, max_length=128),
-      # For tests: a few seconds to prepare.
-      ListOpsConfig(
-          name="tiny", description="1K/200/200, 5 < length < 48.", num_train=1_000,
-          num_validation=200, num_test=200, min_length=5, max_length=48),
+    # LRA's ListOps: 96K/2K/2K, 500 < length < 2000. ~1.3M draws; about a minute of plain Python.
+    ListOpsConfig(name="full", description="LRA ListOps: 96K/2K/2K, 500 < length < 2000."),
+    # Short expressions for CPU runs: the quickstart trains on this in minutes.
+    ListOpsConfig(
+      name="small",
+      description="20K/1K/1K, 10 < length < 128.",
+      num_train=20_000,
+      num_validation=1_000,
+      num_test=1_000,
+      min_length=10,
+      max_length=128,
+    ),
+    # For tests: a few seconds to prepare.
+    ListOpsConfig(
+      name="tiny",
+      description="1K/200/200, 5 < length < 48.",
+      num_train=1_000,
+      num_validation=200,
+      num_test=200,
+      min_length=5,
+      max_length=48,
+    ),
   ]
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "source": tfds.features.Text(),
-            "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
-        }),
-        homepage="https://github.com/google-research/long-range-arena",
+      builder=self,
+      description=__doc__,
+      features=tfds.features.FeaturesDict(
+        {
+          "source": tfds.features.Text(),
+          "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
+        }
+      ),
+      homepage="https://github.com/google-research/long-range-arena",
     )
 
   def _split_generators(self, dl_manager):
@@ -153,11 +168,16 @@ class ListOps(tfds.core.GeneratorBasedBuilder):
     c = self.builder_config
     sizes = {"train": c.num_train, "validation": c.num_validation, "test": c.num_test}
     pool = generate(
-        sum(sizes.values()), seed=c.seed, min_length=c.min_length, max_length=c.max_length,
-        max_depth=c.max_depth, max_args=c.max_args)
+      sum(sizes.values()),
+      seed=c.seed,
+      min_length=c.min_length,
+      max_length=c.max_length,
+      max_depth=c.max_depth,
+      max_args=c.max_args,
+    )
     splits, start = {}, 0
     for split, size in sizes.items():
-      splits[split] = self._generate_examples(pool[start:start + size])
+      splits[split] = self._generate_examples(pool[start : start + size])
       start += size
     return splits
 

@@ -14,6 +14,7 @@ first example (zoology/experiments/examples/basic.py: vocabulary 256, length 64,
 test examples; here also 1k validation), the setting a CPU can train attention to solve; "tiny" (64x4, 2k/256/256)
 for tests.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,9 @@ VOCAB_SIZE = 8192
 POWER_A = 0.01
 
 
-def generate(num_examples: int, *, seq_len: int, num_kv: int, seed: int, vocab_size: int = VOCAB_SIZE,
-             power_a: float = POWER_A) -> tuple[np.ndarray, np.ndarray]:
+def generate(
+  num_examples: int, *, seq_len: int, num_kv: int, seed: int, vocab_size: int = VOCAB_SIZE, power_a: float = POWER_A
+) -> tuple[np.ndarray, np.ndarray]:
   """(tokens_NxL, targets_NxL) int32; targets are 0 wherever the position is not a query."""
   if seq_len % 2 or 4 * num_kv > seq_len:
     raise UserError(f"MQAR needs an even length and 4·kv ≤ length, not length {seq_len}, kv {num_kv}")
@@ -65,8 +67,13 @@ def encode(example: dict, max_len: int) -> dict[str, np.ndarray]:
   tokens_L, mask_L = pad_to(example["tokens"], max_len, truncate=None, what="an MQAR example")
   targets = np.asarray(example["targets"], np.int32)
   positions_K = np.flatnonzero(targets).astype(np.int32)
-  return {"tokens": tokens_L, "mask": mask_L, "positions": positions_K, "targets": targets[positions_K],
-          "weights": np.ones(len(positions_K), np.float32)}
+  return {
+    "tokens": tokens_L,
+    "mask": mask_L,
+    "positions": positions_K,
+    "targets": targets[positions_K],
+    "weights": np.ones(len(positions_K), np.float32),
+  }
 
 
 @dataclasses.dataclass
@@ -81,9 +88,14 @@ class MqarConfig(tfds.core.BuilderConfig):
 
 
 def _setting(seq_len: int, num_kv: int, vocab_size: int = VOCAB_SIZE, **sizes) -> MqarConfig:
-  return MqarConfig(name=f"{seq_len}x{num_kv}" + (f"_v{vocab_size}" if vocab_size != VOCAB_SIZE else ""),
-                    description=f"length {seq_len}, {num_kv} key-value pairs, vocabulary {vocab_size}",
-                    seq_len=seq_len, num_kv=num_kv, vocab_size=vocab_size, **sizes)
+  return MqarConfig(
+    name=f"{seq_len}x{num_kv}" + (f"_v{vocab_size}" if vocab_size != VOCAB_SIZE else ""),
+    description=f"length {seq_len}, {num_kv} key-value pairs, vocabulary {vocab_size}",
+    seq_len=seq_len,
+    num_kv=num_kv,
+    vocab_size=vocab_size,
+    **sizes,
+  )
 
 
 class Mqar(tfds.core.GeneratorBasedBuilder):
@@ -92,30 +104,42 @@ class Mqar(tfds.core.GeneratorBasedBuilder):
   name = "mqar"
   VERSION = tfds.core.Version("1.0.0")
   BUILDER_CONFIGS = [
-      _setting(64, 4), _setting(128, 8), _setting(256, 16), _setting(512, 32), _setting(1024, 64),
-      _setting(64, 4, vocab_size=256, num_train=10_000, num_validation=1_000, num_test=1_000),
-      MqarConfig(name="tiny", description="64x4, 2k/256/256, for tests", num_train=2_000, num_validation=256,
-                 num_test=256),
+    _setting(64, 4),
+    _setting(128, 8),
+    _setting(256, 16),
+    _setting(512, 32),
+    _setting(1024, 64),
+    _setting(64, 4, vocab_size=256, num_train=10_000, num_validation=1_000, num_test=1_000),
+    MqarConfig(
+      name="tiny", description="64x4, 2k/256/256, for tests", num_train=2_000, num_validation=256, num_test=256
+    ),
   ]
 
   def _info(self) -> tfds.core.DatasetInfo:
     L = self.builder_config.seq_len
     return tfds.core.DatasetInfo(
-        builder=self, description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "tokens": tfds.features.Tensor(shape=(L,), dtype=np.int16),
-            "targets": tfds.features.Tensor(shape=(L,), dtype=np.int16),
-        }),
-        homepage="https://github.com/HazyResearch/zoology")
+      builder=self,
+      description=__doc__,
+      features=tfds.features.FeaturesDict(
+        {
+          "tokens": tfds.features.Tensor(shape=(L,), dtype=np.int16),
+          "targets": tfds.features.Tensor(shape=(L,), dtype=np.int16),
+        }
+      ),
+      homepage="https://github.com/HazyResearch/zoology",
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # generated
     c = self.builder_config
     sizes = {"train": c.num_train, "validation": c.num_validation, "test": c.num_test}
     # One seed per split: examples are random, so the splits share no structure (collisions are negligible).
-    return {split: self._generate_examples(*generate(size, seq_len=c.seq_len, num_kv=c.num_kv, seed=c.seed + i,
-                                                     vocab_size=c.vocab_size))
-            for i, (split, size) in enumerate(sizes.items())}
+    return {
+      split: self._generate_examples(
+        *generate(size, seq_len=c.seq_len, num_kv=c.num_kv, seed=c.seed + i, vocab_size=c.vocab_size)
+      )
+      for i, (split, size) in enumerate(sizes.items())
+    }
 
   def _generate_examples(self, tokens_NxL, targets_NxL):
     for i, (tokens, targets) in enumerate(zip(tokens_NxL, targets_NxL)):

@@ -4,8 +4,10 @@ Each JAX process reads its own rows of every global batch (training) or its own 
 on a pod the processes together cover the data once per epoch without overlap, and the global batches are the same
 for any number of processes; train.py assembles them from the process-local ones.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 import dataclasses
 import fcntl
 import os
@@ -13,7 +15,6 @@ import queue
 import socket
 import threading
 import time
-from typing import Iterator
 import urllib.parse
 import urllib.request
 
@@ -73,28 +74,36 @@ def _prepare(config: ml_collections.ConfigDict) -> None:
     instructions = " ".join((builder.MANUAL_DOWNLOAD_INSTRUCTIONS or "").split())
     manual_dir = os.path.join(data_dir(config), "downloads", "manual")
     if instructions and not mocked and not (os.path.isdir(manual_dir) and os.listdir(manual_dir)):
-      raise UserError(f"{name} is not prepared in {data_dir(config)}, and TFDS cannot download it: put its files in "
-                      f"{manual_dir} ({instructions}), then run again, or prepare it with: {build}")
+      raise UserError(
+        f"{name} is not prepared in {data_dir(config)}, and TFDS cannot download it: put its files in "
+        f"{manual_dir} ({instructions}), then run again, or prepare it with: {build}"
+      )
     targets = [] if instructions else _download_targets(builder)
     if targets and not mocked and not _reachable(targets, PROBE_S):
       hosts = ("host " if len(targets) == 1 else "hosts ") + ", ".join(f"{host}:{port}" for host, port in targets)
-      raise UserError(f"{name} is not prepared in {data_dir(config)}, and its download {hosts} cannot be "
-                      f"reached from this machine; where the network reaches, efftx downloads and prepares it "
-                      f"itself, or prepare it there with: {build}")
+      raise UserError(
+        f"{name} is not prepared in {data_dir(config)}, and its download {hosts} cannot be "
+        f"reached from this machine; where the network reaches, efftx downloads and prepares it "
+        f"itself, or prepare it there with: {build}"
+      )
     logging.info("preparing %s in %s with TFDS (downloads; once)", name, data_dir(config))
     try:
       builder.download_and_prepare()
     except Exception as e:  # pylint: disable=broad-except  # no network, no TensorFlow for its generator, ...
       first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      raise UserError(f"TFDS could not prepare {name} ({type(e).__name__}: {first_line}); on a machine that can "
-                      f"download it, run: {build}") from None
+      raise UserError(
+        f"TFDS could not prepare {name} ({type(e).__name__}: {first_line}); on a machine that can "
+        f"download it, run: {build}"
+      ) from None
     return
   builder = task.dataset(config=config.data.variant, data_dir=data_dir(config), file_format="array_record")
   folder = config.data.corpus_dir or getattr(task.dataset, "DEFAULT_MANUAL_DIR", "")
   manual_dir = os.path.abspath(os.path.expanduser(folder)) if folder else None
   if manual_dir and not builder.is_prepared() and not (os.path.isdir(manual_dir) and os.listdir(manual_dir)):
-    raise UserError(f"{name}: the folder {manual_dir} is missing or empty; "
-                    f"{getattr(task.dataset, 'MANUAL_DOWNLOAD_INSTRUCTIONS', 'set config.data.corpus_dir')}")
+    raise UserError(
+      f"{name}: the folder {manual_dir} is missing or empty; "
+      f"{getattr(task.dataset, 'MANUAL_DOWNLOAD_INSTRUCTIONS', 'set config.data.corpus_dir')}"
+    )
   if not builder.is_prepared():
     logging.info("preparing %s in %s (once; later runs reuse it)", name, data_dir(config))
   try:
@@ -103,16 +112,19 @@ def _prepare(config: ml_collections.ConfigDict) -> None:
     raise
   except (OSError, UnicodeError) as e:  # an unreadable folder or file; anything else is a bug: its traceback stays
     first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise UserError(f"preparing {name} from {manual_dir or 'generated data'} failed: {type(e).__name__}: "
-                    f"{first_line}") from e
+    raise UserError(
+      f"preparing {name} from {manual_dir or 'generated data'} failed: {type(e).__name__}: {first_line}"
+    ) from e
   # A dataset prepared from a folder remembers which: the same variant from another folder needs another data_dir.
   marker = os.path.join(builder.data_dir, "efftx_corpus_dir.txt")
   if manual_dir and not os.path.exists(marker):
     with open(marker, "w") as f:
       f.write(manual_dir)
   if manual_dir and open(marker).read() != manual_dir:
-    raise UserError(f"{builder.data_dir} was prepared from {open(marker).read()}, not {manual_dir}: "
-                    "set another config.data.data_dir for this corpus")
+    raise UserError(
+      f"{builder.data_dir} was prepared from {open(marker).read()}, not {manual_dir}: "
+      "set another config.data.data_dir for this corpus"
+    )
 
 
 PROBE_S = 3.0  # seconds a registered dataset's download host has to accept a TCP connection (name lookup included)
@@ -130,8 +142,9 @@ def _download_targets(builder: tfds.core.DatasetBuilder) -> list[tuple[str, int]
   for url in builder.url_infos or ():
     try:
       parts = urllib.parse.urlsplit(url)
-      proxy = None if urllib.request.proxy_bypass(parts.hostname or "") else (
-          proxies.get(parts.scheme) or proxies.get("all"))
+      proxy = (
+        None if urllib.request.proxy_bypass(parts.hostname or "") else (proxies.get(parts.scheme) or proxies.get("all"))
+      )
       if proxy:
         parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
       if parts.hostname:
@@ -182,9 +195,11 @@ def source(config: ml_collections.ConfigDict, split: str):
     return tfds.data_source(name, split=split, data_dir=data_dir(config), download=False, try_gcs=False)
   except Exception as e:  # pylint: disable=broad-except  # e.g. prepared as tfrecord: no random access
     first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise UserError(f"cannot read {name} split '{split}' from {data_dir(config)} ({type(e).__name__}: "
-                    f"{first_line}); it must be prepared as array_record: tfds build {name} "
-                    f"--file_format=array_record --data_dir={data_dir(config)}") from None
+    raise UserError(
+      f"cannot read {name} split '{split}' from {data_dir(config)} ({type(e).__name__}: "
+      f"{first_line}); it must be prepared as array_record: tfds build {name} "
+      f"--file_format=array_record --data_dir={data_dir(config)}"
+    ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +220,10 @@ class Encode:
     for key in ("tokens", "targets"):
       if key in out and len(out[key]) and (out[key].max() >= vocab_size or out[key].min() < 0):
         bad = out[key][(out[key] >= vocab_size) | (out[key] < 0)][0]
-        raise UserError(f"task '{self.task_name}': an example has token id {bad} in its {key}, outside the "
-                        f"vocabulary [0, {vocab_size})")
+        raise UserError(
+          f"task '{self.task_name}': an example has token id {bad} in its {key}, outside the "
+          f"vocabulary [0, {vocab_size})"
+        )
     return out
 
 
@@ -214,8 +231,16 @@ def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset) -> grain.M
   """Encodes the elements of ds, then lets the objective corrupt them (masked-LM does), seeded from config.seed
   and the element's index in ds."""
   task = task_of(config)
-  ds = ds.map(Encode(config.data.task, config.model.max_len, config.data.truncate, config.data.variant,
-                     config.data.tokenizer, config.data.vocab_size))
+  ds = ds.map(
+    Encode(
+      config.data.task,
+      config.model.max_len,
+      config.data.truncate,
+      config.data.variant,
+      config.data.tokenizer,
+      config.data.vocab_size,
+    )
+  )
   seed = int(np.random.SeedSequence([config.seed, 0]).generate_state(1)[0])
   return objectives.for_run(config, task).corrupt(ds, task, seed)
 
@@ -227,18 +252,24 @@ def check(config: ml_collections.ConfigDict, *sources, num_examples: int = 10_00
     if not len(src):
       raise UserError(f"task '{config.data.task}' ({config.data.variant}): a split is empty")
     ds = _encoded(config, grain.MapDataset.source(src))
-    for i in tqdm.trange(min(num_examples, len(src)), desc="checking examples", unit="ex", disable=None,
-                         leave=False):
+    for i in tqdm.trange(min(num_examples, len(src)), desc="checking examples", unit="ex", disable=None, leave=False):
       ds[i]  # pylint: disable=pointless-statement
 
 
 def _process(process_index: int | None, process_count: int | None) -> tuple[int, int]:
-  return (jax.process_index() if process_index is None else process_index,
-          jax.process_count() if process_count is None else process_count)
+  return (
+    jax.process_index() if process_index is None else process_index,
+    jax.process_count() if process_count is None else process_count,
+  )
 
 
-def train_iterator(config: ml_collections.ConfigDict, train_source, start_step: int = 0,
-                   process_index: int | None = None, process_count: int | None = None) -> grain.DatasetIterator:
+def train_iterator(
+  config: ml_collections.ConfigDict,
+  train_source,
+  start_step: int = 0,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> grain.DatasetIterator:
   """Endless process-local batches from training step `start_step` on, reshuffled every epoch from config.seed.
 
   The global batches do not depend on how many processes read them: global batch k is the examples
@@ -257,8 +288,13 @@ def train_iterator(config: ml_collections.ConfigDict, train_source, start_step: 
   return iter(it_ds)
 
 
-def eval_batches(config: ml_collections.ConfigDict, eval_source, process_index: int | None = None,
-                 process_count: int | None = None, examples: int = 0) -> Iterator[dict[str, np.ndarray]]:
+def eval_batches(
+  config: ml_collections.ConfigDict,
+  eval_source,
+  process_index: int | None = None,
+  process_count: int | None = None,
+  examples: int = 0,
+) -> Iterator[dict[str, np.ndarray]]:
   """One pass over a split (its first `examples` examples if > 0) in process-local batches of fixed size; rows
   with `weight` 0 are padding.
 

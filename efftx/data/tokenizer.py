@@ -16,6 +16,7 @@ the same files: tokenizer.json and vocab.txt as its fast (Rust) tokenizers, a Se
 FNetTokenizer. The two differ on a tie: the Python one keeps the extra token in the first text, the Rust one in the
 second. A Tokenizer pickles as its path (grain's worker processes load it again); one is shared by threads.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,8 +32,12 @@ from efftx.errors import UserError
 
 _SPIECE_UNDERLINE = "\u2581"
 # Names a checkpoint's special tokens go by (special_tokens_map.json, when present, names them first).
-_CANDIDATES = {"cls": ("[CLS]", "<s>", "<cls>"), "sep": ("[SEP]", "</s>", "<sep>"), "pad": ("[PAD]", "<pad>"),
-               "mask": ("[MASK]", "<mask>")}
+_CANDIDATES = {
+  "cls": ("[CLS]", "<s>", "<cls>"),
+  "sep": ("[SEP]", "</s>", "<sep>"),
+  "pad": ("[PAD]", "<pad>"),
+  "mask": ("[MASK]", "<mask>"),
+}
 
 
 class Tokenizer:
@@ -47,6 +52,7 @@ class Tokenizer:
     file = _tokenizer_file(self.path)
     if file.endswith(".json"):
       import tokenizers  # pylint: disable=g-import-not-at-top
+
       self.kind, self._tok = "tokenizers", tokenizers.Tokenizer.from_file(file)
       self._tok.no_padding()
       self._tok.no_truncation()
@@ -54,16 +60,19 @@ class Tokenizer:
       self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     elif file.endswith(".txt"):
       from tokenizers import implementations  # pylint: disable=g-import-not-at-top
+
       self.kind = "wordpiece"
       self._tok = implementations.BertWordPieceTokenizer(file, lowercase=self._settings.get("do_lower_case", True))
       lookup = self._tok.token_to_id
       self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     else:
       import sentencepiece  # pylint: disable=g-import-not-at-top
+
       self.kind, self._sp = "sentencepiece", sentencepiece.SentencePieceProcessor(model_file=file)
       self.vocab_size = self._sp.get_piece_size()
-      lookup = lambda piece: (self._sp.piece_to_id(piece) if self._sp.id_to_piece(self._sp.piece_to_id(piece))
-                              == piece else None)
+      lookup = lambda piece: (
+        self._sp.piece_to_id(piece) if self._sp.id_to_piece(self._sp.piece_to_id(piece)) == piece else None
+      )
     self.file = file
     self._truncation, self._lock = None, threading.Lock()
     for role, candidates in _CANDIDATES.items():
@@ -73,13 +82,17 @@ class Tokenizer:
       setattr(self, f"{role}_id", found)
     missing = [role for role in ("cls", "sep", "pad") if getattr(self, f"{role}_id") is None]
     if missing:
-      raise UserError(f"tokenizer {file}: no {', '.join(missing)} token ({', '.join(_CANDIDATES[missing[0]])}): "
-                      "efftx encodes [CLS] a [SEP] b [SEP] as BERT and FNet do")
+      raise UserError(
+        f"tokenizer {file}: no {', '.join(missing)} token ({', '.join(_CANDIDATES[missing[0]])}): "
+        "efftx encodes [CLS] a [SEP] b [SEP] as BERT and FNet do"
+      )
     ids, types = self.encode("a", "b")
     if ids[0] != self.cls_id or ids[-1] != self.sep_id or list(ids).count(self.sep_id) != 2 or not types.any():
-      raise UserError(f"tokenizer {file} does not encode a pair as [CLS] a [SEP] b [SEP] with token types 0 and 1 "
-                      f"(it gives ids {ids.tolist()}, types {types.tolist()}): a first-token classifier would read "
-                      "a word, not [CLS]")
+      raise UserError(
+        f"tokenizer {file} does not encode a pair as [CLS] a [SEP] b [SEP] with token types 0 and 1 "
+        f"(it gives ids {ids.tolist()}, types {types.tolist()}): a first-token classifier would read "
+        "a word, not [CLS]"
+      )
 
   def __reduce__(self):
     return (load, (self.path,))
@@ -89,8 +102,9 @@ class Tokenizer:
     """The ids a masked-LM never chooses to mask."""
     return tuple(i for i in (self.cls_id, self.sep_id, self.pad_id) if i is not None)
 
-  def encode(self, first: str | bytes, second: str | bytes | None = None, max_len: int | None = None
-             ) -> tuple[np.ndarray, np.ndarray]:
+  def encode(
+    self, first: str | bytes, second: str | bytes | None = None, max_len: int | None = None
+  ) -> tuple[np.ndarray, np.ndarray]:
     """(ids, token types), int32: [CLS] first [SEP] (second [SEP]), types 0 up to the first [SEP], 1 after it; with
     max_len, cut longest first to fit."""
     first, second = _text(first), None if second is None else _text(second)
@@ -148,7 +162,7 @@ def truncate_longest_first(a: list, b: list | None, room: int) -> tuple[list, li
   gap = min(abs(len(a) - len(b)), excess)
   rest = excess - gap
   cut_a, cut_b = (gap + rest // 2, rest - rest // 2) if len(a) > len(b) else (rest // 2, gap + rest - rest // 2)
-  return a[:len(a) - cut_a], b[:len(b) - cut_b]
+  return a[: len(a) - cut_a], b[: len(b) - cut_b]
 
 
 @functools.lru_cache(maxsize=8)
@@ -169,8 +183,11 @@ def files(path: str) -> list[str]:
   """A tokenizer's files: in a folder, every tokenizer file there; a named file, with its folder's settings
   (tokenizer_config.json, special_tokens_map.json). What an exported checkpoint folder carries along."""
   folder = path if os.path.isdir(path) else os.path.dirname(path)
-  settings = [os.path.join(folder, n) for n in ("tokenizer_config.json", "special_tokens_map.json")
-              if os.path.exists(os.path.join(folder, n))]
+  settings = [
+    os.path.join(folder, n)
+    for n in ("tokenizer_config.json", "special_tokens_map.json")
+    if os.path.exists(os.path.join(folder, n))
+  ]
   if not os.path.isdir(path):
     return [path] + settings
   found = [os.path.join(folder, n) for n in ("tokenizer.json", "vocab.txt") if os.path.exists(os.path.join(folder, n))]
@@ -190,16 +207,19 @@ def _tokenizer_file(path: str) -> str:
   if os.path.isfile(path):
     if path.endswith((".json", ".model", ".txt")):
       return path
-    raise UserError(f"config.data.tokenizer='{path}': a tokenizer file is tokenizer.json, a SentencePiece .model "
-                    "or a WordPiece vocab.txt")
+    raise UserError(
+      f"config.data.tokenizer='{path}': a tokenizer file is tokenizer.json, a SentencePiece .model "
+      "or a WordPiece vocab.txt"
+    )
   if not os.path.isdir(path):
     raise UserError(f"config.data.tokenizer='{path}': no such file or folder")
   for pattern in ("tokenizer.json", "spiece.model", "*.model", "vocab.txt"):
     found = sorted(glob.glob(os.path.join(path, pattern)))
     if found:
       return found[0]
-  raise UserError(f"config.data.tokenizer='{path}': the folder has no tokenizer.json, SentencePiece .model or "
-                  "vocab.txt")
+  raise UserError(
+    f"config.data.tokenizer='{path}': the folder has no tokenizer.json, SentencePiece .model or vocab.txt"
+  )
 
 
 def _read_json(path: str) -> dict:

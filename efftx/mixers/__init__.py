@@ -11,6 +11,7 @@ A run's mixer options are `config.mixer` (filled from the declared defaults for 
 Adding a mixer: its file (module + SPEC) and one line below. `python -m efftx.mixers` prints the table of
 mixers, capabilities and options that README.md shows.
 """
+
 from efftx.mixers import aft
 from efftx.mixers import aft_conv
 from efftx.mixers import attention
@@ -25,17 +26,17 @@ from efftx.mixers import random_mixing
 from efftx.mixers.spec import MixerSpec
 
 MIXERS: dict[str, MixerSpec] = {
-    "attention": attention.SPEC,
-    "fnet": fourier.SPEC,
-    "linear_mixing": linear_mixing.SPEC,
-    "random": random_mixing.SPEC,
-    "ff_only": ff_only.SPEC,
-    "aft_full": aft.SPEC_FULL,
-    "aft_simple": aft.SPEC_SIMPLE,
-    "aft_local": aft.SPEC_LOCAL,
-    "aft_conv": aft_conv.SPEC,
-    "local": local.SPEC,
-    "block_local": block_local.SPEC,
-    "linear": linear.SPEC,
-    "lsh": lsh.SPEC,
+  "attention": attention.SPEC,
+  "fnet": fourier.SPEC,
+  "linear_mixing": linear_mixing.SPEC,
+  "random": random_mixing.SPEC,
+  "ff_only": ff_only.SPEC,
+  "aft_full": aft.SPEC_FULL,
+  "aft_simple": aft.SPEC_SIMPLE,
+  "aft_local": aft.SPEC_LOCAL,
+  "aft_conv": aft_conv.SPEC,
+  "local": local.SPEC,
+  "block_local": block_local.SPEC,
+  "linear": linear.SPEC,
+  "lsh": lsh.SPEC,
 }

@@ -11,10 +11,11 @@ e^{−87 + ρ} of a row's sum (ρ: w's range within the row), "global" nothing f
 O(Ld), AFT-local and -conv O(L·s·d) (s: window, kernel). The paper's formula: tests/test_aft.py. Derivation and
 bounds: efftx/mixers/README.md#aft
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 import functools
-from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -25,7 +26,8 @@ from efftx.errors import UserError
 from efftx.fields import Field
 from efftx.mixers import banded
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, padded
+from efftx.mixers.spec import MixerSpec
+from efftx.mixers.spec import padded
 
 
 def _project(x_BxLxD: jax.Array, key_features: int):
@@ -158,8 +160,9 @@ def _half_block_sums(k_BxTxC, m_BxTxC, x_BxTxCxG, a_NxRxR, R: int, spec: str) ->
   N = T // (2 * R)
   k_BxNx2xRxC, m_BxNx2xRxC = k_BxTxC.reshape(B, N, 2, R, C), m_BxTxC.reshape(B, N, 2, R, C)
   x_BxNx2xRxCxG = x_BxTxCxG.reshape(B, N, 2, R, C, G)
-  z_BxNxRxCxG = _visible_sums(k_BxNx2xRxC[:, :, 0], x_BxNx2xRxCxG[:, :, 0], m_BxNx2xRxC[:, :, 0, -1:],
-                              m_BxNx2xRxC[:, :, 1], a_NxRxR, spec)
+  z_BxNxRxCxG = _visible_sums(
+    k_BxNx2xRxC[:, :, 0], x_BxNx2xRxCxG[:, :, 0], m_BxNx2xRxC[:, :, 0, -1:], m_BxNx2xRxC[:, :, 1], a_NxRxR, spec
+  )
   return jnp.stack([jnp.zeros_like(z_BxNxRxCxG), z_BxNxRxCxG], axis=2).reshape(B, T, C, G)
 
 
@@ -173,8 +176,14 @@ def _previous_block_sums(k_BxTxC, m_BxTxC, x_BxTxCxG, a_NxRxR, R: int, spec: str
     a = jnp.concatenate([jnp.full_like(a[:, :R], fill), a[:, :-R]], axis=1)
     return a.reshape((B, N, R) + a.shape[2:])
 
-  z_BxNxRxCxG = _visible_sums(previous(k_BxTxC, _NO_KEY), previous(x_BxTxCxG, 0.0),
-                              previous(m_BxTxC, _NO_KEY)[:, :, -1:], m_BxTxC.reshape(B, N, R, C), a_NxRxR, spec)
+  z_BxNxRxCxG = _visible_sums(
+    previous(k_BxTxC, _NO_KEY),
+    previous(x_BxTxCxG, 0.0),
+    previous(m_BxTxC, _NO_KEY)[:, :, -1:],
+    m_BxTxC.reshape(B, N, R, C),
+    a_NxRxR,
+    spec,
+  )
   return z_BxNxRxCxG.reshape(x_BxTxCxG.shape)
 
 
@@ -199,17 +208,19 @@ def _next_power_of_two(n: int) -> int:
 
 
 # The global path and the choice between the two (efftx/mixers/README.md#aft).
-CAUSAL_SUMS = Field("causal only: stable (each row's sums relative to its prefix maximum of K: any key range), "
-                    "global (relative to the sequence's maximum: plain masked matmuls, faster, but a row whose keys "
-                    "all lie ≳87 below a later key reads 0), auto (global where it loses nothing float32 keeps, "
-                    "else stable)",
-                    choices=("auto", "stable", "global"))
+CAUSAL_SUMS = Field(
+  "causal only: stable (each row's sums relative to its prefix maximum of K: any key range), "
+  "global (relative to the sequence's maximum: plain masked matmuls, faster, but a row whose keys "
+  "all lie ≳87 below a later key reads 0), auto (global where it loses nothing float32 keeps, "
+  "else stable)",
+  choices=("auto", "stable", "global"),
+)
 
 
 def _global_range(n: int) -> float:
   """Δ(n) = ln(2^-24 / (2 n·tiny)): the largest (M − m_t) + ρ at which the global path's underflow moves an
   output of n terms by at most 2^-24·max|V| (tiny: float32's smallest normal)."""
-  return float(np.log(2.0 ** -24 / (2 * n * float(np.finfo(np.float32).tiny))))
+  return float(np.log(2.0**-24 / (2 * n * float(np.finfo(np.float32).tiny))))
 
 
 def _key_spread(k_BxLxC: jax.Array, mask_BxL: jax.Array | None) -> jax.Array:
@@ -230,8 +241,9 @@ def _global_terms(k_BxTxC: jax.Array, x_BxTxCxG: jax.Array) -> jax.Array:
   return jnp.exp(k_BxTxC - k_max_Bx1xC)[..., None] * x_BxTxCxG
 
 
-def _choose_sums(causal_sums: str, spread: jax.Array, rho: jax.Array, n: int, global_sums: Callable,
-                 stable_sums: Callable, *operands):
+def _choose_sums(
+  causal_sums: str, spread: jax.Array, rho: jax.Array, n: int, global_sums: Callable, stable_sums: Callable, *operands
+):
   """global_sums(*operands) or stable_sums(*operands) as causal_sums says; "auto": the global path when the key
   spread plus the bias range ρ is ≤ Δ(n), decided once for the batch by jax.lax.cond (both are compiled)."""
   if causal_sums == "global":
@@ -240,8 +252,9 @@ def _choose_sums(causal_sums: str, spread: jax.Array, rho: jax.Array, n: int, gl
     return stable_sums(*operands)
   # Each branch recomputed in the backward pass: what the cond keeps is then the operands both take, not every
   # intermediate of either (jax shares only residuals of equal shape between branches).
-  return jax.lax.cond(spread + rho <= _global_range(n), jax.checkpoint(global_sums), jax.checkpoint(stable_sums),
-                      *operands)
+  return jax.lax.cond(
+    spread + rho <= _global_range(n), jax.checkpoint(global_sums), jax.checkpoint(stable_sums), *operands
+  )
 
 
 def _decode(module: nn.Module, q_Bx1xD, k_Bx1xC, v_Bx1xD, bias_row: Callable[[jax.Array, int], jax.Array]):
@@ -317,14 +330,15 @@ class AFTFull(nn.Module):
   """AFT-full: a learned bias for every pair of positions."""
 
   causal: bool = False
-  max_len: int = 512             # positions the bias covers
-  aft_bias_dim: int = 64         # d' of the factorised bias w = u vᵀ
-  aft_factorized: bool = True    # False: a full max_len × max_len bias matrix
-  causal_sums: str = "auto"      # causal: "stable", "global" or "auto" (CAUSAL_SUMS)
+  max_len: int = 512  # positions the bias covers
+  aft_bias_dim: int = 64  # d' of the factorised bias w = u vᵀ
+  aft_factorized: bool = True  # False: a full max_len × max_len bias matrix
+  causal_sums: str = "auto"  # causal: "stable", "global" or "auto" (CAUSAL_SUMS)
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     _, L, D = x_BxLxD.shape
     _check_len("aft_full", L, self.max_len)
@@ -354,8 +368,9 @@ class AFTFull(nn.Module):
 
       w_min_Lx1 = jnp.min(jnp.where(allowed_LxL, w_LxL, jnp.inf), axis=1, keepdims=True)
       rho = jax.lax.stop_gradient(jnp.max(w_max_Lx1 - w_min_Lx1))
-      s_BxLxDx2 = _choose_sums(self.causal_sums, _key_spread(k, mask), rho, L, global_sums, stable_sums,
-                               k, v, bias.parameters())
+      s_BxLxDx2 = _choose_sums(
+        self.causal_sums, _key_spread(k, mask), rho, L, global_sums, stable_sums, k, v, bias.parameters()
+      )
       return _causal_finish(q, s_BxLxDx2, x_BxLxD.dtype)
 
     ew_LxL = exp_bias(w_LxL)
@@ -372,8 +387,9 @@ class AFTSimple(nn.Module):
   causal: bool = False
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     q, k, v = _project(x_BxLxD, x_BxLxD.shape[-1])
     if decode:
@@ -399,8 +415,7 @@ class AFTSimple(nn.Module):
     return _finish(q, num_BxLxD, den_BxLxD, x_BxLxD.dtype)
 
 
-def _causal_local(q_BxLxD, k_BxLxD, v_BxLxD, mask_BxL, bias: _PositionBias, window: int, causal_sums: str,
-                  out_dtype):
+def _causal_local(q_BxLxD, k_BxLxD, v_BxLxD, mask_BxL, bias: _PositionBias, window: int, causal_sums: str, out_dtype):
   """Causal AFT-local: e^{-r_t} · (running sums) + Σ_{0 ≤ t − t' < window} (e^{w_tt' − r_t} − e^{-r_t}) · …, with
   r_t = max(0, the row's w in the window) as in the bidirectional path, relative to the prefix max m_t (stable) or
   to the sequence's max (global).
@@ -421,8 +436,9 @@ def _causal_local(q_BxLxD, k_BxLxD, v_BxLxD, mask_BxL, bias: _PositionBias, wind
   t_Tx1 = np.arange(T_band)[:, None]
   in_band_TxW = t_Tx1 - np.arange(W) >= 0  # entry [t, j] is t' = t − j
   w_TxW = bias.band(t_Tx1, np.maximum(t_Tx1 - np.arange(W), 0)).reshape(T_band, W)
-  r_Tx1 = jax.lax.stop_gradient(jnp.maximum(
-      jnp.max(jnp.where(in_band_TxW, w_TxW, -jnp.inf), axis=1, keepdims=True), 0.0))
+  r_Tx1 = jax.lax.stop_gradient(
+    jnp.maximum(jnp.max(jnp.where(in_band_TxW, w_TxW, -jnp.inf), axis=1, keepdims=True), 0.0)
+  )
   a_TxW = jnp.where(in_band_TxW, jnp.exp(w_TxW - r_Tx1) - jnp.exp(-r_Tx1), 0.0)
   # The range of a row's weights e^{w − r} (in the window) and e^{−r} (outside): r_t − min(0, its smallest w).
   w_min_Tx1 = jnp.minimum(jnp.min(jnp.where(in_band_TxW, w_TxW, jnp.inf), axis=1, keepdims=True), 0.0)
@@ -448,22 +464,25 @@ def _causal_local(q_BxLxD, k_BxLxD, v_BxLxD, mask_BxL, bias: _PositionBias, wind
     else:
       y_BxNxCxDx2, cols_NxC = y_BxNxBxDx2, rows_NxB
     band_BxNxBxDx2 = jnp.einsum(spec, coef(rows_NxB, cols_NxC), y_BxNxCxDx2)
-    s_BxTxDx2 = (jnp.exp(-r_Tx1[:T_global])[:, :, None] * jnp.cumsum(y_BxTxDx2, axis=1)
-                 + band_BxNxBxDx2.reshape(B, T_global, D, 2))
+    s_BxTxDx2 = jnp.exp(-r_Tx1[:T_global])[:, :, None] * jnp.cumsum(y_BxTxDx2, axis=1) + band_BxNxBxDx2.reshape(
+      B, T_global, D, 2
+    )
     return s_BxTxDx2[:, :L]
 
   def stable_sums(k_BxLxD, v_BxLxD):
     k_BxTxD, x_BxTxDx2 = _causal_inputs(k_BxLxD, v_BxLxD, mask_BxL, T)
     m_BxTxD, s_BxTxDx2 = _prefix_sums(k_BxTxD, x_BxTxDx2)
-    s_BxTxDx2 = (jnp.exp(-r_Tx1[:T])[:, :, None] * s_BxTxDx2
-                 + _block_triangle_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, b, coef, spec))
+    s_BxTxDx2 = jnp.exp(-r_Tx1[:T])[:, :, None] * s_BxTxDx2 + _block_triangle_sums(
+      k_BxTxD, m_BxTxD, x_BxTxDx2, b, coef, spec
+    )
     if T > b and W > 1:  # the window reaches into the block before
       rows_NxB = np.arange(T).reshape(-1, b)
       s_BxTxDx2 += _previous_block_sums(k_BxTxD, m_BxTxD, x_BxTxDx2, coef(rows_NxB, rows_NxB - b), b, spec)
     return s_BxTxDx2[:, :L]
 
-  s_BxLxDx2 = _choose_sums(causal_sums, _key_spread(k_BxLxD, mask_BxL), rho, L, global_sums, stable_sums,
-                           k_BxLxD, v_BxLxD)
+  s_BxLxDx2 = _choose_sums(
+    causal_sums, _key_spread(k_BxLxD, mask_BxL), rho, L, global_sums, stable_sums, k_BxLxD, v_BxLxD
+  )
   return _causal_finish(q_BxLxD, s_BxLxDx2, out_dtype)
 
 
@@ -477,14 +496,15 @@ class AFTLocal(nn.Module):
 
   causal: bool = False
   max_len: int = 512
-  window: int = 32               # s: the bias applies for |t − t'| < s
+  window: int = 32  # s: the bias applies for |t − t'| < s
   aft_bias_dim: int = 64
   aft_factorized: bool = True
-  causal_sums: str = "auto"      # causal: "stable", "global" or "auto" (CAUSAL_SUMS)
+  causal_sums: str = "auto"  # causal: "stable", "global" or "auto" (CAUSAL_SUMS)
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     B, L, D = x_BxLxD.shape
     _check_len("aft_local", L, self.max_len)
@@ -501,8 +521,9 @@ class AFTLocal(nn.Module):
     b, rows_NxB, cols_NxC, in_band_NxBxC = banded.band(L, self.window, causal=False)
     w_NxBxC = bias.band(rows_NxB, cols_NxC)
     # Row scale: max over the row's entries, which are w inside the band and 0 outside it.
-    m_NxBx1 = jax.lax.stop_gradient(jnp.maximum(
-        jnp.max(jnp.where(in_band_NxBxC, w_NxBxC, -jnp.inf), axis=-1, keepdims=True), 0.0))
+    m_NxBx1 = jax.lax.stop_gradient(
+      jnp.maximum(jnp.max(jnp.where(in_band_NxBxC, w_NxBxC, -jnp.inf), axis=-1, keepdims=True), 0.0)
+    )
     band_NxBxC = jnp.where(in_band_NxBxC, jnp.exp(w_NxBxC - m_NxBx1) - jnp.exp(-m_NxBx1), 0.0)
     scale_1xLx1 = jnp.exp(-m_NxBx1).reshape(1, -1, 1)[:, :L]
 
@@ -553,14 +574,29 @@ def _flops_local(options, L: int, d: int, causal: bool) -> float:
   return _hierarchy_flops(2 * d, b, previous=T > b and min(window, T) > 1) * T / L
 
 
-_BIAS = {"aft_bias_dim": Field("d' of the factorised position bias w = u vᵀ", at_least=1),
-         "aft_factorized": Field("False learns a full max_len × max_len bias instead of u vᵀ")}
+_BIAS = {
+  "aft_bias_dim": Field("d' of the factorised position bias w = u vᵀ", at_least=1),
+  "aft_factorized": Field("False learns a full max_len × max_len bias instead of u vᵀ"),
+}
 
-SPEC_FULL = MixerSpec(AFTFull, "AFT with a learned bias per position pair; O(L²d) time, O(Ld) memory",
-                      can_decode=True, options={**_BIAS, "causal_sums": CAUSAL_SUMS}, flops=_flops_full)
-SPEC_SIMPLE = MixerSpec(AFTSimple, "AFT without bias (softmax of K over positions); O(Ld)", can_decode=True,
-                        options={}, flops=_flops_simple)
+SPEC_FULL = MixerSpec(
+  AFTFull,
+  "AFT with a learned bias per position pair; O(L²d) time, O(Ld) memory",
+  can_decode=True,
+  options={**_BIAS, "causal_sums": CAUSAL_SUMS},
+  flops=_flops_full,
+)
+SPEC_SIMPLE = MixerSpec(
+  AFTSimple, "AFT without bias (softmax of K over positions); O(Ld)", can_decode=True, options={}, flops=_flops_simple
+)
 SPEC_LOCAL = MixerSpec(
-    AFTLocal, "AFT, bias inside a window, 0 outside; O(L·window·d)", can_decode=True, flops=_flops_local,
-    options={"window": Field("s: the bias applies for |t − t'| < s, 0 outside (tokens; window 0 is aft_simple)",
-                             at_least=1), **_BIAS, "causal_sums": CAUSAL_SUMS})
+  AFTLocal,
+  "AFT, bias inside a window, 0 outside; O(L·window·d)",
+  can_decode=True,
+  flops=_flops_local,
+  options={
+    "window": Field("s: the bias applies for |t − t'| < s, 0 outside (tokens; window 0 is aft_simple)", at_least=1),
+    **_BIAS,
+    "causal_sums": CAUSAL_SUMS,
+  },
+)

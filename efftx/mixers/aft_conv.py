@@ -6,6 +6,7 @@ The shared AFT machinery (projections, the stable causal sums, decoding, the rat
 efftx/mixers/aft.py, whose docstring (and efftx/mixers/README.md#aft) gives the formulas and the numerics this
 mixer inherits.
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -15,10 +16,20 @@ import numpy as np
 
 from efftx.errors import UserError
 from efftx.fields import Field
-from efftx.mixers.aft import _causal_finish, _causal_inputs, _decode, _exp_keys, _finish, _global_sum
-from efftx.mixers.aft import _block_triangle_sums, _hierarchy_flops, _next_power_of_two, _prefix_sums
-from efftx.mixers.aft import _previous_block_sums, _project
-from efftx.mixers.spec import MixerSpec, padded
+from efftx.mixers.aft import _block_triangle_sums
+from efftx.mixers.aft import _causal_finish
+from efftx.mixers.aft import _causal_inputs
+from efftx.mixers.aft import _decode
+from efftx.mixers.aft import _exp_keys
+from efftx.mixers.aft import _finish
+from efftx.mixers.aft import _global_sum
+from efftx.mixers.aft import _hierarchy_flops
+from efftx.mixers.aft import _next_power_of_two
+from efftx.mixers.aft import _prefix_sums
+from efftx.mixers.aft import _previous_block_sums
+from efftx.mixers.aft import _project
+from efftx.mixers.spec import MixerSpec
+from efftx.mixers.spec import padded
 
 
 @jax.custom_jvp
@@ -43,8 +54,9 @@ def _reparameterise(w_HxN: jax.Array, gamma_Hx1: jax.Array, beta_Hx1: jax.Array)
   then gets a zero gradient, as it does not enter w. Values and gradients are otherwise jnp.std's, bit for bit.
   """
   # One expression, in jnp.std's order of evaluation: the backward pass then adds the same terms in the same order.
-  return (gamma_Hx1 * (w_HxN - w_HxN.mean(-1, keepdims=True)) / (_std_of_var(w_HxN.var(-1, keepdims=True)) + 1e-5)
-          + beta_Hx1)
+  return (
+    gamma_Hx1 * (w_HxN - w_HxN.mean(-1, keepdims=True)) / (_std_of_var(w_HxN.var(-1, keepdims=True)) + 1e-5) + beta_Hx1
+  )
 
 
 def _conv_1d(x_BxLxC: jax.Array, kernel_CxS: jax.Array) -> jax.Array:
@@ -52,8 +64,13 @@ def _conv_1d(x_BxLxC: jax.Array, kernel_CxS: jax.Array) -> jax.Array:
   C, S = kernel_CxS.shape
   left = (S - 1) // 2
   return jax.lax.conv_general_dilated(
-      x_BxLxC, kernel_CxS.T[:, None, :], window_strides=(1,), padding=[(left, S - 1 - left)],
-      dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=C)
+    x_BxLxC,
+    kernel_CxS.T[:, None, :],
+    window_strides=(1,),
+    padding=[(left, S - 1 - left)],
+    dimension_numbers=("NWC", "WIO", "NWC"),
+    feature_group_count=C,
+  )
 
 
 def _conv_2d(x_BxLxC: jax.Array, kernel_CxSxS: jax.Array, grid: tuple[int, int]) -> jax.Array:
@@ -66,8 +83,13 @@ def _conv_2d(x_BxLxC: jax.Array, kernel_CxSxS: jax.Array, grid: tuple[int, int])
   top = (S - 1) // 2
   x_BxRxWxC = x_BxLxC[:, E:].reshape(B, R, W, C)
   y_BxRxWxC = jax.lax.conv_general_dilated(
-      x_BxRxWxC, kernel_CxSxS.transpose(1, 2, 0)[:, :, None, :], window_strides=(1, 1),
-      padding=[(top, S - 1 - top)] * 2, dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=C)
+    x_BxRxWxC,
+    kernel_CxSxS.transpose(1, 2, 0)[:, :, None, :],
+    window_strides=(1, 1),
+    padding=[(top, S - 1 - top)] * 2,
+    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+    feature_group_count=C,
+  )
   return jnp.pad(y_BxRxWxC.reshape(B, R * W, C), [(0, 0), (E, 0), (0, 0)])
 
 
@@ -87,8 +109,7 @@ def _causal_conv(q_BxLxD, k_BxLxH, v_BxLxD, mask_BxL, w_HxS, out_dtype):
     return jnp.where(j_RxR[..., None] < S, c_SxH[np.minimum(j_RxR, S - 1)], 0.0)
 
   spec = "qck,bpckg->bpqkg"
-  s_BxTxHxG = (jnp.exp(-r_Hx1)[None, None] * s_BxTxHxG
-               + _block_triangle_sums(k_BxTxH, m_BxTxH, x_BxTxHxG, b, coef, spec))
+  s_BxTxHxG = jnp.exp(-r_Hx1)[None, None] * s_BxTxHxG + _block_triangle_sums(k_BxTxH, m_BxTxH, x_BxTxHxG, b, coef, spec)
   if T > b and S > 1:  # the kernel reaches into the block before
     rows_NxB = np.arange(T).reshape(-1, b)
     s_BxTxHxG += _previous_block_sums(k_BxTxH, m_BxTxH, x_BxTxHxG, coef(rows_NxB, rows_NxB - b), b, spec)
@@ -122,8 +143,9 @@ class AFTConv(nn.Module):
   grid: tuple[int, int] | None = None  # (rows, columns) of an image's patch grid; None: a sequence
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     B, L, D = x_BxLxD.shape
     H, S = self.num_heads, self.kernel_size
@@ -159,11 +181,14 @@ class AFTConv(nn.Module):
   def _check_grid(self, L: int, decode: bool) -> None:
     R, C = self.grid
     if self.causal or decode:
-      raise UserError(f"aft_conv: a 2-D kernel over the {R}×{C} patch grid has no causal order "
-                      f"({'decoding' if decode else 'causal=True'} given); use it bidirectionally (causal=False)")
+      raise UserError(
+        f"aft_conv: a 2-D kernel over the {R}×{C} patch grid has no causal order "
+        f"({'decoding' if decode else 'causal=True'} given); use it bidirectionally (causal=False)"
+      )
     if R < 1 or C < 1 or L < R * C:
-      raise UserError(f"aft_conv: a {R}×{C} patch grid needs {R * C} positions (after any leading [CLS]); "
-                      f"the sequence has {L}")
+      raise UserError(
+        f"aft_conv: a {R}×{C} patch grid needs {R * C} positions (after any leading [CLS]); the sequence has {L}"
+      )
 
 
 def _flops_conv(options, L: int, d: int, causal: bool) -> float:
@@ -186,9 +211,15 @@ def flops_2d(options, L: int, d: int, cells: int | None = None) -> float:
 
 
 SPEC = MixerSpec(
-    AFTConv, "AFT, a learned kernel over t − t' per head (s×s on an image's patch grid); O(L·kernel·d)",
-    can_decode=True, flops=_flops_conv, flops_grid=flops_2d,
-    options={"num_heads": Field("heads, each with one key channel and its own kernel; must divide d_model",
-                                at_least=1),
-             "kernel_size": Field("s: kernel length over t − t' per head (tokens); s×s cells on an image's "
-                                  "patch grid", at_least=1)})
+  AFTConv,
+  "AFT, a learned kernel over t − t' per head (s×s on an image's patch grid); O(L·kernel·d)",
+  can_decode=True,
+  flops=_flops_conv,
+  flops_grid=flops_2d,
+  options={
+    "num_heads": Field("heads, each with one key channel and its own kernel; must divide d_model", at_least=1),
+    "kernel_size": Field(
+      "s: kernel length over t − t' per head (tokens); s×s cells on an image's patch grid", at_least=1
+    ),
+  },
+)

@@ -8,6 +8,7 @@ query that has a key to see; a query with none gets a finite value that nothing 
 step calls is in its program text (efftx.platform.kernels; efftx.train logs it). Attention dropout acts on the
 normalised probabilities ("plain", "chunked"). Each path and the "auto" choice: efftx/mixers/README.md#attention
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,7 +22,8 @@ from jax.sharding import PartitionSpec
 from efftx.errors import UserError
 from efftx.fields import Field
 from efftx.mixers import cache
-from efftx.mixers.spec import MixerSpec, padded
+from efftx.mixers.spec import MixerSpec
+from efftx.mixers.spec import padded
 from efftx.platform import target_platform
 
 ATTENTION_IMPLS = ("plain", "chunked", "flash", "fused", "splash", "auto")
@@ -76,7 +78,7 @@ def _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk, dropo
   pad = lambda x: jnp.pad(x, [(0, 0), (0, N * C - L)] + [(0, 0)] * (x.ndim - 2))
   # Blocks first, for scan/map: N×B×C×H×K; padded keys are masked out.
   to_blocks = lambda x: pad(x).reshape((B, N, C) + x.shape[2:]).swapaxes(0, 1)
-  q_NxBxCxHxK = to_blocks(q_BxLxHxK * K ** -0.5)
+  q_NxBxCxHxK = to_blocks(q_BxLxHxK * K**-0.5)
   k_NxBxCxHxK, v_NxBxCxHxK = to_blocks(k_BxLxHxK), to_blocks(v_BxLxHxK)
   kmask_NxBxC = to_blocks(key_mask_BxL)
   pos_NxC = jnp.arange(N * C).reshape(N, C)
@@ -99,8 +101,9 @@ def _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk, dropo
       if dropout_key is not None:
         keep_BxHxCxC = dropout_keep_block(dropout_key, q_block, k_block, p_BxHxCxC.shape, dropout_rate)
         p_BxHxCxC = jnp.where(keep_BxHxCxC, p_BxHxCxC * keep_scale, 0.0)
-      acc_BxCxHxK = (acc_BxCxHxK * correction_BxHxC.transpose(0, 2, 1)[..., None]
-                     + jnp.einsum("bhqt,bthk->bqhk", p_BxHxCxC, v_BxCxHxK.astype(jnp.float32)))
+      acc_BxCxHxK = acc_BxCxHxK * correction_BxHxC.transpose(0, 2, 1)[..., None] + jnp.einsum(
+        "bhqt,bthk->bqhk", p_BxHxCxC, v_BxCxHxK.astype(jnp.float32)
+      )
       return (m_new_BxHxC, l_BxHxC, acc_BxCxHxK), None
 
     init = (jnp.full((B, H, C), _NEG), jnp.zeros((B, H, C)), jnp.zeros((B, C, H, K)))
@@ -138,8 +141,10 @@ def _flash_forward(q_BxHxPxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, causal, C):
     m_BxHxC = jnp.max(jnp.where(allowed, s_BxHxCxL, _NEG), axis=-1)
     p_BxHxCxL = jnp.where(allowed, jnp.exp(s_BxHxCxL - m_BxHxC[..., None]), 0.0)
     l_BxHxC = jnp.maximum(p_BxHxCxL.sum(-1), 1e-30)  # 0 only in a row without any allowed key
-    o_BxHxCxK = jnp.einsum("bhqt,bhtk->bhqk", p_BxHxCxL.astype(v_BxHxLxK.dtype), v_BxHxLxK,
-                           preferred_element_type=jnp.float32) / l_BxHxC[..., None]
+    o_BxHxCxK = (
+      jnp.einsum("bhqt,bhtk->bhqk", p_BxHxCxL.astype(v_BxHxLxK.dtype), v_BxHxLxK, preferred_element_type=jnp.float32)
+      / l_BxHxC[..., None]
+    )
     return o_BxHxCxK.astype(v_BxHxLxK.dtype), m_BxHxC + jnp.log(l_BxHxC)
 
   pos_NxC = jnp.arange(P).reshape(-1, C)
@@ -198,8 +203,13 @@ def _flash_core_bwd(causal, C, residuals, do_BxHxPxK):
 
   L = k_BxHxLxK.shape[2]
   zeros = jnp.zeros((B, H, K, L) if transposed else (B, H, L, K), jnp.float32)
-  xs = (_query_blocks(q_BxHxPxK, C), _query_blocks(do_BxHxPxK, C), _query_blocks(lse_BxHxP, C),
-        _query_blocks(delta_BxHxP, C), jnp.arange(P).reshape(-1, C))
+  xs = (
+    _query_blocks(q_BxHxPxK, C),
+    _query_blocks(do_BxHxPxK, C),
+    _query_blocks(lse_BxHxP, C),
+    _query_blocks(delta_BxHxP, C),
+    jnp.arange(P).reshape(-1, C),
+  )
   (dk_acc, dv_acc), dq_NxBxHxCxK = jax.lax.scan(block, (zeros, zeros), xs)
   if transposed:
     dk_acc, dv_acc = dk_acc.swapaxes(2, 3), dv_acc.swapaxes(2, 3)
@@ -218,14 +228,15 @@ def _flash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, chunk):
   C = min(chunk, L)
   P = -(-L // C) * C
   heads_first = lambda x: x.transpose(0, 2, 1, 3)  # B×H×L×K: each head's rows contiguous for the matmuls
-  q_BxHxPxK = jnp.pad(heads_first(q_BxLxHxK * K ** -0.5), [(0, 0), (0, 0), (0, P - L), (0, 0)])
+  q_BxHxPxK = jnp.pad(heads_first(q_BxLxHxK * K**-0.5), [(0, 0), (0, 0), (0, P - L), (0, 0)])
   out_BxHxPxK = _flash_core(q_BxHxPxK, heads_first(k_BxLxHxK), heads_first(v_BxLxHxK), key_mask_BxL, causal, C)
   return out_BxHxPxK[:, :, :L].transpose(0, 2, 1, 3)
 
 
 def _fused(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal):
-  attend = functools.partial(jax.nn.dot_product_attention, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
-                             mask=key_mask_BxL[:, None, None, :], is_causal=causal)
+  attend = functools.partial(
+    jax.nn.dot_product_attention, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=key_mask_BxL[:, None, None, :], is_causal=causal
+  )
   # implementation=None means XLA in current JAX; ask for cuDNN's fused kernel where it can run (16-bit), and fall
   # back to XLA when it refuses the configuration or finds no cuDNN (it raises while tracing: a step traced on a
   # CPU for a GPU, by jax.export, gets XLA's attention). Only called where the step is lowered for a GPU.
@@ -245,8 +256,16 @@ def _splash_kernel(P: int, num_heads: int, causal: bool, interpret: bool):
   blocks of the largest of 512, 256, 128 positions that divides P (MaxText's default is 512)."""
   block = next(b for b in (512, 256, SPLASH_ALIGN) if P % b == 0)
   mask = splash.MultiHeadMask([splash.CausalMask((P, P)) if causal else splash.FullMask((P, P))] * num_heads)
-  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                            block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+  sizes = splash.BlockSizes(
+    block_q=block,
+    block_kv=block,
+    block_kv_compute=block,
+    block_q_dkv=block,
+    block_kv_dkv=block,
+    block_kv_dkv_compute=block,
+    block_q_dq=block,
+    block_kv_dq=block,
+  )
   return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
@@ -274,7 +293,7 @@ def _splash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal, interpret: bo
   if not mesh.empty and B % mesh.size == 0:
     rows = PartitionSpec(tuple(mesh.axis_names))
     attend = jax.shard_map(attend, mesh=mesh, in_specs=rows, out_specs=rows, check_vma=False)
-  q_BxHxPxK = heads_first(q_BxLxHxK * jnp.asarray(K ** -0.5, q_BxLxHxK.dtype))
+  q_BxHxPxK = heads_first(q_BxLxHxK * jnp.asarray(K**-0.5, q_BxLxHxK.dtype))
   out_BxHxPxK = attend(q_BxHxPxK, heads_first(k_BxLxHxK), heads_first(v_BxLxHxK), key_segment_BxP)
   return out_BxHxPxK[:, :, :L].transpose(0, 2, 1, 3).astype(v_BxLxHxK.dtype)
 
@@ -287,16 +306,24 @@ _CPU_PLAIN_WITH_DROPOUT_UP_TO = 1024
 _CPU_PLAIN_WITH_DROPOUT_SCORES = 2**26
 
 
-def _resolve(impl: str, L: int, chunk: int, dropout_active: bool, platform: str | None = None,
-             dtype=jnp.float32, batch_heads: int = 1) -> str:
+def _resolve(
+  impl: str,
+  L: int,
+  chunk: int,
+  dropout_active: bool,
+  platform: str | None = None,
+  dtype=jnp.float32,
+  batch_heads: int = 1,
+) -> str:
   """The path "auto" takes on `platform` ("cpu", "gpu" or "tpu"; default: efftx.platform.target_platform()) for `dtype`
   and B·H = `batch_heads` sequences of attention (efftx/mixers/README.md#attention); other names unchanged."""
   if impl != "auto":
     return impl
   platform = platform or target_platform()
   if dropout_active:
-    if L <= chunk or (platform == "cpu" and L <= _CPU_PLAIN_WITH_DROPOUT_UP_TO
-                      and batch_heads * L * L <= _CPU_PLAIN_WITH_DROPOUT_SCORES):
+    if L <= chunk or (
+      platform == "cpu" and L <= _CPU_PLAIN_WITH_DROPOUT_UP_TO and batch_heads * L * L <= _CPU_PLAIN_WITH_DROPOUT_SCORES
+    ):
       return "plain"
     return "chunked"
   if platform == "tpu":
@@ -319,34 +346,49 @@ class Attention(nn.Module):
 
   num_heads: int = 4
   causal: bool = False
-  attention_dropout: float = 0.0   # dropout rate on the attention probabilities (not "flash", "fused", "splash")
-  attention_impl: str = "auto"     # see ATTENTION_IMPLS
-  attention_chunk: int = 256       # block size of "chunked" and "flash" (positions)
+  attention_dropout: float = 0.0  # dropout rate on the attention probabilities (not "flash", "fused", "splash")
+  attention_impl: str = "auto"  # see ATTENTION_IMPLS
+  attention_chunk: int = 256  # block size of "chunked" and "flash" (positions)
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     B, L, _ = x_BxLxD.shape
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
     if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)) is not None:
       return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
     dropout_active = self.attention_dropout > 0 and not deterministic
-    impl = _resolve(self.attention_impl, L, self.attention_chunk, dropout_active, dtype=q_BxLxHxK.dtype,
-                    batch_heads=B * self.num_heads)
+    impl = _resolve(
+      self.attention_impl,
+      L,
+      self.attention_chunk,
+      dropout_active,
+      dtype=q_BxLxHxK.dtype,
+      batch_heads=B * self.num_heads,
+    )
     if dropout_active:
       _check_dropout(impl, self.attention_dropout)
     if dropout_active and impl == "plain":
       dropout = functools.partial(nn.Dropout(self.attention_dropout), deterministic=deterministic)
       out_BxLxHxK = _plain(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, dropout)
     elif dropout_active:  # chunked
-      out_BxLxHxK = _chunked(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk,
-                             self.make_rng("dropout"), self.attention_dropout)
+      out_BxLxHxK = _chunked(
+        q_BxLxHxK,
+        k_BxLxHxK,
+        v_BxLxHxK,
+        key_mask_BxL,
+        self.causal,
+        self.attention_chunk,
+        self.make_rng("dropout"),
+        self.attention_dropout,
+      )
     else:
-      out_BxLxHxK = _deterministic(impl, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal,
-                                   self.attention_chunk)
+      out_BxLxHxK = _deterministic(
+        impl, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, self.causal, self.attention_chunk
+      )
     return merge_heads(out_BxLxHxK)
-
 
 
 def _deterministic(impl: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, causal: bool, chunk: int):
@@ -371,8 +413,9 @@ def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, window: int 
   keys_BxTxHxK, values_BxTxHxK = buffers["cached_key"], buffers["cached_value"]
   pos_T = jnp.arange(keys_BxTxHxK.shape[1])
   allowed_T = (pos_T <= i) if window is None else (pos_T <= i) & (pos_T > i - window)
-  logits_BxHx1xT = jnp.einsum("bqhk,bthk->bhqt", q_Bx1xHxK * q_Bx1xHxK.shape[-1] ** -0.5,
-                              keys_BxTxHxK).astype(jnp.float32)
+  logits_BxHx1xT = jnp.einsum("bqhk,bthk->bhqt", q_Bx1xHxK * q_Bx1xHxK.shape[-1] ** -0.5, keys_BxTxHxK).astype(
+    jnp.float32
+  )
   probs_BxHx1xT = jax.nn.softmax(jnp.where(allowed_T, logits_BxHx1xT, _NEG), axis=-1)
   return jnp.einsum("bhqt,bthk->bqhk", probs_BxHx1xT.astype(values_BxTxHxK.dtype), values_BxTxHxK)
 
@@ -380,8 +423,10 @@ def decode_step(module: nn.Module, q_Bx1xHxK, k_Bx1xHxK, v_Bx1xHxK, window: int 
 def _check_dropout(impl: str, rate: float) -> None:
   """Raises UserError for a path without dropout (flash, fused, splash) asked for attention dropout."""
   if impl in ("fused", "flash", "splash") and rate:
-    raise UserError(f"mixer 'attention': attention_impl='{impl}' has no dropout, but attention_dropout={rate}; "
-                    "use attention_impl='chunked' or 'auto'")
+    raise UserError(
+      f"mixer 'attention': attention_impl='{impl}' has no dropout, but attention_dropout={rate}; "
+      "use attention_impl='chunked' or 'auto'"
+    )
 
 
 def _attention_relations(options, d_model, causal) -> None:
@@ -398,7 +443,9 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
   del causal
   chunk = options["attention_chunk"]
   impl = _resolve(options["attention_impl"], L, chunk, dropout_active=False)
-  queries = padded(L, min(chunk, L)) if impl in ("chunked", "flash") else padded(L, SPLASH_ALIGN) if impl == "splash" else L
+  queries = (
+    padded(L, min(chunk, L)) if impl in ("chunked", "flash") else padded(L, SPLASH_ALIGN) if impl == "splash" else L
+  )
   keys = L if impl in ("flash", "plain", "fused") else queries
   return 4 * d * queries * keys / L
 
@@ -416,13 +463,23 @@ HEADS = Field("attention heads; must divide d_model", at_least=1)
 ATTENTION_DROPOUT = Field("dropout rate on the attention probabilities (training only)", at_least=0, below=1)
 
 SPEC = MixerSpec(
-    Attention, "multi-head softmax attention; O(L²d) time, O(L²) memory plain, O(L·chunk) chunked and flash",
-    can_decode=True, relations=_attention_relations, flops=_flops, kernel=_kernel,
-    options={"num_heads": HEADS, "attention_dropout": ATTENTION_DROPOUT,
-             "attention_impl": Field("plain (L×L scores), chunked (online softmax, O(L·chunk) memory), flash "
-                                     "(query blocks, recomputing backward pass, O(L·chunk) memory, no dropout), "
-                                     "fused (jax.nn.dot_product_attention: cuDNN on GPU), splash (Pallas TPU "
-                                     "kernel; interpreted off TPU), auto (per platform: TPU splash, GPU cuDNN "
-                                     "for 16-bit, else flash)",
-                                     choices=ATTENTION_IMPLS),
-             "attention_chunk": Field("block size of the chunked and flash paths (positions)", at_least=1)})
+  Attention,
+  "multi-head softmax attention; O(L²d) time, O(L²) memory plain, O(L·chunk) chunked and flash",
+  can_decode=True,
+  relations=_attention_relations,
+  flops=_flops,
+  kernel=_kernel,
+  options={
+    "num_heads": HEADS,
+    "attention_dropout": ATTENTION_DROPOUT,
+    "attention_impl": Field(
+      "plain (L×L scores), chunked (online softmax, O(L·chunk) memory), flash "
+      "(query blocks, recomputing backward pass, O(L·chunk) memory, no dropout), "
+      "fused (jax.nn.dot_product_attention: cuDNN on GPU), splash (Pallas TPU "
+      "kernel; interpreted off TPU), auto (per platform: TPU splash, GPU cuDNN "
+      "for 16-bit, else flash)",
+      choices=ATTENTION_IMPLS,
+    ),
+    "attention_chunk": Field("block size of the chunked and flash paths (positions)", at_least=1),
+  },
+)

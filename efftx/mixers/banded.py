@@ -3,6 +3,7 @@
 The sequence is cut into N blocks of b positions; a position's window (|t − t'| < s, with b = min(s, L)) then lies
 within its own block and the two beside it, so each block works on a context of 3b positions.
 """
+
 from __future__ import annotations
 
 import jax

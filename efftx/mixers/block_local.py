@@ -11,6 +11,7 @@ time and memory are O(L·block_size·d) and no information crosses a block bound
     groupings mask padded keys by their real positions.
 Compare with `local` (a sliding window of |t − t'| < window around every query).
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -19,8 +20,12 @@ import jax.numpy as jnp
 
 from efftx.errors import UserError
 from efftx.fields import Field
-from efftx.mixers.attention import ATTENTION_DROPOUT, HEADS, merge_heads, qkv_heads
-from efftx.mixers.spec import MixerSpec, padded
+from efftx.mixers.attention import ATTENTION_DROPOUT
+from efftx.mixers.attention import HEADS
+from efftx.mixers.attention import merge_heads
+from efftx.mixers.attention import qkv_heads
+from efftx.mixers.spec import MixerSpec
+from efftx.mixers.spec import padded
 
 _NEG = jnp.finfo(jnp.float32).min
 GROUPINGS = ("contiguous", "strided")
@@ -38,16 +43,18 @@ def groups(L: int, block_size: int, grouping: str) -> jax.Array:
 class BlockLocalAttention(nn.Module):
   num_heads: int = 4
   causal: bool = False
-  block_size: int = 50            # LRA's default
+  block_size: int = 50  # LRA's default
   grouping: str = "contiguous"
   attention_dropout: float = 0.0
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     if decode:
-      raise UserError("block_local: incremental decoding is not supported; sample from a model with another "
-                      "causal mixer")
+      raise UserError(
+        "block_local: incremental decoding is not supported; sample from a model with another causal mixer"
+      )
     B, L, _ = x_BxLxD.shape
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
@@ -77,10 +84,18 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
 
 
 SPEC = MixerSpec(
-    BlockLocalAttention, "softmax attention within fixed blocks (LRA's local baseline); O(L·block·d)",
-    can_decode=False, flops=_flops,
-    options={"num_heads": HEADS,
-             "block_size": Field("positions per block; a query sees its own block only", at_least=1),
-             "grouping": Field("contiguous (the paper's blocks) or strided (what LRA's published code "
-                               "computes: positions congruent modulo the number of blocks)", choices=GROUPINGS),
-             "attention_dropout": ATTENTION_DROPOUT})
+  BlockLocalAttention,
+  "softmax attention within fixed blocks (LRA's local baseline); O(L·block·d)",
+  can_decode=False,
+  flops=_flops,
+  options={
+    "num_heads": HEADS,
+    "block_size": Field("positions per block; a query sees its own block only", at_least=1),
+    "grouping": Field(
+      "contiguous (the paper's blocks) or strided (what LRA's published code "
+      "computes: positions congruent modulo the number of blocks)",
+      choices=GROUPINGS,
+    ),
+    "attention_dropout": ATTENTION_DROPOUT,
+  },
+)

@@ -4,6 +4,7 @@ Decoding follows Flax's convention: `module.init(key, x_BxTxD, decode=True)` cre
 positions (and runs the ordinary forward pass); afterwards `module.apply({**variables, "cache": cache},
 x_Bx1xD, decode=True, mutable=["cache"])` appends one position and mixes it with everything before it.
 """
+
 from __future__ import annotations
 
 import flax.linen as nn

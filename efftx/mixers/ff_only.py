@@ -7,6 +7,7 @@ Causal by construction, and it decodes one position at a time as the identity; i
 position counter (efftx/mixers/cache.py), so that `init(..., decode=True)` makes a "cache" as every decoding mixer
 does, and decoding a bidirectional module is refused as for the others.
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -22,8 +23,9 @@ class FFOnly(nn.Module):
   causal: bool = False
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     del mask, deterministic  # nothing crosses positions; no dropout
     if decode:
       cache.append(self)  # counts positions; raises unless causal
@@ -36,5 +38,10 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
   return 0.0
 
 
-SPEC = MixerSpec(FFOnly, "no token mixing: the identity (FNet's FF-only); no parameters, no cost", can_decode=True,
-                 options={}, flops=_flops)
+SPEC = MixerSpec(
+  FFOnly,
+  "no token mixing: the identity (FNet's FF-only); no parameters, no cost",
+  can_decode=True,
+  options={},
+  flops=_flops,
+)

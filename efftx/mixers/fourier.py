@@ -1,4 +1,5 @@
 """FNet's Fourier mixing: y = Re(FFT2(x)) over (sequence, hidden), no parameters (Lee-Thorp et al., 2021)."""
+
 from __future__ import annotations
 
 import functools
@@ -7,7 +8,8 @@ import flax.linen as nn
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from efftx.errors import UserError
@@ -28,7 +30,7 @@ def _rfft(x_BxLxD: jax.Array) -> jax.Array:
   half_BxLxH = jnp.fft.rfft2(x_BxLxD, axes=(-2, -1)).real  # columns k2 = 0 … D//2
   # Columns k2 = D//2+1 … D-1 are Re X[-k1 mod L, D-k2]: rows reversed around 0, columns D//2 … 1 reversed.
   mirrored_BxLxH = jnp.roll(half_BxLxH[:, ::-1], 1, axis=1)
-  return jnp.concatenate([half_BxLxH, mirrored_BxLxH[:, :, 1:D - D // 2][:, :, ::-1]], axis=-1)
+  return jnp.concatenate([half_BxLxH, mirrored_BxLxH[:, :, 1 : D - D // 2][:, :, ::-1]], axis=-1)
 
 
 def _per_example(mix):
@@ -41,6 +43,7 @@ def _per_example(mix):
   (experiments/performance/DECISIONS.md: fnet-fft-per-device). Forward-mode autodiff (jax.jvp, jacfwd) does not
   apply to it (a custom_vjp); nothing in efftx uses it.
   """
+
   def batch_only(mesh, arg_shapes):
     spec = arg_shapes[0].sharding.spec
     return NamedSharding(mesh, P(spec[0] if len(spec) else None))
@@ -51,8 +54,12 @@ def _per_example(mix):
     return mesh, mix, sharding, (sharding,)
 
   split = custom_partitioning(mix)
-  split.def_partition(partition, infer_sharding_from_operands=lambda mesh, shapes, _: batch_only(mesh, shapes),
-                      sharding_rule="b l d -> b l d", need_replication_factors=("l", "d"))
+  split.def_partition(
+    partition,
+    infer_sharding_from_operands=lambda mesh, shapes, _: batch_only(mesh, shapes),
+    sharding_rule="b l d -> b l d",
+    need_replication_factors=("l", "d"),
+  )
 
   @jax.custom_batching.custom_vmap  # custom_partitioning has no batching rule: vmap folds its axis into B
   def batched(x_BxLxD):
@@ -85,17 +92,18 @@ def _matmul(x_BxLxD: jax.Array) -> jax.Array:
   cos_LxL, sin_LxL = _dft_cos_sin(L)
   cos_DxD, sin_DxD = _dft_cos_sin(D)
   mm = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
-  return (mm("bld,de->ble", mm("kl,bld->bkd", cos_LxL, x_BxLxD), cos_DxD)
-          - mm("bld,de->ble", mm("kl,bld->bkd", sin_LxL, x_BxLxD), sin_DxD))
+  return mm("bld,de->ble", mm("kl,bld->bkd", cos_LxL, x_BxLxD), cos_DxD) - mm(
+    "bld,de->ble", mm("kl,bld->bkd", sin_LxL, x_BxLxD), sin_DxD
+  )
 
 
 TPU_MATMUL_MAX_LEN = 4096  # the FNet paper's crossover on TPU: DFT matmuls up to here, FFT beyond
 
 
 def _auto(x_BxLxD: jax.Array) -> jax.Array:
-  """Picks the path for the platform the model is traced for (efftx.platform.target_platform(): this process's backend, or
-  the one efftx.lowering lowers for): on a TPU up to L = TPU_MATMUL_MAX_LEN the DFT as four matmuls (the FNet
-  paper's choice: MXU matmuls, slow FFTs on TPU), FFT beyond; elsewhere the FFT as rfft — on a GPU cuFFT (the
+  """Picks the path for the platform the model is traced for (efftx.platform.target_platform(): this process's
+  backend, or the one efftx.lowering lowers for): on a TPU up to L = TPU_MATMUL_MAX_LEN the DFT as four matmuls (the
+  FNet paper's choice: MXU matmuls, slow FFTs on TPU), FFT beyond; elsewhere the FFT as rfft — on a GPU cuFFT (the
   paper's GPU path), on a CPU the fastest of the three (`python -m efftx.bench --mode=fourier` times them;
   experiments/performance/DECISIONS.md: fnet-rfft-on-cpu). The TPU and GPU choices follow the paper and are not
   measured here."""
@@ -133,8 +141,9 @@ class FNet(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     del deterministic, decode  # no parameters, no dropout; never causal, so never decoding (see __post_init__)
     if mask is not None and self.padding == "zero":
       x_BxLxD = jnp.where(mask[:, :, None], x_BxLxD, 0)
@@ -162,9 +171,20 @@ def _kernel(options, L: int, dtype, platform: str, dropout_active: bool) -> str 
 
 
 SPEC = MixerSpec(
-    FNet, "Re(FFT2(x)), no parameters; O(Ld log Ld)", can_be_causal=False, flops=_flops, train_factor=2.0,
-    kernel=_kernel,
-    options={"fourier_impl": Field("how Re(FFT2) is computed: fft, rfft (Hermitian symmetry), matmul (DFT "
-                                   "matrices), auto (per backend and length)", choices=FOURIER_IMPLS),
-             "padding": Field("zero: padded positions are zeroed before the DFT; mix: mixed in as they are "
-                              "(the published FNet code)", choices=("zero", "mix"))})
+  FNet,
+  "Re(FFT2(x)), no parameters; O(Ld log Ld)",
+  can_be_causal=False,
+  flops=_flops,
+  train_factor=2.0,
+  kernel=_kernel,
+  options={
+    "fourier_impl": Field(
+      "how Re(FFT2) is computed: fft, rfft (Hermitian symmetry), matmul (DFT matrices), auto (per backend and length)",
+      choices=FOURIER_IMPLS,
+    ),
+    "padding": Field(
+      "zero: padded positions are zeroed before the DFT; mix: mixed in as they are (the published FNet code)",
+      choices=("zero", "mix"),
+    ),
+  },
+)

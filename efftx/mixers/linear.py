@@ -5,6 +5,7 @@
 costs O(T·K²) per head instead of O(T²·K). Causal: the sums run over s ≤ t, computed in chunks (quadratic inside
 a chunk, a carried K×K state across chunks) so memory stays O(T·chunk + K²).
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -13,8 +14,10 @@ import jax.numpy as jnp
 
 from efftx.errors import UserError
 from efftx.fields import Field
-from efftx.mixers.attention import merge_heads, qkv_heads
-from efftx.mixers.spec import MixerSpec, padded
+from efftx.mixers.attention import merge_heads
+from efftx.mixers.attention import qkv_heads
+from efftx.mixers.spec import MixerSpec
+from efftx.mixers.spec import padded
 
 
 def _phi(x: jax.Array) -> jax.Array:
@@ -24,11 +27,12 @@ def _phi(x: jax.Array) -> jax.Array:
 class LinearAttention(nn.Module):
   num_heads: int = 4
   causal: bool = False
-  chunk: int = 256   # causal: positions per chunk (quadratic inside a chunk, a carried state across)
+  chunk: int = 256  # causal: positions per chunk (quadratic inside a chunk, a carried state across)
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     B, L, _ = x_BxLxD.shape
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
@@ -78,7 +82,8 @@ def _causal_sums(fq_BxLxHxK, fk_BxLxHxK, v_BxLxHxK, C):
 
   init = (jnp.zeros((B, H, K, v_BxLxHxK.shape[-1])), jnp.zeros((B, H, K)))
   _, (num_NxBxCxHxK, den_NxBxCxH) = jax.lax.scan(
-      chunk, init, (to_chunks(fq_BxLxHxK), to_chunks(fk_BxLxHxK), to_chunks(v_BxLxHxK)))
+    chunk, init, (to_chunks(fq_BxLxHxK), to_chunks(fk_BxLxHxK), to_chunks(v_BxLxHxK))
+  )
   unchunk = lambda x: x.swapaxes(0, 1).reshape((B, N * C) + x.shape[3:])[:, :L]
   return unchunk(num_NxBxCxHxK), unchunk(den_NxBxCxH)
 
@@ -95,7 +100,12 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
 
 
 SPEC = MixerSpec(
-    LinearAttention, "linear attention, φ = elu + 1; O(L·d²/heads)", can_decode=True, flops=_flops,
-    options={"num_heads": Field("heads; must divide d_model", at_least=1),
-             "chunk": Field("causal: positions per chunk (quadratic inside, a carried K×K state across)",
-                            at_least=1)})
+  LinearAttention,
+  "linear attention, φ = elu + 1; O(L·d²/heads)",
+  can_decode=True,
+  flops=_flops,
+  options={
+    "num_heads": Field("heads; must divide d_model", at_least=1),
+    "chunk": Field("causal: positions per chunk (quadratic inside, a carried K×K state across)", at_least=1),
+  },
+)

@@ -24,6 +24,7 @@ does not redraw them, `efftx.bench` counts them through this spec's `flops` rath
 efftx's AdamW (which decays only "kernel" and "embedding" leaves) does not decay them — the published optimizer
 decayed every parameter.
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -34,21 +35,30 @@ from efftx.errors import UserError
 from efftx.fields import Field
 from efftx.mixers.spec import MixerSpec
 
-PADDING = Field("zero: padded positions are zeroed before mixing; mix: mixed in as they are (the published FNet "
-                "code)", choices=("zero", "mix"))
+PADDING = Field(
+  "zero: padded positions are zeroed before mixing; mix: mixed in as they are (the published FNet code)",
+  choices=("zero", "mix"),
+)
 
 
 def check_call(name: str, L: int, max_len: int, decode: bool) -> None:
   """The refusals `linear_mixing` and `random` share: a sequence longer than W_seq, and decoding."""
   if decode:
-    raise UserError(f"mixer '{name}' cannot decode one position at a time (no cache of x·W_hidden); run the whole "
-                    "causal forward pass")
+    raise UserError(
+      f"mixer '{name}' cannot decode one position at a time (no cache of x·W_hidden); run the whole causal forward pass"
+    )
   if L > max_len:
     raise UserError(f"{name}: sequence length {L} exceeds max_len={max_len} (W_seq is max_len × max_len)")
 
 
-def seq_hidden_product(x_BxLxD: jax.Array, w_seq_MxM: jax.Array, w_hidden_DxD: jax.Array, mask_BxL: jax.Array | None,
-                       causal: bool, padding: str) -> jax.Array:
+def seq_hidden_product(
+  x_BxLxD: jax.Array,
+  w_seq_MxM: jax.Array,
+  w_hidden_DxD: jax.Array,
+  mask_BxL: jax.Array | None,
+  causal: bool,
+  padding: str,
+) -> jax.Array:
   """Σ_{i,j} W_seq[n, i] x[b, i, j] W_hidden[j, k] with W_seq[:L, :L] (lower triangle if causal), padded positions
   zeroed first if padding == "zero"; two matmuls in x's dtype (as nn.Dense computes), x's shape and dtype out."""
   L = x_BxLxD.shape[1]
@@ -65,12 +75,13 @@ class LinearMixing(nn.Module):
   """y = W_seq[:L, :L] x W_hidden with both matrices learned (see the module docstring)."""
 
   causal: bool = False
-  max_len: int = 512      # positions W_seq covers
-  padding: str = "zero"   # "zero" or "mix" (the published code)
+  max_len: int = 512  # positions W_seq covers
+  padding: str = "zero"  # "zero" or "mix" (the published code)
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     _, L, D = x_BxLxD.shape
     check_call("linear_mixing", L, self.max_len, decode)
@@ -88,5 +99,10 @@ def flops(options, L: int, d: int, causal: bool) -> float:
 
 
 SPEC = MixerSpec(
-    LinearMixing, "learned mixing W_seq x W_hidden (FNet's Linear), max_len² + d² parameters; O(L²d + Ld²)",
-    flops=flops, train_factor=3.0, options={"padding": PADDING}, decayed=("w_seq", "w_hidden"))
+  LinearMixing,
+  "learned mixing W_seq x W_hidden (FNet's Linear), max_len² + d² parameters; O(L²d + Ld²)",
+  flops=flops,
+  train_factor=3.0,
+  options={"padding": PADDING},
+  decayed=("w_seq", "w_hidden"),
+)

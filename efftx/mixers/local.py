@@ -1,6 +1,7 @@
 """Sliding-window softmax attention: each query sees keys with |t − t'| < window (causal: t − window < t' ≤ t),
 computed on blocks in O(T·window·d) time and memory. Attention dropout acts on the blocks' probabilities, within
 that memory. LRA's "Local Attention" baseline is block-local instead: see `block_local`."""
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -9,8 +10,13 @@ import jax.numpy as jnp
 
 from efftx.fields import Field
 from efftx.mixers import banded
-from efftx.mixers.attention import ATTENTION_DROPOUT, decode_step, HEADS, merge_heads, qkv_heads
-from efftx.mixers.spec import MixerSpec, padded
+from efftx.mixers.attention import ATTENTION_DROPOUT
+from efftx.mixers.attention import HEADS
+from efftx.mixers.attention import decode_step
+from efftx.mixers.attention import merge_heads
+from efftx.mixers.attention import qkv_heads
+from efftx.mixers.spec import MixerSpec
+from efftx.mixers.spec import padded
 
 _NEG = jnp.finfo(jnp.float32).min
 
@@ -18,12 +24,13 @@ _NEG = jnp.finfo(jnp.float32).min
 class LocalAttention(nn.Module):
   num_heads: int = 4
   causal: bool = False
-  window: int = 32     # keys with |t − t'| < window are seen
+  window: int = 32  # keys with |t − t'| < window are seen
   attention_dropout: float = 0.0  # dropout rate on the attention probabilities
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     B, L, _ = x_BxLxD.shape
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
     if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, self.window)) is not None:
@@ -50,6 +57,13 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
 
 
 SPEC = MixerSpec(
-    LocalAttention, "sliding-window softmax attention; O(L·window·d)", can_decode=True, flops=_flops,
-    options={"num_heads": HEADS, "window": Field("keys with |t − t'| < window are seen (tokens)", at_least=1),
-             "attention_dropout": ATTENTION_DROPOUT})
+  LocalAttention,
+  "sliding-window softmax attention; O(L·window·d)",
+  can_decode=True,
+  flops=_flops,
+  options={
+    "num_heads": HEADS,
+    "window": Field("keys with |t − t'| < window are seen (tokens)", at_least=1),
+    "attention_dropout": ATTENTION_DROPOUT,
+  },
+)

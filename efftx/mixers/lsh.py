@@ -8,6 +8,7 @@ lsh_rotations, lsh_scale and lsh_lookback choose between efftx's conventions (th
 HF, which tests/test_lsh.py checks against a numpy reference and HF's layer. Conventions, and where the references
 differ: efftx/mixers/README.md#lsh
 """
+
 from __future__ import annotations
 
 import zlib
@@ -18,8 +19,11 @@ import jax.numpy as jnp
 
 from efftx.errors import UserError
 from efftx.fields import Field
-from efftx.mixers.attention import ATTENTION_DROPOUT, HEADS, merge_heads
-from efftx.mixers.spec import MixerSpec, padded
+from efftx.mixers.attention import ATTENTION_DROPOUT
+from efftx.mixers.attention import HEADS
+from efftx.mixers.attention import merge_heads
+from efftx.mixers.spec import MixerSpec
+from efftx.mixers.spec import padded
 
 _NEG = jnp.finfo(jnp.float32).min
 _SELF = -1e5  # the score of a position for itself (HF's value; trax subtracts 1e5)
@@ -28,18 +32,25 @@ _SELF = -1e5  # the score of a position for itself (HF's value; trax subtracts 1
 class LSHAttention(nn.Module):
   num_heads: int = 4
   causal: bool = False
-  lsh_buckets: int = 8    # buckets per round (1, or even)
-  lsh_hashes: int = 2     # hash rounds; more rounds approach full attention
-  lsh_chunk: int = 64     # positions per chunk of the sorted sequence
-  lsh_seed: int = 0       # seed of the fixed random rotations
-  lsh_rotations: str = "fixed"     # "fixed" (from lsh_seed) or "per_step" (new each training pass; trax/HF)
-  lsh_scale: str = "sqrt_d"        # logits q·k̂/√d, or "unit": q·k̂ (trax/HF)
+  lsh_buckets: int = 8  # buckets per round (1, or even)
+  lsh_hashes: int = 2  # hash rounds; more rounds approach full attention
+  lsh_chunk: int = 64  # positions per chunk of the sorted sequence
+  lsh_seed: int = 0  # seed of the fixed random rotations
+  lsh_rotations: str = "fixed"  # "fixed" (from lsh_seed) or "per_step" (new each training pass; trax/HF)
+  lsh_scale: str = "sqrt_d"  # logits q·k̂/√d, or "unit": q·k̂ (trax/HF)
   lsh_lookback: str = "per_round"  # chunks look back within their round, or "across_rounds" (trax/HF)
   attention_dropout: float = 0.0  # dropout rate on the attention probabilities
 
   @nn.compact
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False, *, rotations_HxRxKxN: jax.Array | None = None) -> jax.Array:
+  def __call__(
+    self,
+    x_BxLxD: jax.Array,
+    mask: jax.Array | None = None,
+    deterministic: bool = True,
+    decode: bool = False,
+    *,
+    rotations_HxRxKxN: jax.Array | None = None,
+  ) -> jax.Array:
     """`rotations_HxRxKxN` (heads × rounds × head width × buckets/2), for tests: hash with these instead."""
     if decode:
       # One new position re-hashes into a bucket, but which chunk it would share depends on the whole sorted
@@ -52,11 +63,11 @@ class LSHAttention(nn.Module):
     q_BxHxLxK = qk_BxLx2xHxK[:, :, 0].transpose(0, 2, 1, 3).astype(jnp.float32)
     v_BxHxLxK = qk_BxLx2xHxK[:, :, 1].transpose(0, 2, 1, 3).astype(jnp.float32)
     if self.lsh_scale == "unit":  # trax `length_normalized(k) / sqrt(d)`, HF `_len_and_dim_norm`
-      k_BxHxLxK = q_BxHxLxK * jax.lax.rsqrt(jnp.mean(q_BxHxLxK ** 2, -1, keepdims=True) + 1e-6) * K ** -0.5
+      k_BxHxLxK = q_BxHxLxK * jax.lax.rsqrt(jnp.mean(q_BxHxLxK**2, -1, keepdims=True) + 1e-6) * K**-0.5
       scale = 1.0
     else:
       k_BxHxLxK = q_BxHxLxK / jnp.maximum(jnp.linalg.norm(q_BxHxLxK, axis=-1, keepdims=True), 1e-6)
-      scale = K ** -0.5
+      scale = K**-0.5
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)
 
     # Pad to whole chunks; padded positions are masked keys and sort last.
@@ -105,18 +116,19 @@ class LSHAttention(nn.Module):
       return x if M == 1 else jnp.concatenate([x, jnp.roll(x, 1, axis=3)], axis=4)
 
     ck, cv, cpos, creal = with_previous(sk), with_previous(sv), with_previous(spos), with_previous(sreal)
-    scores = jnp.einsum("bhgmqk,bhgmck->bhgmqc", sq, ck) * scale           # B×H×G×M×C×(2C)
+    scores = jnp.einsum("bhgmqk,bhgmck->bhgmqc", sq, ck) * scale  # B×H×G×M×C×(2C)
     allowed = creal[..., None, :]
     if self.causal:
       allowed &= cpos[..., None, :] <= spos[..., :, None]
     scores = jnp.where(cpos[..., None, :] == spos[..., :, None], _SELF, scores)
     scores = jnp.where(allowed, scores, _NEG)
-    lse = jax.nn.logsumexp(scores, axis=-1)                                # B×H×G×M×C
+    lse = jax.nn.logsumexp(scores, axis=-1)  # B×H×G×M×C
     # Normalised by the sum, not as exp(scores − lse): a row that sees only copies of itself has lse ≈ −1e5, where
     # float32 resolves 0.008, and exp(scores − lse) would not sum to 1 (HF's float32 output is off by up to 0.3%
     # there).
-    probs = nn.Dropout(self.attention_dropout)(jax.nn.softmax(scores, axis=-1), deterministic=deterministic,
-                                               rng=dropout_key)
+    probs = nn.Dropout(self.attention_dropout)(
+      jax.nn.softmax(scores, axis=-1), deterministic=deterministic, rng=dropout_key
+    )
     out = jnp.einsum("bhgmqc,bhgmck->bhgmqk", probs, cv)
 
     # --------------------------------------------------- unsort, combine rounds by their normalisers
@@ -132,8 +144,10 @@ class LSHAttention(nn.Module):
 def _lsh_relations(options, d_model, causal) -> None:
   del d_model, causal
   if options["lsh_buckets"] > 1 and options["lsh_buckets"] % 2:
-    raise UserError(f"config.mixer.lsh_buckets={options['lsh_buckets']}: mixer 'lsh' needs 1 or an even number "
-                    "(a hash is the argmax over [xR; −xR])")
+    raise UserError(
+      f"config.mixer.lsh_buckets={options['lsh_buckets']}: mixer 'lsh' needs 1 or an even number "
+      "(a hash is the argmax over [xR; −xR])"
+    )
 
 
 def _flops(options, L: int, d: int, causal: bool) -> float:
@@ -151,18 +165,27 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
 
 
 SPEC = MixerSpec(
-    LSHAttention, "Reformer LSH attention (shared QK, hashed chunks); O(L·chunk·rounds·d)", can_decode=False,
-    relations=_lsh_relations, flops=_flops,
-    options={"num_heads": HEADS,
-             "lsh_buckets": Field("hash buckets per round (1 or even)", at_least=1),
-             "lsh_hashes": Field("hash rounds; more approach full attention", at_least=1),
-             "lsh_chunk": Field("positions per chunk of the sorted sequence", at_least=1),
-             "lsh_seed": Field("seed of the fixed random rotations (per_step uses them at evaluation)"),
-             "lsh_rotations": Field("fixed (from lsh_seed) or per_step (new each training step, from the dropout "
-                                    "key; as trax/HF)", choices=("fixed", "per_step")),
-             "lsh_scale": Field("logits q·k̂/√d (sqrt_d) or q·k̂, k̂ = q/‖q‖ (unit; as trax/HF)",
-                                choices=("sqrt_d", "unit")),
-             "lsh_lookback": Field("chunks look back within their round (per_round) or along all rounds' sorted "
-                                   "sequences joined (across_rounds; as trax/HF)",
-                                   choices=("per_round", "across_rounds")),
-             "attention_dropout": ATTENTION_DROPOUT})
+  LSHAttention,
+  "Reformer LSH attention (shared QK, hashed chunks); O(L·chunk·rounds·d)",
+  can_decode=False,
+  relations=_lsh_relations,
+  flops=_flops,
+  options={
+    "num_heads": HEADS,
+    "lsh_buckets": Field("hash buckets per round (1 or even)", at_least=1),
+    "lsh_hashes": Field("hash rounds; more approach full attention", at_least=1),
+    "lsh_chunk": Field("positions per chunk of the sorted sequence", at_least=1),
+    "lsh_seed": Field("seed of the fixed random rotations (per_step uses them at evaluation)"),
+    "lsh_rotations": Field(
+      "fixed (from lsh_seed) or per_step (new each training step, from the dropout key; as trax/HF)",
+      choices=("fixed", "per_step"),
+    ),
+    "lsh_scale": Field("logits q·k̂/√d (sqrt_d) or q·k̂, k̂ = q/‖q‖ (unit; as trax/HF)", choices=("sqrt_d", "unit")),
+    "lsh_lookback": Field(
+      "chunks look back within their round (per_round) or along all rounds' sorted "
+      "sequences joined (across_rounds; as trax/HF)",
+      choices=("per_round", "across_rounds"),
+    ),
+    "attention_dropout": ATTENTION_DROPOUT,
+  },
+)

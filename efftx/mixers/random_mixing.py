@@ -26,6 +26,7 @@ Cost of the scheme: max_len² + D² float32 constants per layer in the compiled 
 Padding (`padding`) and causality: as `linear_mixing` (efftx/mixers/linear_mixing.py) — "zero" (default) zeroes
 padded positions first, "mix" is the published behaviour; causal masks W_seq to its lower triangle; no decoding.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -34,7 +35,10 @@ import flax.linen as nn
 import jax
 
 from efftx.fields import Field
-from efftx.mixers.linear_mixing import check_call, flops, PADDING, seq_hidden_product
+from efftx.mixers.linear_mixing import PADDING
+from efftx.mixers.linear_mixing import check_call
+from efftx.mixers.linear_mixing import flops
+from efftx.mixers.linear_mixing import seq_hidden_product
 from efftx.mixers.spec import MixerSpec
 
 
@@ -42,9 +46,9 @@ class RandomMixing(nn.Module):
   """y = W_seq[:L, :L] x W_hidden with fixed lecun-normal matrices from `random_seed` (see the module docstring)."""
 
   causal: bool = False
-  max_len: int = 512      # positions W_seq covers
-  padding: str = "zero"   # "zero" or "mix" (the published code)
-  random_seed: int = 0    # seed of the fixed matrices (with the module's path)
+  max_len: int = 512  # positions W_seq covers
+  padding: str = "zero"  # "zero" or "mix" (the published code)
+  random_seed: int = 0  # seed of the fixed matrices (with the module's path)
 
   def matrices(self, d_model: int) -> tuple[jax.Array, jax.Array]:
     """(W_seq max_len × max_len, W_hidden d_model × d_model), float32 constants: lecun normal from
@@ -55,8 +59,9 @@ class RandomMixing(nn.Module):
       init = nn.initializers.lecun_normal()
       return init(seq_key, (self.max_len, self.max_len)), init(hidden_key, (d_model, d_model))
 
-  def __call__(self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     _, L, D = x_BxLxD.shape
     check_call("random", L, self.max_len, decode)
@@ -65,7 +70,12 @@ class RandomMixing(nn.Module):
 
 
 SPEC = MixerSpec(
-    RandomMixing, "fixed random mixing W_seq x W_hidden (FNet's Random), no parameters; O(L²d + Ld²)",
-    flops=flops, train_factor=2.0,  # the matrices are constants: the backward pass is the same two matmuls on g
-    options={"padding": PADDING,
-             "random_seed": Field("seed of the fixed random matrices (each layer draws its own from it)")})
+  RandomMixing,
+  "fixed random mixing W_seq x W_hidden (FNet's Random), no parameters; O(L²d + Ld²)",
+  flops=flops,
+  train_factor=2.0,  # the matrices are constants: the backward pass is the same two matmuls on g
+  options={
+    "padding": PADDING,
+    "random_seed": Field("seed of the fixed random matrices (each layer draws its own from it)"),
+  },
+)

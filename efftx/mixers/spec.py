@@ -15,14 +15,15 @@ Besides its options, a mixer module may have the fields `causal` (every mixer ha
 per-position parameters) and `grid` (mixers that know a 2-D layout of the positions: (rows, columns) of an image's
 patches, None for sequences); the model fills those from `config.model` and the task.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
-import jax
 
 from efftx.errors import UserError
 from efftx.fields import Field
@@ -35,10 +36,10 @@ class MixerSpec:
   """A mixer: its linen module class, declared options and capabilities."""
 
   module: type[nn.Module]
-  summary: str                 # one line: what it computes, and its cost in time / memory
-  options: dict[str, Field]    # each names a module field, whose default is the option's
-  can_be_causal: bool = True   # causal=True is allowed (FNet: no)
-  can_decode: bool = False     # causal and decodes one token at a time with a cache (`decode=True`)
+  summary: str  # one line: what it computes, and its cost in time / memory
+  options: dict[str, Field]  # each names a module field, whose default is the option's
+  can_be_causal: bool = True  # causal=True is allowed (FNet: no)
+  can_decode: bool = False  # causal and decodes one token at a time with a cache (`decode=True`)
   # Relations between options and the model that a single option cannot state: (every option, d_model or None,
   # causal) → raises UserError. Runs after the per-option checks.
   relations: Callable[[dict[str, Any], int | None, bool], None] | None = None
@@ -78,6 +79,7 @@ class MixerSpec:
   @property
   def name(self) -> str:
     from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+
     return next((n for n, s in MIXERS.items() if s is self), self.module.__name__)
 
   @property
@@ -103,13 +105,15 @@ class MixerSpec:
       return None
     return float(self.flops({**self.defaults(), **options}, length, d_model, causal))
 
-  def train_flops(self, options: dict[str, Any], length: int, d_model: int, causal: bool,
-                  grid: tuple[int, int] | None = None) -> float | None:
+  def train_flops(
+    self, options: dict[str, Any], length: int, d_model: int, causal: bool, grid: tuple[int, int] | None = None
+  ) -> float | None:
     """Forward and backward FLOPs of the mixing per token of one layer: forward_flops × train_factor (on an image's
     patch grid, flops_grid's count where the mixer knows the grid); None if the mixer declares no count."""
     if grid is not None and self.flops_grid is not None:
-      return self.train_factor * float(self.flops_grid({**self.defaults(), **options}, length, d_model,
-                                                       grid[0] * grid[1]))
+      return self.train_factor * float(
+        self.flops_grid({**self.defaults(), **options}, length, d_model, grid[0] * grid[1])
+      )
     forward = self.forward_flops(options, length, d_model, causal)
     return None if forward is None else self.train_factor * forward
 
@@ -125,23 +129,35 @@ class MixerSpec:
     (d_model None: the width is not known yet, and not checked)."""
     unknown = sorted(set(options) - set(self.options))
     if unknown:
-      raise UserError(f"config.mixer.{unknown[0]}: mixer '{self.name}' has no option '{unknown[0]}'; its options: "
-                      f"{self.describe()}")
+      raise UserError(
+        f"config.mixer.{unknown[0]}: mixer '{self.name}' has no option '{unknown[0]}'; its options: {self.describe()}"
+      )
     if causal and not self.can_be_causal:
-      raise UserError(f"mixer '{self.name}' cannot be causal; causal mixers: "
-                      f"{', '.join(n for n, s in _registry().items() if s.can_be_causal)} "
-                      "(or set config.model.causal=False)")
+      raise UserError(
+        f"mixer '{self.name}' cannot be causal; causal mixers: "
+        f"{', '.join(n for n, s in _registry().items() if s.can_be_causal)} "
+        "(or set config.model.causal=False)"
+      )
     for name, value in options.items():
       self.options[name].check(f"config.mixer.{name}", value, mixer=self.name)
     resolved = {**self.defaults(), **options}
     if self.has_heads and d_model is not None and d_model % resolved["num_heads"]:
-      raise UserError(f"config.model.d_model={d_model} must be divisible by config.mixer.num_heads="
-                      f"{resolved['num_heads']} (mixer '{self.name}' splits the width into heads)")
+      raise UserError(
+        f"config.model.d_model={d_model} must be divisible by config.mixer.num_heads="
+        f"{resolved['num_heads']} (mixer '{self.name}' splits the width into heads)"
+      )
     if self.relations:
       self.relations(resolved, d_model, causal)
 
-  def maker(self, options: dict[str, Any], *, causal: bool = False, d_model: int | None = None,
-            max_len: int | None = None, grid: tuple[int, int] | None = None) -> functools.partial:
+  def maker(
+    self,
+    options: dict[str, Any],
+    *,
+    causal: bool = False,
+    d_model: int | None = None,
+    max_len: int | None = None,
+    grid: tuple[int, int] | None = None,
+  ) -> functools.partial:
     """`maker(name=...)` → the module with these options (the rest at their defaults), after `check` (d_model, if
     given, is checked against num_heads). `max_len` (the positions the mixer sees) goes to mixers with
     per-position parameters, `grid` to grid-aware ones, which refuse it with causal=True. The model builds every
@@ -150,13 +166,22 @@ class MixerSpec:
     extra = {"max_len": max_len} if max_len is not None and self.takes_max_len else {}
     if grid is not None and self.takes_grid:
       if causal:
-        raise UserError(f"mixer '{self.name}' mixes an image's patch grid in both directions: set "
-                        "config.model.causal=False for patches")
+        raise UserError(
+          f"mixer '{self.name}' mixes an image's patch grid in both directions: set "
+          "config.model.causal=False for patches"
+        )
       extra["grid"] = grid
     return functools.partial(self.module, causal=causal, **extra, **options)
 
-  def __call__(self, *, causal: bool = False, max_len: int | None = None, d_model: int | None = None,
-               grid: tuple[int, int] | None = None, **options) -> nn.Module:
+  def __call__(
+    self,
+    *,
+    causal: bool = False,
+    max_len: int | None = None,
+    d_model: int | None = None,
+    grid: tuple[int, int] | None = None,
+    **options,
+  ) -> nn.Module:
     """The module with these options: `maker(options, ...)()`."""
     return self.maker(options, causal=causal, d_model=d_model, max_len=max_len, grid=grid)()
 
@@ -168,4 +193,5 @@ def padded(length: int, block: int) -> int:
 
 def _registry():
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+
   return MIXERS

@@ -5,6 +5,7 @@ its head (the parameters on top of the encoder), its loss sums and metrics, the 
 against the task and model, and any corruption of the input it needs (masked-LM). Adding one is one file here
 plus one line below.
 """
+
 from __future__ import annotations
 
 from efftx.errors import UserError
@@ -14,9 +15,9 @@ from efftx.objectives.lm import NextToken
 from efftx.objectives.mlm import MaskedLM
 
 OBJECTIVES: dict[str, Objective] = {
-    "classify": Classify(),
-    "lm": NextToken(),
-    "mlm": MaskedLM(),
+  "classify": Classify(),
+  "lm": NextToken(),
+  "mlm": MaskedLM(),
 }
 
 
@@ -25,8 +26,9 @@ def for_run(config, task) -> Objective:
   task and the model config (raises UserError)."""
   name = config.data.objective or task.objective
   if name not in OBJECTIVES:
-    raise UserError(f"config.data.objective='{name}' is not an objective; choose from: '' (the task's own), "
-                    f"{', '.join(OBJECTIVES)}")
+    raise UserError(
+      f"config.data.objective='{name}' is not an objective; choose from: '' (the task's own), {', '.join(OBJECTIVES)}"
+    )
   objective = OBJECTIVES[name]
   objective.check(config, task)
   return objective

@@ -1,6 +1,7 @@
 """Sequence classification: one label per sequence, from the mean of the final states over real tokens, the
 learned [CLS] position's state (config.model.pooling="cls"), or the input's own first token through a pooler
 (pooling="first": a pretrained checkpoint's [CLS] and its pooler)."""
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,7 @@ def _head(x_BxLxD: jax.Array, mask_BxL: jax.Array, *, num_classes: int, pooling:
     pooled_BxD = x_BxLxD[:, 0]
   else:
     weights_BxL = mask_BxL.astype(x_BxLxD.dtype)
-    pooled_BxD = (jnp.einsum("bld,bl->bd", x_BxLxD, weights_BxL)
-                  / jnp.maximum(weights_BxL.sum(-1, keepdims=True), 1))
+    pooled_BxD = jnp.einsum("bld,bl->bd", x_BxLxD, weights_BxL) / jnp.maximum(weights_BxL.sum(-1, keepdims=True), 1)
   h_BxD = nn.relu(nn.Dense(x_BxLxD.shape[-1], name="pool_dense")(pooled_BxD))
   return nn.Dense(num_classes, name="classifier")(h_BxD)
 
@@ -38,8 +38,7 @@ class Classify(base.Objective):
 
   def check(self, config, task) -> None:
     if task.objective != "classify":
-      raise UserError(f"task '{config.data.task}' has no labels to classify (its objective is "
-                      f"'{task.objective}')")
+      raise UserError(f"task '{config.data.task}' has no labels to classify (its objective is '{task.objective}')")
 
   def head(self, vocab_size: int, num_classes: int, pooling: str = "mean") -> base.Head:
     del vocab_size

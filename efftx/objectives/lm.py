@@ -1,5 +1,6 @@
 """Per-position prediction with a causal mixer: the next token, or a task's own per-position targets (MQAR's
 query answers). Scored over the positions of weight > 0; bits per token unit (byte, dim) where the task has one."""
+
 from __future__ import annotations
 
 import functools
@@ -27,8 +28,10 @@ class PerPosition(base.Objective):
   def check(self, config, task) -> None:
     del task
     if config.model.pooling != "mean":
-      raise UserError(f"config.model.pooling='{config.model.pooling}' is for classification: a [CLS] position "
-                      "would shift every per-position prediction")
+      raise UserError(
+        f"config.model.pooling='{config.model.pooling}' is for classification: a [CLS] position "
+        "would shift every per-position prediction"
+      )
 
   def head(self, vocab_size: int, num_classes: int, pooling: str = "mean") -> base.Head:
     del num_classes, pooling  # config.model.pooling="cls" is refused (check)

@@ -1,6 +1,7 @@
 """Masked-LM (BERT's, FNet's pre-training) on any text task: 15 % of the real tokens are chosen, 80 / 10 / 10
 become [MASK] / a random token / stay; the model predicts the originals at the chosen positions, reading both
 sides (not causal)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +12,15 @@ from efftx.errors import UserError
 from efftx.objectives.lm import PerPosition
 
 
-def mask_for_mlm(example: dict[str, np.ndarray], rng: np.random.Generator, *, mask_id: int,
-                 random_ids: tuple[int, int], special_ids: tuple[int, ...] = (), rate: float = 0.15
-                 ) -> dict[str, np.ndarray]:
+def mask_for_mlm(
+  example: dict[str, np.ndarray],
+  rng: np.random.Generator,
+  *,
+  mask_id: int,
+  random_ids: tuple[int, int],
+  special_ids: tuple[int, ...] = (),
+  rate: float = 0.15,
+) -> dict[str, np.ndarray]:
   """BERT's masked-LM corruption: `rate` of the real tokens, special tokens excepted, are chosen (at least one);
   of those 80 % become mask_id, 10 % a random id in [random_ids[0], random_ids[1]), 10 % stay. Targets are the
   original tokens at the chosen positions."""
@@ -40,8 +47,13 @@ class _MaskForMlm:
   special_ids: tuple[int, ...]
 
   def __call__(self, example: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    out = mask_for_mlm({"tokens": example["tokens"], "mask": example["mask"]}, rng, mask_id=self.mask_id,
-                       random_ids=self.random_ids, special_ids=self.special_ids)
+    out = mask_for_mlm(
+      {"tokens": example["tokens"], "mask": example["mask"]},
+      rng,
+      mask_id=self.mask_id,
+      random_ids=self.random_ids,
+      special_ids=self.special_ids,
+    )
     if "token_types" in example:  # a tokenizer's sentence pairs keep their segments
       out["token_types"] = example["token_types"]
     return out
@@ -50,8 +62,10 @@ class _MaskForMlm:
 class MaskedLM(PerPosition):
   def check(self, config, task) -> None:
     if task.mask_id is None:
-      raise UserError(f"task '{config.data.task}' has no text to mask: masked-LM needs a text task "
-                      "(bytes, imdb_bytes, glue) and, with config.data.tokenizer, a tokenizer with a [MASK] token")
+      raise UserError(
+        f"task '{config.data.task}' has no text to mask: masked-LM needs a text task "
+        "(bytes, imdb_bytes, glue) and, with config.data.tokenizer, a tokenizer with a [MASK] token"
+      )
     if config.model.causal:
       raise UserError("masked-LM reads both sides of a token: set config.model.causal=False")
     super().check(config, task)

@@ -24,8 +24,10 @@ max; each variant's first loss; and whether the two compiled programs (XLA's opt
 the same, which catches an override that changes nothing (an XLA option that acts only in code generation may leave
 the HLO unchanged).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 import io
 import json
 import os
@@ -35,7 +37,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from typing import Callable
 
 from absl import app
 from absl import flags
@@ -44,16 +45,19 @@ from efftx import sharding
 from efftx.errors import UserError
 from efftx.perf import step as step_lib
 
+
 def _define_flags() -> None:
   """The command-line flags, defined only when run as a program (so that efftx.bench and efftx.peers, whose flags
   share names with these, can be imported beside this module)."""
   global _CONFIG, _MIXER, _LENGTH, _TOKENS, _SET, _A, _B, _A_COMPILER, _B_COMPILER, _COMMITS, _ROUNDS, _STEPS, _JSON
   _CONFIG = flags.DEFINE_string("config", "", "Config file[:argument string] (or give --mixer).")
   _MIXER = flags.DEFINE_string("mixer", "", "A mixer at efftx.bench's peer shape (instead of --config).")
-  _LENGTH = flags.DEFINE_integer("length", 0,
-                                 "Sequence length (config.model.max_len); 0: the config's (--mixer: 1024).")
-  _TOKENS = flags.DEFINE_integer("tokens", 0, "Tokens per step, batch = tokens // length; 0: the config's batch "
-                                 "(--mixer: 8192).")
+  _LENGTH = flags.DEFINE_integer(
+    "length", 0, "Sequence length (config.model.max_len); 0: the config's (--mixer: 1024)."
+  )
+  _TOKENS = flags.DEFINE_integer(
+    "tokens", 0, "Tokens per step, batch = tokens // length; 0: the config's batch (--mixer: 8192)."
+  )
   _SET = flags.DEFINE_string("set", "", "Overrides for both variants (before --a and --b): path=value,...")
   _A = flags.DEFINE_string("a", "", "Variant A's overrides: path=value,... (and devices=N).")
   _B = flags.DEFINE_string("b", "", "Variant B's overrides.")
@@ -78,15 +82,18 @@ def alternate(runs: dict[str, Callable[[int], float]], rounds: int, steps: int =
 def report(info: dict[str, dict], times: list[dict[str, float]]) -> dict:
   """The two variants' median ms a step and B's speed-up: the median over rounds of A's time over B's."""
   ratios = [t["a"] / t["b"] for t in times]
-  return {"a": {**info["a"], "median_ms": 1e3 * statistics.median(t["a"] for t in times)},
-          "b": {**info["b"], "median_ms": 1e3 * statistics.median(t["b"] for t in times)},
-          "same_program": info["a"]["program_sha1"] == info["b"]["program_sha1"],
-          "rounds": [{"a_ms": 1e3 * t["a"], "b_ms": 1e3 * t["b"], "b_speedup": r} for t, r in zip(times, ratios)],
-          "b_speedup": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}}
+  return {
+    "a": {**info["a"], "median_ms": 1e3 * statistics.median(t["a"] for t in times)},
+    "b": {**info["b"], "median_ms": 1e3 * statistics.median(t["b"] for t in times)},
+    "same_program": info["a"]["program_sha1"] == info["b"]["program_sha1"],
+    "rounds": [{"a_ms": 1e3 * t["a"], "b_ms": 1e3 * t["b"], "b_speedup": r} for t, r in zip(times, ratios)],
+    "b_speedup": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+  }
 
 
-def compare(spec_a: dict, spec_b: dict, rounds: int = 8, steps: int = 1, commits: tuple[str, str] | None = None
-            ) -> dict:
+def compare(
+  spec_a: dict, spec_b: dict, rounds: int = 8, steps: int = 1, commits: tuple[str, str] | None = None
+) -> dict:
   """report() of variants A and B, in this process, or with `commits` in one worker process per commit."""
   if rounds < 2 or steps < 1:
     raise UserError(f"--rounds={rounds} must be >= 2 (the first is left out), --steps={steps} >= 1")
@@ -134,12 +141,15 @@ class _Worker:
 
   def __init__(self, label: str, tree: pathlib.Path, spec: dict):
     self.label = label
-    boot = (f"import importlib.util as u; s = u.spec_from_file_location('efftx_ab_worker', {step_lib.__file__!r}); "
-            "m = u.module_from_spec(s); s.loader.exec_module(m); m.worker()")
+    boot = (
+      f"import importlib.util as u; s = u.spec_from_file_location('efftx_ab_worker', {step_lib.__file__!r}); "
+      "m = u.module_from_spec(s); s.loader.exec_module(m); m.worker()"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     # cwd = the tree: sys.path's first entry is the current folder, so its efftx is the one imported.
-    self.proc = subprocess.Popen([sys.executable, "-c", boot], cwd=tree, env=env, stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
+    self.proc = subprocess.Popen(
+      [sys.executable, "-c", boot], cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     path, colon, arg = spec["config"].partition(":")
     repo = pathlib.Path(__file__).resolve().parents[2]  # efftx/perf/ab.py → the checkout
     if path and pathlib.Path(path).is_absolute() and pathlib.Path(path).resolve().is_relative_to(repo):
@@ -177,14 +187,26 @@ class _Worker:
 def _describe(label: str, out: dict) -> str:
   v = out[label]
   changes = ",".join(f"{k}={x}" for k, x in v["overrides"].items())
-  return " ".join(filter(None, [label.upper(), v.get("commit"), changes, (
-      f"{v['mixer']}, batch {v['batch']} x {v['length']} on {v['devices']} device(s), XLA options "
-      f"{v['compiler_options'] or '{}'}: {v['median_ms']:.1f} ms a step (first loss {v['first_loss']:.8g}, compiled "
-      f"in {v['compile_s']:.0f} s)")]))
+  return " ".join(
+    filter(
+      None,
+      [
+        label.upper(),
+        v.get("commit"),
+        changes,
+        (
+          f"{v['mixer']}, batch {v['batch']} x {v['length']} on {v['devices']} device(s), XLA options "
+          f"{v['compiler_options'] or '{}'}: {v['median_ms']:.1f} ms a step (first loss {v['first_loss']:.8g}, "
+          f"compiled in {v['compile_s']:.0f} s)"
+        ),
+      ],
+    )
+  )
 
 
 def main(argv: list[str]) -> None:
   from efftx import cli  # pylint: disable=g-import-not-at-top  (the parent only: older trees lack it)
+
   if len(argv) > 1:
     cli.exit_with("efftx.ab", f"unexpected arguments: {' '.join(argv[1:])}")
   with cli.one_line_errors("efftx.ab"):
@@ -196,8 +218,10 @@ def main(argv: list[str]) -> None:
     out = compare(spec_a, spec_b, _ROUNDS.value, _STEPS.value, tuple(_COMMITS.value) or None)
   s = out["b_speedup"]
   print(_describe("a", out) + "\n" + _describe("b", out))
-  print(f"B's speed-up over A: {s['median']:.3f}x (the median of {len(out['rounds'])} rounds' paired ratios; min "
-        f"{s['min']:.3f}, max {s['max']:.3f}); same compiled program: {'yes' if out['same_program'] else 'no'}")
+  print(
+    f"B's speed-up over A: {s['median']:.3f}x (the median of {len(out['rounds'])} rounds' paired ratios; min "
+    f"{s['min']:.3f}, max {s['max']:.3f}); same compiled program: {'yes' if out['same_program'] else 'no'}"
+  )
   if _JSON.value:
     pathlib.Path(_JSON.value).write_text(json.dumps(out, indent=1))
 

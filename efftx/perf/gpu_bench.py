@@ -34,6 +34,7 @@ gpu_bench.png after every group, so a run cut short still leaves what it measure
 lengths 64 and 128, a 256³ matmul, attention and fnet (--mixers=all: every mixer); the torch rows only where torch
 and transformers are installed. Without --dry_run, a machine whose JAX or torch sees no GPU stops the run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,28 +91,33 @@ def _median_seconds(fn, warmup: int, steps: int) -> tuple[float, list[float]]:
 def jax_setup(dry_run: bool) -> dict:
   """What the JAX rows run on; on a GPU run, stops unless JAX sees a GPU."""
   import jax  # pylint: disable=g-import-not-at-top
+
   if not dry_run and jax.default_backend() != "gpu":
     raise NoGPU(f"no GPU: JAX's backend is {jax.default_backend()} (--dry_run runs the same path on the CPU)")
   device = jax.devices()[0]
-  return dict(backend=jax.default_backend(), device_kind=device.device_kind, jax=jax.__version__,
-              devices=jax.device_count())
+  return dict(
+    backend=jax.default_backend(), device_kind=device.device_kind, jax=jax.__version__, devices=jax.device_count()
+  )
 
 
 def jax_matmul_tflops(n: int) -> float:
   """bfloat16 n×n by n×n matmul TFLOP/s of JAX's default device: the median of 10 calls after 2."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   x, y = (jax.random.normal(jax.random.key(i), (n, n), jnp.bfloat16) for i in (0, 1))
   matmul = jax.jit(jnp.matmul)
   seconds, _ = _median_seconds(lambda: matmul(x, y).block_until_ready(), 2, 10)
-  return 2 * n ** 3 / seconds / 1e12
+  return 2 * n**3 / seconds / 1e12
 
 
 def jax_row(mixer: str, c: dict, seq: int, warmup: int, steps: int) -> dict:
   """An efftx-<mixer> row: efftx's train step in bfloat16, compiled as efftx.train compiles it, timed."""
   import jax  # pylint: disable=g-import-not-at-top
-  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
+
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
+
   spec = peers.efftx_variant(mixer, c, seq)
   spec["set"]["model.dtype"] = "bfloat16"
   run, info = step_lib.prepare(spec)  # compiled, and one step run
@@ -119,15 +125,23 @@ def jax_row(mixer: str, c: dict, seq: int, warmup: int, steps: int) -> dict:
   median_s, times = _median_seconds(lambda: run(1), max(0, warmup - 1), steps)
   mixing = MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False)  # None: not counted, MFU n/a
   stats = jax.local_devices()[0].memory_stats() or {}
-  row = dict(batch=info["batch"], devices=info["devices"], median_step_s=median_s, step_times_s=times,
-             compile_s=info["compile_s"], first_loss=info["first_loss"], n_params=info["params"],
-             flops_per_token=None if mixing is None else 6 * info["matmul_params"] + c["layers"] * mixing,
-             peak_mib=(info["temp_bytes"] + info["argument_bytes"]) / 2**20 if "temp_bytes" in info else None,
-             peak_how="compiled temp + argument bytes",
-             # the worker's device peak so far (its earlier rows included: it never goes down); None on a CPU
-             process_peak_mib=stats["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in stats else None,
-             kernels=sorted(platform_lib.kernels(run.program_text)), program_sha1=info["program_sha1"])
-  del run
+  row = dict(
+    batch=info["batch"],
+    devices=info["devices"],
+    median_step_s=median_s,
+    step_times_s=times,
+    compile_s=info["compile_s"],
+    first_loss=info["first_loss"],
+    n_params=info["params"],
+    flops_per_token=None if mixing is None else 6 * info["matmul_params"] + c["layers"] * mixing,
+    peak_mib=(info["temp_bytes"] + info["argument_bytes"]) / 2**20 if "temp_bytes" in info else None,
+    peak_how="compiled temp + argument bytes",
+    # the worker's device peak so far (its earlier rows included: it never goes down); None on a CPU
+    process_peak_mib=stats["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in stats else None,
+    kernels=sorted(platform_lib.kernels(run.program_text)),
+    program_sha1=info["program_sha1"],
+  )
+  run = None  # frees the compiled step (the closure above holds it)
   gc.collect()
   return row
 
@@ -135,6 +149,7 @@ def jax_row(mixer: str, c: dict, seq: int, warmup: int, steps: int) -> dict:
 # ---------------------------------------------------------------------------------------- the torch worker
 def _torch_device(dry_run: bool):
   import torch  # pylint: disable=g-import-not-at-top
+
   return torch.device("cpu" if dry_run else "cuda")
 
 
@@ -150,13 +165,19 @@ def torch_setup(dry_run: bool) -> dict:
   elif not torch.cuda.is_available():
     raise NoGPU("no GPU: torch.cuda.is_available() is False (--dry_run runs the same path on the CPU)")
   kind = "cpu" if dry_run else torch.cuda.get_device_name(0)
-  return dict(backend="cpu" if dry_run else "cuda", device_kind=kind, torch=torch.__version__,
-              transformers=transformers.__version__, cuda=torch.version.cuda)
+  return dict(
+    backend="cpu" if dry_run else "cuda",
+    device_kind=kind,
+    torch=torch.__version__,
+    transformers=transformers.__version__,
+    cuda=torch.version.cuda,
+  )
 
 
 def torch_matmul_tflops(n: int, dry_run: bool) -> float:
   """bfloat16 n×n by n×n matmul TFLOP/s of torch's device: the median of 10 calls after 2."""
   import torch  # pylint: disable=g-import-not-at-top
+
   device = _torch_device(dry_run)
   x, y = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
   sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
@@ -166,13 +187,14 @@ def torch_matmul_tflops(n: int, dry_run: bool) -> float:
     sync()
 
   seconds, _ = _median_seconds(matmul, 2, 10)
-  return 2 * n ** 3 / seconds / 1e12
+  return 2 * n**3 / seconds / 1e12
 
 
 def torch_row(peer: str, c: dict, seq: int, warmup: int, steps: int, dry_run: bool) -> dict:
   """An hf-* row: the Hugging Face model under torch.autocast(bfloat16), eager, AdamW in float32, timed."""
   import torch  # pylint: disable=g-import-not-at-top
   import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+
   device = _torch_device(dry_run)
   cuda = device.type == "cuda"
   if cuda:
@@ -199,12 +221,20 @@ def torch_row(peer: str, c: dict, seq: int, warmup: int, steps: int, dry_run: bo
   first_step_s = time.perf_counter() - start
   median_s, times = _median_seconds(step, max(0, warmup - 1), steps)
   n_mm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-  row = dict(batch=batch, devices=1, median_step_s=median_s, step_times_s=times, compile_s=None,
-             first_step_s=first_step_s, first_loss=losses[0], n_params=sum(p.numel() for p in model.parameters()),
-             flops_per_token=6 * n_mm + peers.mixer_flops("fft" if peer == "hf-fnet" else "attn", c, seq),
-             peak_mib=torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
-             peak_how="torch.cuda.max_memory_allocated")
-  del model, opt
+  row = dict(
+    batch=batch,
+    devices=1,
+    median_step_s=median_s,
+    step_times_s=times,
+    compile_s=None,
+    first_step_s=first_step_s,
+    first_loss=losses[0],
+    n_params=sum(p.numel() for p in model.parameters()),
+    flops_per_token=6 * n_mm + peers.mixer_flops("fft" if peer == "hf-fnet" else "attn", c, seq),
+    peak_mib=torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+    peak_how="torch.cuda.max_memory_allocated",
+  )
+  model = opt = None  # frees them (the step closure holds them)
   gc.collect()
   return row
 
@@ -214,9 +244,11 @@ def _release(kind: str) -> None:
   gc.collect()
   if kind == "jax":
     import jax  # pylint: disable=g-import-not-at-top
+
     jax.clear_caches()
   else:
     import torch  # pylint: disable=g-import-not-at-top
+
     if torch.cuda.is_initialized():
       torch.cuda.empty_cache()
 
@@ -239,7 +271,7 @@ def worker(kind: str, dry_run: bool, warmup: int, steps: int) -> None:
     seq = int(seq)
     try:
       if kind == "jax":
-        row = jax_row(model[len("efftx-"):], c, seq, warmup, steps)
+        row = jax_row(model[len("efftx-") :], c, seq, warmup, steps)
       else:
         row = torch_row(model, c, seq, warmup, steps, dry_run)
       row = {"status": "ok", **row}
@@ -260,19 +292,26 @@ class _Worker:
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
     if a.dry_run:
       env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
-    argv = [sys.executable, "-m", "efftx.gpu_bench", f"--worker={kind}", f"--warmup={a.warmup}",
-            f"--steps={a.steps}"] + ["--dry_run"] * a.dry_run
+    argv = [
+      sys.executable,
+      "-m",
+      "efftx.gpu_bench",
+      f"--worker={kind}",
+      f"--warmup={a.warmup}",
+      f"--steps={a.steps}",
+    ] + ["--dry_run"] * a.dry_run
     self.log = log
     with open(log, "ab") as err:
-      self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                                   env=env, start_new_session=True)  # its own group: killed with its children
+      self.proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True
+      )  # its own group: killed with its children
     self.lines = queue.Queue()
     threading.Thread(target=self._read, daemon=True).start()
 
   def _read(self) -> None:
     for line in self.proc.stdout:
       if line.startswith(_TAG):
-        what, _, body = line[len(_TAG):].partition(" ")
+        what, _, body = line[len(_TAG) :].partition(" ")
         self.lines.put((what, json.loads(body)))
     self.lines.put(("EXIT", {}))
 
@@ -350,14 +389,20 @@ def markdown(run: dict) -> str:
   seqs = sorted({r["seq"] for r in rows})
   at = {(r["model"], r["seq"]): r for r in rows}
   c = meta["shape"]
-  peaks = ", ".join(f"{fw} {p['matmul_tflops']:.3g} TFLOP/s ({p['device_kind']}, {p['backend']})"
-                    for fw, p in run["peaks"].items())
-  lines = [f"# efftx.gpu_bench{' --dry_run' if meta['dry_run'] else ''}", "",
-           f"Training step in bfloat16, d {c['d']}, {c['layers']} layer{'s' * (c['layers'] > 1)}, {c['heads']} "
-           f"heads, FF {c['ff']}, vocab {c['vocab']}, {c['tokens']} tokens a step (batch = {c['tokens']} // "
-           f"length); median of {meta['steps']} steps after {meta['warmup']}. bfloat16 {meta['matmul_n']}³ matmul: "
-           f"{peaks or 'not measured'} (MFU's denominator: the larger). "
-           + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".", ""]
+  peaks = ", ".join(
+    f"{fw} {p['matmul_tflops']:.3g} TFLOP/s ({p['device_kind']}, {p['backend']})" for fw, p in run["peaks"].items()
+  )
+  lines = [
+    f"# efftx.gpu_bench{' --dry_run' if meta['dry_run'] else ''}",
+    "",
+    f"Training step in bfloat16, d {c['d']}, {c['layers']} layer{'s' * (c['layers'] > 1)}, {c['heads']} "
+    f"heads, FF {c['ff']}, vocab {c['vocab']}, {c['tokens']} tokens a step (batch = {c['tokens']} // "
+    f"length); median of {meta['steps']} steps after {meta['warmup']}. bfloat16 {meta['matmul_n']}³ matmul: "
+    f"{peaks or 'not measured'} (MFU's denominator: the larger). "
+    + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    + ".",
+    "",
+  ]
 
   def table(title: str, value) -> None:
     lines.extend([f"## {title}", "", "| length | " + " | ".join(models) + " |", "|---:|" + "---:|" * len(models)])
@@ -376,30 +421,42 @@ def markdown(run: dict) -> str:
     if peer in models:
       table(f"tokens/s over {peer}'s", lambda r, p=peer: fmt(r.get(f"over_{p}"), ".2f"))
   table("MFU %", lambda r: "n/a" if r["mfu"] is None else fmt(100 * r["mfu"], ".1f"))
-  table("peak memory, MiB (efftx: the compiled step's temp + arguments; torch: max allocated)",
-        lambda r: fmt(r.get("peak_mib"), ",.0f"))
+  table(
+    "peak memory, MiB (efftx: the compiled step's temp + arguments; torch: max allocated)",
+    lambda r: fmt(r.get("peak_mib"), ",.0f"),
+  )
   missing = [r for r in rows if r["status"] != "ok"]
   if missing:
     lines.extend(["## not measured", "", "| model | length | status | reason |", "|---|---:|---|---|"])
     lines.extend(f"| {r['model']} | {r['seq']} | {r['status']} | {r.get('reason', '')} |" for r in missing)
     lines.append("")
-  lines.extend(["## rows", "", "| model | length | batch | step ms | GFLOP/token | compile s | first loss | "
-                "kernels beyond XLA's |", "|---|---:|---:|---:|---:|---:|---:|---|"])
+  lines.extend(
+    [
+      "## rows",
+      "",
+      "| model | length | batch | step ms | GFLOP/token | compile s | first loss | kernels beyond XLA's |",
+      "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+  )
   for r in rows:
     if r["status"] == "ok":
       compile_s = "-" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"
       kernels = (", ".join(r["kernels"]) or "none") if "kernels" in r else "(torch)"
       gflop = "n/a" if r["flops_per_token"] is None else f"{r['flops_per_token'] / 1e9:.4g}"  # a mixer without a count
-      lines.append(f"| {r['model']} | {r['seq']} | {r['batch']} | {1e3 * r['median_step_s']:.2f} | "
-                   f"{gflop} | {compile_s} | {r['first_loss']:.4f} | {kernels} |")
+      lines.append(
+        f"| {r['model']} | {r['seq']} | {r['batch']} | {1e3 * r['median_step_s']:.2f} | "
+        f"{gflop} | {compile_s} | {r['first_loss']:.4f} | {kernels} |"
+      )
   return "\n".join(lines) + "\n"
 
 
 def plot(run: dict, path: pathlib.Path) -> None:
   """tokens/s against length (log-log), and tokens/s over hf-bert-sdpa's, one line per model."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   rows = [r for r in run["rows"] if r["status"] == "ok"]
   models = _models(rows)
   seqs = sorted({r["seq"] for r in run["rows"]})
@@ -410,21 +467,35 @@ def plot(run: dict, path: pathlib.Path) -> None:
   for model in models:
     peer = model.startswith("hf-")
     i = mixers.index(model) if not peer else 0
-    style = dict(color=("black" if model == "hf-bert-sdpa" else "dimgrey") if peer else colours[i % 20],
-                 linestyle=(0, (5, 2)) if peer else "-", marker="os^vDP"[i % 6] if not peer else "o", markersize=4,
-                 linewidth=2.5 if peer or model in ("efftx-attention", "efftx-fnet") else 1.3)
+    style = dict(
+      color=("black" if model == "hf-bert-sdpa" else "dimgrey") if peer else colours[i % 20],
+      linestyle=(0, (5, 2)) if peer else "-",
+      marker="os^vDP"[i % 6] if not peer else "o",
+      markersize=4,
+      linewidth=2.5 if peer or model in ("efftx-attention", "efftx-fnet") else 1.3,
+    )
     points = sorted((r["seq"], r["tokens_per_s"]) for r in rows if r["model"] == model)
     axes[0].plot(*zip(*points), label=model, **style)
-    ratios = sorted((r["seq"], r["over_hf-bert-sdpa"]) for r in rows
-                    if r["model"] == model and r.get("over_hf-bert-sdpa"))
+    ratios = sorted(
+      (r["seq"], r["over_hf-bert-sdpa"]) for r in rows if r["model"] == model and r.get("over_hf-bert-sdpa")
+    )
     if ratios:
       axes[1].plot(*zip(*ratios), label=model, **style)
-  where = "CPU, dry run" if run["meta"]["dry_run"] else next(
-      (p["device_kind"] for p in run["peaks"].values()), "GPU")
-  axes[0].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="training-step tokens/s",
-              title=f"tokens/s, bfloat16 ({where})")
-  axes[1].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="tokens/s over hf-bert-sdpa's",
-              title="relative to Hugging Face BERT (SDPA)")
+  where = "CPU, dry run" if run["meta"]["dry_run"] else next((p["device_kind"] for p in run["peaks"].values()), "GPU")
+  axes[0].set(
+    xscale="log",
+    yscale="log",
+    xlabel="sequence length",
+    ylabel="training-step tokens/s",
+    title=f"tokens/s, bfloat16 ({where})",
+  )
+  axes[1].set(
+    xscale="log",
+    yscale="log",
+    xlabel="sequence length",
+    ylabel="tokens/s over hf-bert-sdpa's",
+    title="relative to Hugging Face BERT (SDPA)",
+  )
   for ax in axes:
     ax.set_xticks(seqs, [str(s) for s in seqs])
     ax.set_xticks([], minor=True)
@@ -450,16 +521,24 @@ def _write(out: pathlib.Path, run: dict, with_plot: bool, replot: bool = False) 
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-  ap = argparse.ArgumentParser(prog="python -m efftx.gpu_bench", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+    prog="python -m efftx.gpu_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   names = lambda text: [x for x in text.split(",") if x]
   ap.add_argument("--out", help="the folder for gpu_bench.json, gpu_bench.md, gpu_bench.png and logs/")
-  ap.add_argument("--mixers", type=names, default=None,
-                  help="efftx mixers, or 'all' (default: all, attention and fnet first, random last; --dry_run: "
-                  "attention,fnet)")
+  ap.add_argument(
+    "--mixers",
+    type=names,
+    default=None,
+    help="efftx mixers, or 'all' (default: all, attention and fnet first, random last; --dry_run: attention,fnet)",
+  )
   ap.add_argument("--peers", type=names, default=list(HF_PEERS), help="Hugging Face peers: " + ", ".join(HF_PEERS))
-  ap.add_argument("--lengths", type=lambda t: [int(x) for x in names(t)], default=None,
-                  help="default 512,...,16384 (--dry_run: 64,128)")
+  ap.add_argument(
+    "--lengths",
+    type=lambda t: [int(x) for x in names(t)],
+    default=None,
+    help="default 512,...,16384 (--dry_run: 64,128)",
+  )
   ap.add_argument("--warmup", type=int, default=2, help="steps before timing (efftx: the compiling step included)")
   ap.add_argument("--steps", type=int, default=5, help="timed steps a row (the median is reported)")
   ap.add_argument("--budget_s", type=float, default=380, help="no row starts after this many seconds of the run")
@@ -484,6 +563,7 @@ def main(argv: list[str]) -> None:
     run = json.loads((out / "gpu_bench.json").read_text())
     return _write(out, run, with_plot=True, replot=True)
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top  (jax, not its backends)
+
   default = [m for m in FIRST if m in MIXERS] + [m for m in MIXERS if m not in FIRST + LAST] + list(LAST)
   if a.mixers is None:
     mixers = list(FIRST) if a.dry_run else default
@@ -500,13 +580,30 @@ def main(argv: list[str]) -> None:
   started = time.time()
   deadline = started + a.budget_s
   has_torch = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
-  run = dict(meta=dict(argv=argv, dry_run=a.dry_run, shape=SHAPES[size], lengths=lengths, warmup=a.warmup,
-                       steps=a.steps, budget_s=a.budget_s, row_timeout=a.row_timeout, matmul_n=MATMUL_N[size],
-                       started=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)), started_unix=started,
-                       python=platform.python_version(), versions={}),
-             peaks={}, rows=[])
-  print(f"efftx.gpu_bench{' --dry_run' if a.dry_run else ''}: {len(mixers)} mixers and {len(a.peers)} peers at "
-        f"lengths {', '.join(map(str, lengths))}; budget {a.budget_s:.0f} s; writing {out}", flush=True)
+  run = dict(
+    meta=dict(
+      argv=argv,
+      dry_run=a.dry_run,
+      shape=SHAPES[size],
+      lengths=lengths,
+      warmup=a.warmup,
+      steps=a.steps,
+      budget_s=a.budget_s,
+      row_timeout=a.row_timeout,
+      matmul_n=MATMUL_N[size],
+      started=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+      started_unix=started,
+      python=platform.python_version(),
+      versions={},
+    ),
+    peaks={},
+    rows=[],
+  )
+  print(
+    f"efftx.gpu_bench{' --dry_run' if a.dry_run else ''}: {len(mixers)} mixers and {len(a.peers)} peers at "
+    f"lengths {', '.join(map(str, lengths))}; budget {a.budget_s:.0f} s; writing {out}",
+    flush=True,
+  )
   try:
     for n, (kind, models) in enumerate(_stages(mixers, a.peers)):
       _stage(kind, models, lengths, a, run, out, deadline, has_torch, log=out / "logs" / f"{n}-{kind}.log")
@@ -515,14 +612,26 @@ def main(argv: list[str]) -> None:
     _write(out, run, with_plot=True)
   ok = [r for r in run["rows"] if r["status"] == "ok"]
   print("\n" + markdown(run))
-  print(f"{len(ok)} of {len(run['rows'])} rows measured in {time.time() - started:.0f} s; wrote "
-        f"{out / 'gpu_bench.json'}, gpu_bench.md, gpu_bench.png", flush=True)
+  print(
+    f"{len(ok)} of {len(run['rows'])} rows measured in {time.time() - started:.0f} s; wrote "
+    f"{out / 'gpu_bench.json'}, gpu_bench.md, gpu_bench.png",
+    flush=True,
+  )
   if run["rows"] and not ok:
     raise UserError(f"no row was measured: {run['rows'][0].get('reason', '')}")
 
 
-def _stage(kind: str, models: list[str], lengths: list[int], a: argparse.Namespace, run: dict,
-           out: pathlib.Path, deadline: float, has_torch: bool, log: pathlib.Path) -> None:
+def _stage(
+  kind: str,
+  models: list[str],
+  lengths: list[int],
+  a: argparse.Namespace,
+  run: dict,
+  out: pathlib.Path,
+  deadline: float,
+  has_torch: bool,
+  log: pathlib.Path,
+) -> None:
   """Measures `models` × `lengths` in workers of `kind`, one row at a time, appending every row to run["rows"]
   and rewriting the JSON and markdown after each."""
   hard_stop = deadline + a.row_timeout  # nothing waits past it: a row started at the deadline may still finish
@@ -560,8 +669,9 @@ def _stage(kind: str, models: list[str], lengths: list[int], a: argparse.Namespa
     w.close()
 
 
-def _start(kind: str, a: argparse.Namespace, log: pathlib.Path, run: dict, timeout: float
-           ) -> tuple[_Worker | None, str]:
+def _start(
+  kind: str, a: argparse.Namespace, log: pathlib.Path, run: dict, timeout: float
+) -> tuple[_Worker | None, str]:
   """(a started worker, "") after recording its framework's matmul rate and versions, or (None, why not)."""
   w = _Worker(kind, a, log)
   what, body = w.reply(timeout)
@@ -573,8 +683,11 @@ def _start(kind: str, a: argparse.Namespace, log: pathlib.Path, run: dict, timeo
     return None, why
   run["peaks"].setdefault(kind, body)
   run["meta"]["versions"].update({k: body[k] for k in ("jax", "torch", "transformers", "cuda") if body.get(k)})
-  print(f"{kind} worker: {body['device_kind']} ({body['backend']}), bfloat16 {body['matmul_n']}³ matmul "
-        f"{body['matmul_tflops']:.3g} TFLOP/s", flush=True)
+  print(
+    f"{kind} worker: {body['device_kind']} ({body['backend']}), bfloat16 {body['matmul_n']}³ matmul "
+    f"{body['matmul_tflops']:.3g} TFLOP/s",
+    flush=True,
+  )
   return w, ""
 
 
@@ -583,8 +696,7 @@ def _measure(w: _Worker, model: str, seq: int, timeout: float) -> tuple[_Worker 
   what, body = w.ask(model, seq, timeout)
   if what == "ROW":
     return w, body
-  why = (f"no answer in {timeout:.0f} s (--row_timeout, or the run's end)" if what == "TIMEOUT"
-         else w.why_exited())
+  why = f"no answer in {timeout:.0f} s (--row_timeout, or the run's end)" if what == "TIMEOUT" else w.why_exited()
   w.kill()
   return None, dict(status="timeout" if what == "TIMEOUT" else "failed", reason=why)
 
@@ -594,9 +706,11 @@ def _print_row(r: dict) -> None:
     return print(f"{r['model']:<22}{r['seq']:>6}: {r['status']}: {r.get('reason', '')}", flush=True)
   memory = "-" if r.get("peak_mib") is None else f"{r['peak_mib']:,.0f}"
   kernels = f", {', '.join(r['kernels']) or 'XLA fusions only'}" if "kernels" in r else ""
-  print(f"{r['model']:<22}{r['seq']:>6}: {r['tokens_per_s']:>12,.0f} tokens/s, step {1e3 * r['median_step_s']:8.2f} "
-        f"ms, MFU {'n/a' if r['mfu'] is None else format(100 * r['mfu'], '5.1f')} %, peak {memory} MiB{kernels}",
-        flush=True)
+  print(
+    f"{r['model']:<22}{r['seq']:>6}: {r['tokens_per_s']:>12,.0f} tokens/s, step {1e3 * r['median_step_s']:8.2f} "
+    f"ms, MFU {'n/a' if r['mfu'] is None else format(100 * r['mfu'], '5.1f')} %, peak {memory} MiB{kernels}",
+    flush=True,
+  )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Check, from any machine, that a run's steps lower for a TPU and a GPU: the steps efftx.train builds, lowered for them.
+"""Check, from any machine, that a run's steps lower for a TPU and a GPU: the steps efftx.train builds,
+lowered for them.
 
     python -m efftx.lowering --config=configs/lra_listops.py:mixer=fnet --platforms=tpu,cuda
     python -m efftx.lowering --config=configs/lm_bytes.py:mixer=aft_local --config.model.reversible=true
@@ -15,6 +16,7 @@ give the mesh its shape: XLA_FLAGS=--xla_force_host_platform_device_count=8 (con
 What lowers may still fail to compile or run out of memory on the chip: this catches what cannot lower at all (an
 operation or kernel the platform lacks, a sharding the partitioner refuses) before a pod is booked.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,9 +44,9 @@ PLATFORMS = ("tpu", "cuda")
 
 @dataclasses.dataclass(frozen=True)
 class Lowered:
-  step: str                 # "train" or "decode"
-  platform: str             # as jax.export names it: "tpu", "cuda", "rocm", "cpu"
-  kernels: dict[str, int]   # efftx.platform.kernels of its StableHLO
+  step: str  # "train" or "decode"
+  platform: str  # as jax.export names it: "tpu", "cuda", "rocm", "cpu"
+  kernels: dict[str, int]  # efftx.platform.kernels of its StableHLO
   stablehlo_chars: int
 
 
@@ -82,8 +84,9 @@ def lower_steps(config: ml_collections.ConfigDict, platforms=PLATFORMS, devices=
           lowered = fn.trace(*args).lower(lowering_platforms=(platform,))
       except Exception as e:  # pylint: disable=broad-except  # whatever tracing or lowering raised, named
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise LoweringError(f"{config.model.mixer}: the {step} step does not lower for {platform}: "
-                            f"{type(e).__name__}: {message}") from e
+        raise LoweringError(
+          f"{config.model.mixer}: the {step} step does not lower for {platform}: {type(e).__name__}: {message}"
+        ) from e
       text = lowered.as_text()
       out.append(Lowered(step, platform, platform_lib.kernels(text), len(text)))
   return out
@@ -97,10 +100,13 @@ def _train_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
   abstract_state = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, init_key))
   state_sharding = sharding.shardings(mesh, abstract_state)
   place = lambda tree, shardings: jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
   batch = _batch_spec(config, parts)
-  return (train.build_train_step(config, mesh, parts, tx, schedule, dropout_key, state_sharding),
-          (place(abstract_state, state_sharding), place(batch, jax.tree.map(lambda _: sharding.batch(mesh), batch))))
+  return (
+    train.build_train_step(config, mesh, parts, tx, schedule, dropout_key, state_sharding),
+    (place(abstract_state, state_sharding), place(batch, jax.tree.map(lambda _: sharding.batch(mesh), batch))),
+  )
 
 
 def _unlocked(config: ml_collections.ConfigDict, **model_fields) -> ml_collections.ConfigDict:
@@ -115,8 +121,9 @@ def _decode_step(config: ml_collections.ConfigDict):
   efftx.sample runs it, and its abstract arguments). Decoding runs without the reversible stack (efftx.sample
   refuses it): a model trained reversibly decodes with the same layers unstacked."""
   model = trainer.parts(_unlocked(config, reversible=False)).model
-  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, model.max_len), jnp.int32),
-                                                decode=True))
+  variables = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, model.max_len), jnp.int32), decode=True)
+  )
 
   def decode(params, cache, token_1x1):
     logits, mutated = model.apply({"params": params, "cache": cache}, token_1x1, decode=True, mutable=["cache"])
@@ -135,8 +142,10 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     for row in lower_steps(config, _PLATFORMS.value):
       kernels = ", ".join(f"{k} ×{n}" for k, n in row.kernels.items()) or "none beyond XLA's"
-      print(f"{row.step:<7}{row.platform:<6} lowers: {row.stablehlo_chars / 1e3:,.0f}K chars of StableHLO; "
-            f"kernels {kernels}")
+      print(
+        f"{row.step:<7}{row.platform:<6} lowers: {row.stablehlo_chars / 1e3:,.0f}K chars of StableHLO; "
+        f"kernels {kernels}"
+      )
 
 
 if __name__ == "__main__":

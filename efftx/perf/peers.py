@@ -29,6 +29,7 @@ of what the kernels compute, efftx.perf.profiling: matmuls, mixer core, LayerNor
 and the ops' self-time table).
 torch and transformers are needed for the hf-* peers only: pip install -e '.[peers]'.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,10 @@ import time
 
 from efftx.errors import UserError
 
-SHAPES = {"full": dict(d=256, layers=4, heads=4, ff=1024, vocab=256, tokens=8192, lr=1e-4),
-          "tiny": dict(d=32, layers=1, heads=2, ff=64, vocab=256, tokens=256, lr=1e-4)}
+SHAPES = {
+  "full": dict(d=256, layers=4, heads=4, ff=1024, vocab=256, tokens=8192, lr=1e-4),
+  "tiny": dict(d=32, layers=1, heads=2, ff=64, vocab=256, tokens=256, lr=1e-4),
+}
 TORCH_PEERS = ("hf-fnet", "hf-bert-sdpa", "hf-bert-eager")
 FLAX_PEERS = ("flax-attn", "flax-fnet")
 WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default, given to every peer
@@ -118,10 +121,16 @@ def _torch_row(peer: str, c: dict, seq: int, a) -> dict:
     pathlib.Path(f"{a.profile}.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
   n_mm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
   mixer = "fft" if peer == "hf-fnet" else "attn"
-  return dict(batch=batch, step_times_s=times, foreign_cpu_frac=foreign, loss_first=losses[0], compile_s=None,
-              flops_per_token=6 * n_mm + mixer_flops(mixer, c, seq),
-              n_params=sum(p.numel() for p in model.parameters()),
-              lib=dict(torch=torch.__version__, transformers=transformers.__version__, threads=torch.get_num_threads()))
+  return dict(
+    batch=batch,
+    step_times_s=times,
+    foreign_cpu_frac=foreign,
+    loss_first=losses[0],
+    compile_s=None,
+    flops_per_token=6 * n_mm + mixer_flops(mixer, c, seq),
+    n_params=sum(p.numel() for p in model.parameters()),
+    lib=dict(torch=torch.__version__, transformers=transformers.__version__, threads=torch.get_num_threads()),
+  )
 
 
 def hf_model(peer: str, c: dict, seq: int):
@@ -129,16 +138,31 @@ def hf_model(peer: str, c: dict, seq: int):
   the encoder (FNetModel, or BertModel with the peer's attention implementation) and a Linear(d, vocab) head."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+
   torch.manual_seed(0)
-  common = dict(vocab_size=c["vocab"], hidden_size=c["d"], num_hidden_layers=c["layers"], intermediate_size=c["ff"],
-                max_position_embeddings=max(512, seq), hidden_dropout_prob=0.0, hidden_act="gelu")
+  common = dict(
+    vocab_size=c["vocab"],
+    hidden_size=c["d"],
+    num_hidden_layers=c["layers"],
+    intermediate_size=c["ff"],
+    max_position_embeddings=max(512, seq),
+    hidden_dropout_prob=0.0,
+    hidden_act="gelu",
+  )
   if peer == "hf-fnet":
-    base = transformers.FNetModel(transformers.FNetConfig(use_tpu_fourier_optimizations=False, **common),
-                                  add_pooling_layer=False)
+    base = transformers.FNetModel(
+      transformers.FNetConfig(use_tpu_fourier_optimizations=False, **common), add_pooling_layer=False
+    )
   else:
-    base = transformers.BertModel(transformers.BertConfig(
-        num_attention_heads=c["heads"], attention_probs_dropout_prob=0.0, attn_implementation=peer.split("-")[-1],
-        **common), add_pooling_layer=False)
+    base = transformers.BertModel(
+      transformers.BertConfig(
+        num_attention_heads=c["heads"],
+        attention_probs_dropout_prob=0.0,
+        attn_implementation=peer.split("-")[-1],
+        **common,
+      ),
+      add_pooling_layer=False,
+    )
   return torch.nn.ModuleDict(dict(base=base, head=torch.nn.Linear(c["d"], c["vocab"]))).train()
 
 
@@ -175,15 +199,18 @@ def _flax_encoder(c: dict, mixer: str, max_len: int):
 def _jax_row(peer: str, c: dict, seq: int, a) -> dict:
   if peer.startswith("efftx-"):
     from efftx import sharding  # pylint: disable=g-import-not-at-top
+
     sharding.use_cpu_cores()  # on a CPU: one device per core, as efftx.train sets up
   import jax  # pylint: disable=g-import-not-at-top
-  row = _efftx_row(peer[len("efftx-"):], c, seq, a) if peer.startswith("efftx-") else _flax_row(peer, c, seq, a)
+
+  row = _efftx_row(peer[len("efftx-") :], c, seq, a) if peer.startswith("efftx-") else _flax_row(peer, c, seq, a)
   return {**row, "lib": dict(jax=jax.__version__, devices=str(jax.devices()))}
 
 
 def _flax_row(peer: str, c: dict, seq: int, a) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
+
   mixer = "attn" if peer == "flax-attn" else "fft"
   model = _flax_encoder(c, mixer, max(512, seq))
   batch = max(1, c["tokens"] // seq)
@@ -210,24 +237,39 @@ def _flax_row(peer: str, c: dict, seq: int, a) -> dict:
     losses.append(float(loss))
 
   timed = _jax_timed(step, a)
-  return dict(batch=batch, devices=1, compile_s=compile_s, loss_first=losses[0], **timed,
-              flops_per_token=6 * n_mm + mixer_flops(mixer, c, seq), n_params=n_params)
+  return dict(
+    batch=batch,
+    devices=1,
+    compile_s=compile_s,
+    loss_first=losses[0],
+    **timed,
+    flops_per_token=6 * n_mm + mixer_flops(mixer, c, seq),
+    n_params=n_params,
+  )
 
 
 def efftx_variant(mixer: str, c: dict, seq: int) -> dict:
   """The efftx.perf.step variant of an efftx-<mixer> row: shape `c` at length `seq` in the peers' block."""
-  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
+
   heads = f",mixer.num_heads={c['heads']}" if "num_heads" in config_lib.mixer_options(mixer) else ""
-  return step_lib.variant(mixer=mixer, length=seq, tokens=c["tokens"], overrides=(
+  return step_lib.variant(
+    mixer=mixer,
+    length=seq,
+    tokens=c["tokens"],
+    overrides=(
       f"model.d_model={c['d']},model.num_layers={c['layers']},model.d_ff={c['ff']},model.block_layout=post_ln,"
       f"model.activation=gelu,model.norm_eps=1e-12,model.embed_projection={str(mixer == 'fnet').lower()},"
-      f"optim.learning_rate={c['lr']},optim.warmup_steps=0,optim.weight_decay={WEIGHT_DECAY}" + heads))
+      f"optim.learning_rate={c['lr']},optim.warmup_steps=0,optim.weight_decay={WEIGHT_DECAY}" + heads
+    ),
+  )
 
 
 def _efftx_row(mixer: str, c: dict, seq: int, a) -> dict:
-  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
+
   if mixer not in MIXERS:
     raise UserError(f"peer 'efftx-{mixer}': '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
   spec = efftx_variant(mixer, c, seq)
@@ -236,10 +278,15 @@ def _efftx_row(mixer: str, c: dict, seq: int, a) -> dict:
   mixing = MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False)  # None: not counted, MFU n/a
   a.warmup = max(0, a.warmup - 1)
   profiled = dict(program=run.program_text, params=run.params, devices=info["devices"]) if a.profile else None
-  return dict(batch=info["batch"], devices=info["devices"], compile_s=info["compile_s"], loss_first=info["first_loss"],
-              **_jax_timed(lambda: run(1), a, profiled),
-              flops_per_token=None if mixing is None else 6 * info["matmul_params"] + c["layers"] * mixing,
-              n_params=info["params"])
+  return dict(
+    batch=info["batch"],
+    devices=info["devices"],
+    compile_s=info["compile_s"],
+    loss_first=info["first_loss"],
+    **_jax_timed(lambda: run(1), a, profiled),
+    flops_per_token=None if mixing is None else 6 * info["matmul_params"] + c["layers"] * mixing,
+    n_params=info["params"],
+  )
 
 
 def _jax_timed(step, a, profiled: dict | None = None) -> dict:
@@ -249,7 +296,9 @@ def _jax_timed(step, a, profiled: dict | None = None) -> dict:
   out = dict(step_times_s=times, foreign_cpu_frac=foreign)
   if a.profile:
     import jax  # pylint: disable=g-import-not-at-top
+
     from efftx.perf import profiling  # pylint: disable=g-import-not-at-top
+
     with jax.profiler.trace(a.profile):
       for _ in range(3):
         step()
@@ -267,6 +316,7 @@ def _jax_timed(step, a, profiled: dict | None = None) -> dict:
 
 def _peak(framework: str, n: int, threads: int) -> dict:
   """float32 n³ matmul GFLOP/s (the median of 10 after 2 warm-ups) of JAX's default device, or of torch."""
+
   def median_seconds(f):
     for _ in range(2):
       f()
@@ -279,26 +329,33 @@ def _peak(framework: str, n: int, threads: int) -> dict:
 
   if framework == "torch":
     import torch  # pylint: disable=g-import-not-at-top
+
     torch.set_num_threads(threads)
     x, y = torch.randn(n, n), torch.randn(n, n)
     seconds = median_seconds(lambda: x @ y)
   else:
     import jax  # pylint: disable=g-import-not-at-top
+
     x, y = (jax.random.normal(jax.random.key(i), (n, n)) for i in (0, 1))
     matmul = jax.jit(lambda x, y: x @ y)
     seconds = median_seconds(lambda: matmul(x, y).block_until_ready())
-  return {"matmul_gflops": 2 * n ** 3 / seconds / 1e9, "n": n}
+  return {"matmul_gflops": 2 * n**3 / seconds / 1e9, "n": n}
 
 
 # ---------------------------------------------------------------------------------------------- the run
 def _child(argv: list[str], timeout: int) -> dict:
   """One measurement in a fresh process: its RESULT line, or an "error"."""
-  env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), "TF_CPP_MIN_LOG_LEVEL": "3",
-         "TRANSFORMERS_VERBOSITY": "error"}
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "TRANSFORMERS_VERBOSITY": "error",
+  }
   start = time.perf_counter()
   try:
-    p = subprocess.run([sys.executable, "-m", "efftx.peers", *argv], capture_output=True, text=True, timeout=timeout,
-                       env=env)
+    p = subprocess.run(
+      [sys.executable, "-m", "efftx.peers", *argv], capture_output=True, text=True, timeout=timeout, env=env
+    )
   except subprocess.TimeoutExpired:
     return {"error": f"timeout after {timeout} s"}
   results = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
@@ -309,8 +366,13 @@ def _child(argv: list[str], timeout: int) -> dict:
 
 
 def _table(rows: list[dict], peers: list[str], ratio_to: str | None, peak_line: str) -> str:
-  lines = [peak_line, "", "| length | peer | batch | devices | tokens/s | step ms | compile s | peak RSS MiB | "
-           "GFLOP/token | MFU % | other CPU % |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = [
+    peak_line,
+    "",
+    "| length | peer | batch | devices | tokens/s | step ms | compile s | peak RSS MiB | "
+    "GFLOP/token | MFU % | other CPU % |",
+    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+  ]
   for r in sorted(rows, key=lambda r: (r["seq"], peers.index(r["peer"]))):
     if "error" in r:
       lines.append(f"| {r['seq']} | {r['peer']} | | | {r['error'][:60]} | | | | | | |")
@@ -319,32 +381,49 @@ def _table(rows: list[dict], peers: list[str], ratio_to: str | None, peak_line: 
     foreign = "-" if r.get("foreign_cpu_frac") is None else f"{100 * r['foreign_cpu_frac']:.0f}"
     gflop = "n/a" if r["flops_per_token"] is None else f"{r['flops_per_token'] / 1e9:.4g}"  # a mixer without a count
     mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}"
-    lines.append(f"| {r['seq']} | {r['peer']} | {r['batch']} | {r.get('devices') or '-'} | {r['tokens_per_s']:.0f} | "
-                 f"{1e3 * r['median_step_s']:.1f} | {compile_s} | {r['peak_rss_mib']:.0f} | "
-                 f"{gflop} | {mfu} | {foreign} |")
+    lines.append(
+      f"| {r['seq']} | {r['peer']} | {r['batch']} | {r.get('devices') or '-'} | {r['tokens_per_s']:.0f} | "
+      f"{1e3 * r['median_step_s']:.1f} | {compile_s} | {r['peak_rss_mib']:.0f} | "
+      f"{gflop} | {mfu} | {foreign} |"
+    )
   if ratio_to:
     by = {(r["peer"], r["seq"]): r.get("tokens_per_s") for r in rows}
-    lines += ["", f"tokens/s over {ratio_to}'s:", "", "| length | " + " | ".join(peers) + " |",
-              "|---:|" + "---:|" * len(peers)]
+    lines += [
+      "",
+      f"tokens/s over {ratio_to}'s:",
+      "",
+      "| length | " + " | ".join(peers) + " |",
+      "|---:|" + "---:|" * len(peers),
+    ]
     for seq in sorted({r["seq"] for r in rows}):
       ref = by.get((ratio_to, seq))
-      lines.append(f"| {seq} | " + " | ".join(f"{by[(p, seq)] / ref:.2f}" if ref and by.get((p, seq)) else "-"
-                                              for p in peers) + " |")
+      lines.append(
+        f"| {seq} | "
+        + " | ".join(f"{by[(p, seq)] / ref:.2f}" if ref and by.get((p, seq)) else "-" for p in peers)
+        + " |"
+      )
   return "\n".join(lines) + "\n"
 
 
 def _plot(rows: list[dict], path: pathlib.Path) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   rows = [r for r in rows if "tokens_per_s" in r]
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for peer in dict.fromkeys(r["peer"] for r in rows):
     points = sorted((r["seq"], r["tokens_per_s"]) for r in rows if r["peer"] == peer)
     ax.plot(*zip(*points), marker="o", label=peer, linestyle="--" if peer.startswith(("hf-", "flax-")) else "-")
   seqs = sorted({r["seq"] for r in rows})
-  ax.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="training-step tokens/s",
-         title="efftx and its peers: same shape, same machine")
+  ax.set(
+    xscale="log",
+    yscale="log",
+    xlabel="sequence length",
+    ylabel="training-step tokens/s",
+    title="efftx and its peers: same shape, same machine",
+  )
   ax.set_xticks(seqs, [str(s) for s in seqs])
   ax.set_xticks([], minor=True)  # the log axis's own minor labels would sit over the lengths'
   ax.grid(alpha=0.3, which="both")
@@ -354,13 +433,22 @@ def _plot(rows: list[dict], path: pathlib.Path) -> None:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-  ap = argparse.ArgumentParser(prog="python -m efftx.peers", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+    prog="python -m efftx.peers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   names = lambda text: [x for x in text.split(",") if x]
-  ap.add_argument("--peers", type=names, default=list(TORCH_PEERS + FLAX_PEERS) + ["efftx-fnet", "efftx-attention"],
-                  help="comma-separated: " + ", ".join(TORCH_PEERS + FLAX_PEERS) + ", efftx-<mixer>")
-  ap.add_argument("--seqs", type=lambda t: [int(x) for x in names(t)], default=None,
-                  help="lengths (default 128,...,4096; --quick 256,1024; --tiny 64,128)")
+  ap.add_argument(
+    "--peers",
+    type=names,
+    default=list(TORCH_PEERS + FLAX_PEERS) + ["efftx-fnet", "efftx-attention"],
+    help="comma-separated: " + ", ".join(TORCH_PEERS + FLAX_PEERS) + ", efftx-<mixer>",
+  )
+  ap.add_argument(
+    "--seqs",
+    type=lambda t: [int(x) for x in names(t)],
+    default=None,
+    help="lengths (default 128,...,4096; --quick 256,1024; --tiny 64,128)",
+  )
   ap.add_argument("--quick", action="store_true", help="lengths 256 and 1024")
   ap.add_argument("--tiny", action="store_true", help="d 32, 1 layer, 2 heads, FF 64, 256 tokens a step")
   ap.add_argument("--eager_max_seq", type=int, default=1024, help="hf-bert-eager only up to this length")
@@ -407,7 +495,7 @@ def main(argv: list[str]) -> None:
   common += ["--tiny"] * a.tiny + ["--profile"] * a.profile
   started = time.time()
   peak = {}
-  for fw in ([] if a.no_peak else ["jax"] + ["torch"] * bool(set(a.peers) & set(TORCH_PEERS))):
+  for fw in [] if a.no_peak else ["jax"] + ["torch"] * bool(set(a.peers) & set(TORCH_PEERS)):
     peak[fw] = _child(["--worker_peak", fw] + common, a.timeout)
     print(f"float32 matmul peak, {fw}: {peak[fw].get('matmul_gflops', float('nan')):.1f} GFLOP/s", flush=True)
   peak_gflops = max([p["matmul_gflops"] for p in peak.values() if "matmul_gflops" in p] or [float("nan")])
@@ -416,8 +504,11 @@ def main(argv: list[str]) -> None:
     for seq in seqs:
       if peer == "hf-bert-eager" and seq > a.eager_max_seq:
         continue
-      r = ({"error": "skipped (a shorter length failed)"} if peer in failed
-           else _child(["--worker", peer, "--seq", str(seq)] + common, a.timeout))
+      r = (
+        {"error": "skipped (a shorter length failed)"}
+        if peer in failed
+        else _child(["--worker", peer, "--seq", str(seq)] + common, a.timeout)
+      )
       r.update(peer=peer, seq=seq)
       if "error" in r:
         failed.add(peer)
@@ -425,22 +516,37 @@ def main(argv: list[str]) -> None:
       else:
         r["median_step_s"] = statistics.median(r["step_times_s"])
         r["tokens_per_s"] = r["batch"] * seq / r["median_step_s"]
-        r["mfu"] = (None if r["flops_per_token"] is None
-                    else r["tokens_per_s"] * r["flops_per_token"] / 1e9 / peak_gflops)
+        r["mfu"] = (
+          None if r["flops_per_token"] is None else r["tokens_per_s"] * r["flops_per_token"] / 1e9 / peak_gflops
+        )
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}"  # n/a: a mixer without a FLOP count
-        print(f"{peer:<16} {seq:>5}: batch {r['batch']:>3}, {r['tokens_per_s']:>9.0f} tokens/s, step "
-              f"{1e3 * r['median_step_s']:.1f} ms, MFU {mfu} %, peak RSS {r['peak_rss_mib']:.0f} MiB, "
-              f"other CPU {100 * (r['foreign_cpu_frac'] or 0):.0f} %", flush=True)
+        print(
+          f"{peer:<16} {seq:>5}: batch {r['batch']:>3}, {r['tokens_per_s']:>9.0f} tokens/s, step "
+          f"{1e3 * r['median_step_s']:.1f} ms, MFU {mfu} %, peak RSS {r['peak_rss_mib']:.0f} MiB, "
+          f"other CPU {100 * (r['foreign_cpu_frac'] or 0):.0f} %",
+          flush=True,
+        )
       rows.append(r)
   size = "512³" if a.tiny else "2048³ (MFU's denominator: the larger)"
   peak_line = f"float32 matmul {size}: " + ", ".join(
-      f"{fw} {p.get('matmul_gflops', float('nan')):.1f} GFLOP/s" for fw, p in peak.items())
+    f"{fw} {p.get('matmul_gflops', float('nan')):.1f} GFLOP/s" for fw, p in peak.items()
+  )
   table = _table(rows, a.peers, a.ratio_to, peak_line)
   print("\n" + table)
-  meta = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), total_s=time.time() - started,
-              argv=argv, shape=c, seqs=seqs, warmup=a.warmup, steps=a.steps, threads=a.threads,
-              python=platform.python_version(), nproc=os.cpu_count(), peak_gflops=peak_gflops,
-              cpu=next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None))
+  meta = dict(
+    started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+    total_s=time.time() - started,
+    argv=argv,
+    shape=c,
+    seqs=seqs,
+    warmup=a.warmup,
+    steps=a.steps,
+    threads=a.threads,
+    python=platform.python_version(),
+    nproc=os.cpu_count(),
+    peak_gflops=peak_gflops,
+    cpu=next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None),
+  )
   (out / "peers.json").write_text(json.dumps(dict(meta=meta, peak=peak, results=rows), indent=1))
   (out / "peers.md").write_text(table)
   _plot(rows, out / "peers.png")

@@ -4,10 +4,11 @@ Each kernel of the trace is an instruction of the compiled program; its op_name 
 flax module path) says what it computes. The categories: the model's dense layers' matmuls ("matmul") and their
 bias terms, the mixer's core (attention's score and value products and softmax, the FFT, AFT's sums), LayerNorm,
 GELU (the feed-forward's elementwise part), the embedding, the loss, the optimizer update with the gradient norm
-and the metrics, the gradients' all-reduce, and "other" (residual sums, copies XLA inserted). XLA runs independent kernels at once on its threads,
-so the sums can exceed the step's wall time; with several devices the sums are per device (divided by the device
-count). Used by `python -m efftx.peers --profile`.
+and the metrics, the gradients' all-reduce, and "other" (residual sums, copies XLA inserted). XLA runs
+independent kernels at once on its threads, so the sums can exceed the step's wall time; with several devices the
+sums are per device (divided by the device count). Used by `python -m efftx.peers --profile`.
 """
+
 from __future__ import annotations
 
 import collections
@@ -17,6 +18,7 @@ import pathlib
 import re
 
 _DOT = re.compile(r"\b(dot|convolution)\(")
+
 
 def instructions(hlo_text: str) -> dict[str, tuple[str, bool]]:
   """HLO instruction name → (its op_name, whether it is or fuses a matmul), from a compiled program's text. A fusion
@@ -29,8 +31,9 @@ def instructions(hlo_text: str) -> dict[str, tuple[str, bool]]:
     elif current is not None:
       current.append(line)
   has_dot = {name: any(_DOT.search(line) for line in lines) for name, lines in computations.items()}
-  inner_name = {name: next(iter(re.findall(r'op_name="([^"]+)"', "\n".join(lines))), "")
-                for name, lines in computations.items()}
+  inner_name = {
+    name: next(iter(re.findall(r'op_name="([^"]+)"', "\n".join(lines))), "") for name, lines in computations.items()
+  }
   out = {}
   for computation, lines in computations.items():
     for line in lines:
@@ -59,7 +62,7 @@ def category(kernel: str, op_name: str, dot: bool, dense_modules: set[str]) -> s
       return "loss"
     # The step's own primitives, outside the model: AdamW's update, the gradient norm and clipping, the metrics.
     return "optimizer, metrics" if len(path) == 2 else "other"
-  modules = [re.sub(r"^\w+\((\w+)\)$", r"\1", p) for p in path[root + 1:]]
+  modules = [re.sub(r"^\w+\((\w+)\)$", r"\1", p) for p in path[root + 1 :]]
   for depth in range(len(modules), 0, -1):  # the innermost dense layer the op belongs to
     if "/".join(modules[:depth]) in dense_modules:
       return "matmul" if dot else "dense bias"
@@ -74,8 +77,9 @@ def category(kernel: str, op_name: str, dot: bool, dense_modules: set[str]) -> s
   return "loss" if "head" in modules or "classifier" in modules else "other"
 
 
-def summarize(trace_folder: str, program: dict[str, tuple[str, bool]], dense_modules: set[str], steps: int,
-              devices: int) -> dict[str, dict[str, float]]:
+def summarize(
+  trace_folder: str, program: dict[str, tuple[str, bool]], dense_modules: set[str], steps: int, devices: int
+) -> dict[str, dict[str, float]]:
   """ms a step (per device) by category and by kernel kind (an HLO name without its number), from the newest
   jax.profiler trace under trace_folder of `steps` steps of the program whose `instructions` are `program`."""
   trace = json.load(gzip.open(sorted(pathlib.Path(trace_folder).glob("**/*.trace.json.gz"))[-1]))
@@ -95,6 +99,7 @@ def summarize(trace_folder: str, program: dict[str, tuple[str, bool]], dense_mod
 def dense_modules(params) -> set[str]:
   """The flax paths of the modules that hold a dense layer's kernel ("kernel" beside a "bias")."""
   import jax  # pylint: disable=g-import-not-at-top
+
   out = set()
   for path, _ in jax.tree_util.tree_leaves_with_path(params):
     keys = [getattr(k, "key", str(k)) for k in path]

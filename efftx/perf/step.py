@@ -5,8 +5,10 @@ at the peer shape (`peer_shape`: the shape bench and peers time mixers at), with
 compiles its step and returns a function that runs n more steps. An ab --commits worker (`worker`) loads this file
 by path against an older tree's efftx, so it imports only core modules that every compared commit has.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 import difflib
 import hashlib
 import json
@@ -18,7 +20,6 @@ import runpy
 import sys
 import time
 import traceback
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,11 +35,18 @@ from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
 
-def variant(config: str = "", mixer: str = "", length: int = 0, tokens: int = 0, overrides: str = "",
-            compiler: str = "") -> dict:
+def variant(
+  config: str = "", mixer: str = "", length: int = 0, tokens: int = 0, overrides: str = "", compiler: str = ""
+) -> dict:
   """A variant as plain data (it crosses the pipe to a --commits worker); the strings as the flags take them."""
-  return {"config": config, "mixer": mixer, "length": length, "tokens": tokens,
-          "set": _pairs("overrides", overrides), "compiler": _pairs("compiler options", compiler)}
+  return {
+    "config": config,
+    "mixer": mixer,
+    "length": length,
+    "tokens": tokens,
+    "set": _pairs("overrides", overrides),
+    "compiler": _pairs("compiler options", compiler),
+  }
 
 
 def _pairs(what: str, text: str) -> dict[str, str]:
@@ -67,8 +75,11 @@ def _set(config: ml_collections.ConfigDict, path: str, text: str) -> None:
     if not isinstance(node, ml_collections.ConfigDict) or part not in node:
       fields = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
       guess = difflib.get_close_matches(part, fields, n=1)
-      raise UserError(f"{path}: {where} has no field '{part}'" + (f" (did you mean '{guess[0]}'?)" if guess else "")
-                      + (f"; its fields: {', '.join(fields)}" if fields else ""))
+      raise UserError(
+        f"{path}: {where} has no field '{part}'"
+        + (f" (did you mean '{guess[0]}'?)" if guess else "")
+        + (f"; its fields: {', '.join(fields)}" if fields else "")
+      )
     if part != name:
       node, where = node[part], f"{where}.{part}"
   if path == "model.mixer":  # the new mixer's options, keeping the ones the two share (num_heads, ...)
@@ -101,11 +112,15 @@ def load_config(spec: dict) -> tuple[ml_collections.ConfigDict, int]:
     except UserError:
       raise
     except Exception as e:  # pylint: disable=broad-except  (the config file's own error, in one line)
-      lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
-               if os.path.realpath(f.filename) == os.path.realpath(path)]
+      lines = [
+        f.lineno
+        for f in traceback.extract_tb(e.__traceback__)
+        if os.path.realpath(f.filename) == os.path.realpath(path)
+      ]
       first = (str(e).strip().splitlines() or [""])[0]
-      raise UserError(f"--config={spec['config']}: {type(e).__name__}: {first}"
-                      + (f" ({path}, line {lines[-1]})" if lines else "")) from None
+      raise UserError(
+        f"--config={spec['config']}: {type(e).__name__}: {first}" + (f" ({path}, line {lines[-1]})" if lines else "")
+      ) from None
   else:
     config = peer_shape(spec["mixer"], 1024)
   config.model.max_len = spec["length"] or config.model.max_len
@@ -125,13 +140,18 @@ def _random_batch(model, objective, params, batch_size: int, length: int) -> dic
   """Random tokens, every position real, and the objective's own keys: labels (as many classes as the model has
   outputs), targets, weights of 1."""
   keys = jax.random.split(jax.random.key(1), 3)
-  out = {"tokens": jax.random.randint(keys[0], (batch_size, length), 0, model.vocab_size),
-         "mask": jnp.ones((batch_size, length), bool)}
-  logits = jax.eval_shape(lambda p: model.apply({"params": p}, out["tokens"][:1], mask=out["mask"][:1],
-                                                deterministic=True), params)
-  makers = {"label": lambda: jax.random.randint(keys[1], (batch_size,), 0, logits.shape[-1]),
-            "targets": lambda: jax.random.randint(keys[2], (batch_size, length), 0, model.vocab_size),
-            "weights": lambda: jnp.ones((batch_size, length), jnp.float32)}
+  out = {
+    "tokens": jax.random.randint(keys[0], (batch_size, length), 0, model.vocab_size),
+    "mask": jnp.ones((batch_size, length), bool),
+  }
+  logits = jax.eval_shape(
+    lambda p: model.apply({"params": p}, out["tokens"][:1], mask=out["mask"][:1], deterministic=True), params
+  )
+  makers = {
+    "label": lambda: jax.random.randint(keys[1], (batch_size,), 0, logits.shape[-1]),
+    "targets": lambda: jax.random.randint(keys[2], (batch_size, length), 0, model.vocab_size),
+    "weights": lambda: jnp.ones((batch_size, length), jnp.float32),
+  }
   return {**out, **{k: makers[k]() for k in objective.batch_keys}}
 
 
@@ -142,8 +162,10 @@ def prepare(spec: dict) -> tuple[Callable[[int], float], dict]:
   batch_size, length = config.data.batch_size, config.model.max_len
   devices = devices or math.gcd(batch_size, jax.device_count())
   if devices > jax.device_count() or batch_size % devices:
-    raise UserError(f"devices={devices}: there are {jax.device_count()} devices and the batch of {batch_size} "
-                    "must split evenly over the ones used")
+    raise UserError(
+      f"devices={devices}: there are {jax.device_count()} devices and the batch of {batch_size} "
+      "must split evenly over the ones used"
+    )
   if spec["mixer"]:  # a next-token head at every position, vocabulary 256, as efftx.bench's mixers mode
     m = config.model
     try:
@@ -168,23 +190,41 @@ def prepare(spec: dict) -> tuple[Callable[[int], float], dict]:
   options = {**train_options, **{k: _xla_value(v) for k, v in spec["compiler"].items()}}
   start = time.perf_counter()
   with jax.set_mesh(mesh):  # as efftx.train lowers its step: per-device kernels (splash attention) split by it
-    compiled = jax.jit(trainer.make_train_step(model, objective, tx, schedule, dropout_key),
-                       in_shardings=(state_sharding, sharding.batch(mesh)),
-                       out_shardings=(state_sharding, sharding.replicated(mesh)), donate_argnums=0,
-                       compiler_options=options).lower(state, batch).compile()
-  info = {"overrides": spec["set"], "mixer": config.model.mixer, "batch": batch_size, "length": length,
-          "devices": devices, "compiler_options": options, "compile_s": time.perf_counter() - start,
-          "params": sum(x.size for x in jax.tree.leaves(state.params)),
-          "matmul_params": sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(state.params)
-                               if getattr(path[-1], "key", None) == "kernel"),
-          "efftx": str(pathlib.Path(config_lib.__file__).parent)}  # where the variant's code came from
+    compiled = (
+      jax.jit(
+        trainer.make_train_step(model, objective, tx, schedule, dropout_key),
+        in_shardings=(state_sharding, sharding.batch(mesh)),
+        out_shardings=(state_sharding, sharding.replicated(mesh)),
+        donate_argnums=0,
+        compiler_options=options,
+      )
+      .lower(state, batch)
+      .compile()
+    )
+  info = {
+    "overrides": spec["set"],
+    "mixer": config.model.mixer,
+    "batch": batch_size,
+    "length": length,
+    "devices": devices,
+    "compiler_options": options,
+    "compile_s": time.perf_counter() - start,
+    "params": sum(x.size for x in jax.tree.leaves(state.params)),
+    "matmul_params": sum(
+      x.size
+      for path, x in jax.tree_util.tree_leaves_with_path(state.params)
+      if getattr(path[-1], "key", None) == "kernel"
+    ),
+    "efftx": str(pathlib.Path(config_lib.__file__).parent),
+  }  # where the variant's code came from
   memory = compiled.memory_analysis()  # per device; None where the backend gives none
   if memory is not None:
     info.update(temp_bytes=memory.temp_size_in_bytes, argument_bytes=memory.argument_size_in_bytes)
   # The program without its source locations (metadata and the stack-frame tables), which differ between commits.
   program_text = compiled.as_text()
-  program = re.sub(r"(?m), metadata=\{[^}]*\}|^(\d+ [{\"].*|FileNames|FunctionNames|FileLocations|StackFrames)\n", "",
-                   program_text)
+  program = re.sub(
+    r"(?m), metadata=\{[^}]*\}|^(\d+ [{\"].*|FileNames|FunctionNames|FileLocations|StackFrames)\n", "", program_text
+  )
   info["program_sha1"] = hashlib.sha1(program.encode()).hexdigest()[:12]
   holder = {"state": state}
 

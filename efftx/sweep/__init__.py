@@ -7,6 +7,7 @@ Every point is one runnable command with its own folder: a re-run skips done poi
 retries failed ones, and the report is rebuilt from the folders (or the published records) alone. A sweep file's
 names, their types and defaults, the launchers and the records: efftx/sweep/README.md.
 """
+
 from efftx.sweep.study import Plot  # what sweep files use
 from efftx.sweep.study import Point
 from efftx.sweep.study import best_then_seeds

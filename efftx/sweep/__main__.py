@@ -1,6 +1,7 @@
 """The command line: flags → load the sweep file → run its points → write the report (and publish it).
 
 `--help` prints the package's docstring, which points to efftx/sweep/README.md (the sweep file's names)."""
+
 from __future__ import annotations
 
 import os
@@ -36,10 +37,18 @@ def _define_flags() -> None:
   _LAUNCHER = flags.DEFINE_enum("launcher", "local", LAUNCHERS, "Where points run.")
   _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each point's state and command; run nothing.")
   _REPORT = flags.DEFINE_bool("report", False, "Only write the report from the points' workdirs.")
-  _PUBLISH = flags.DEFINE_bool("publish", False, "Copy the report next to the sweep file (once every point is done) "
-                               "and each finished point's record into its runs/ folder.")
-  _REUSE_PUBLISHED = flags.DEFINE_bool("reuse_published", False, "Points not started in --workdir whose published "
-                                       "record (runs/ beside the sweep file) ran with the same flags count as done.")
+  _PUBLISH = flags.DEFINE_bool(
+    "publish",
+    False,
+    "Copy the report next to the sweep file (once every point is done) "
+    "and each finished point's record into its runs/ folder.",
+  )
+  _REUSE_PUBLISHED = flags.DEFINE_bool(
+    "reuse_published",
+    False,
+    "Points not started in --workdir whose published "
+    "record (runs/ beside the sweep file) ran with the same flags count as done.",
+  )
   _TPU = flags.DEFINE_string("tpu", "", "launcher tpu: the TPU VM slice's name.")
   _ZONE = flags.DEFINE_string("zone", "", "launcher tpu: its zone.")
   _REMOTE_DIR = flags.DEFINE_string("remote_dir", "efftx", "launcher tpu: the efftx checkout on the workers.")
@@ -47,21 +56,32 @@ def _define_flags() -> None:
   _NODES = flags.DEFINE_integer("nodes", 1, "launcher slurm: nodes per point (one process per node).")
   _GPUS_PER_NODE = flags.DEFINE_integer("gpus_per_node", 0, "launcher slurm: GPUs per node.")
   _TIMEOUT_MIN = flags.DEFINE_integer("timeout_min", 24 * 60, "launcher slurm: a point's time limit (minutes).")
-  _SUBMITIT_CLUSTER = flags.DEFINE_enum("submitit_cluster", "slurm", ["slurm", "local"],
-                                        "launcher slurm: submitit's executor (local: on this machine, for tests).")
+  _SUBMITIT_CLUSTER = flags.DEFINE_enum(
+    "submitit_cluster",
+    "slurm",
+    ["slurm", "local"],
+    "launcher slurm: submitit's executor (local: on this machine, for tests).",
+  )
 
 
 def main(argv: list[str]) -> None:
   if len(argv) != 2:
-    cli.exit_with("efftx.sweep", "give one sweep file: python -m efftx.sweep experiments/<study>/sweep.py "
-                         "--workdir=DIR")
+    cli.exit_with(
+      "efftx.sweep", "give one sweep file: python -m efftx.sweep experiments/<study>/sweep.py --workdir=DIR"
+    )
   if not _WORKDIR.value:
     cli.exit_with("efftx.sweep", "--workdir is required: the folder for the points' runs and the report")
   with cli.one_line_errors("efftx.sweep"):
     workdir = os.fspath(checkpoints.run_folder(_WORKDIR.value))  # as efftx.train reads each point's --workdir
     study = load(argv[1], _SCALE.value, workdir)
-    launch = Launch(_LAUNCHER.value, _PARALLEL.value, tpu=_TPU.value, zone=_ZONE.value, remote_dir=_REMOTE_DIR.value,
-                    submitit_cluster=_SUBMITIT_CLUSTER.value)
+    launch = Launch(
+      _LAUNCHER.value,
+      _PARALLEL.value,
+      tpu=_TPU.value,
+      zone=_ZONE.value,
+      remote_dir=_REMOTE_DIR.value,
+      submitit_cluster=_SUBMITIT_CLUSTER.value,
+    )
     if launch.launcher == "tpu" and not (launch.tpu and launch.zone):
       raise UserError("--launcher=tpu needs --tpu=<slice name> and --zone=<zone>")
     if launch.launcher == "tpu" and not workdir.startswith("gs://") and not _DRY_RUN.value:
@@ -74,8 +94,11 @@ def main(argv: list[str]) -> None:
         launch.slurm["gpus_per_node"] = _GPUS_PER_NODE.value
       if launch.submitit_cluster == "local":
         launch.slurm = {"timeout_min": _TIMEOUT_MIN.value}
-    command = shlex.join(["python", "-m", "efftx.sweep", os.path.relpath(os.path.abspath(argv[1]), REPO)]
-                         + ([f"--scale={_SCALE.value}"] if _SCALE.value != "cpu" else []) + ["--workdir=DIR"])
+    command = shlex.join(
+      ["python", "-m", "efftx.sweep", os.path.relpath(os.path.abspath(argv[1]), REPO)]
+      + ([f"--scale={_SCALE.value}"] if _SCALE.value != "cpu" else [])
+      + ["--workdir=DIR"]
+    )
     reused = set()
     if _REUSE_PUBLISHED.value:
       study, reused = _reuse(study, argv[1], workdir)
@@ -85,8 +108,11 @@ def main(argv: list[str]) -> None:
         grown = _grown(study, argv[1], workdir)
         if grown is None:
           break
-        print(f"efftx.sweep: {len(grown.points) - len(study.points)} more points now that their search finished",
-              file=sys.stderr, flush=True)
+        print(
+          f"efftx.sweep: {len(grown.points) - len(study.points)} more points now that their search finished",
+          file=sys.stderr,
+          flush=True,
+        )
         study = _reuse(grown, argv[1], workdir)[0] if _REUSE_PUBLISHED.value else grown
         states = run(study, workdir, launch)
       if _DRY_RUN.value:
@@ -102,8 +128,11 @@ def main(argv: list[str]) -> None:
       print(f"published: {len(records)} points' records in {os.path.dirname(records[0]) if records else '—'}")
       unfinished = [p.name for p in study.points if state(epath.Path(workdir) / p.name) != "done"]
       if unfinished:
-        print(f"efftx.sweep: the report is not published while {len(unfinished)} of {len(study.points)} points are "
-              "not done (the committed one stays)", file=sys.stderr)
+        print(
+          f"efftx.sweep: the report is not published while {len(unfinished)} of {len(study.points)} points are "
+          "not done (the committed one stays)",
+          file=sys.stderr,
+        )
       else:
         print(f"published: {', '.join(publish(study, paths))}")
   if not _REPORT.value and not _DRY_RUN.value and "failed" in states.values():

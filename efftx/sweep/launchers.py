@@ -3,6 +3,7 @@
 status line.
 
 SIGINT / SIGTERM to the sweep reach each running point once, so it saves a checkpoint and stops."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -61,10 +62,14 @@ def run_point(command: list[str], folder: str) -> dict:
   previous_log = log_path.read_text() if log_path.exists() else ""
   log_path.write_text(previous_log + text)
   previous = read_json(folder / POINT_FILE) or {}
-  outcome = {"command": command, "returncode": proc.returncode, "seconds": time.time() - start,
-             "total_seconds": (previous.get("total_seconds") or 0.0) + time.time() - start,
-             "commits": list(dict.fromkeys([*previous.get("commits", []), *([commit] if commit else [])])),
-             "machine": None if remote else machine()}
+  outcome = {
+    "command": command,
+    "returncode": proc.returncode,
+    "seconds": time.time() - start,
+    "total_seconds": (previous.get("total_seconds") or 0.0) + time.time() - start,
+    "commits": list(dict.fromkeys([*previous.get("commits", []), *([commit] if commit else [])])),
+    "machine": None if remote else machine(),
+  }
   if proc.returncode == 0:
     outcome["status"] = "done" if state(folder) == "done" else "stopped"
   elif proc.returncode in (-signal.SIGTERM, -signal.SIGINT):  # stopped before its own handler was in place
@@ -77,7 +82,8 @@ def run_point(command: list[str], folder: str) -> dict:
       outcome["error"] = (errors or lines or [f"exit status {proc.returncode}"])[-1][:500]
     else:  # killed (out of memory, a job's time limit)
       outcome["error"] = f"killed by {signal.Signals(-proc.returncode).name}" + (
-          f"; its last output: {lines[-1][:300]}" if lines else "")
+        f"; its last output: {lines[-1][:300]}" if lines else ""
+      )
   (folder / POINT_FILE).write_text(json.dumps(outcome, indent=2))
   return outcome
 
@@ -85,6 +91,7 @@ def run_point(command: list[str], folder: str) -> dict:
 @dataclasses.dataclass
 class Launch:
   """How points run: launcher, --parallel, and the cluster's settings."""
+
   launcher: str = "local"
   parallel: int = 1
   slurm: dict[str, Any] = dataclasses.field(default_factory=dict)  # submitit parameters (slurm_partition, ...)
@@ -102,8 +109,17 @@ def tpu_command(launch: Launch, train_command: list[str]) -> list[str]:
     remote, workers = shlex.join(["python3", *train_command[1:]]), "0"
   else:
     remote, workers = shlex.join(["python3", *train_command[1:], "--distributed"]), "all"
-  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", launch.tpu, f"--zone={launch.zone}", f"--worker={workers}",
-          f"--command=cd {launch.remote_dir} && {remote}"]
+  return [
+    "gcloud",
+    "compute",
+    "tpus",
+    "tpu-vm",
+    "ssh",
+    launch.tpu,
+    f"--zone={launch.zone}",
+    f"--worker={workers}",
+    f"--command=cd {launch.remote_dir} && {remote}",
+  ]
 
 
 def _commands(study: Study, workdir: str, launch: Launch) -> dict[str, list[str]]:
@@ -148,25 +164,36 @@ class _Status:
       self._last = line
 
 
-def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False,
-        reused: set[str] = frozenset()) -> dict[str, str]:
+def run(
+  study: Study, workdir: str, launch: Launch, dry_run: bool = False, reused: set[str] = frozenset()
+) -> dict[str, str]:
   """Runs every point that is not done; returns {point: state} at the end. `reused`: points a dry run would take
   from their published records (printed as such, not as runs)."""
   commands = _commands(study, workdir, launch)
   states = {name: state(epath.Path(workdir) / name) for name in commands}
   todo = [n for n in commands if states[n] != "done"]
   for name, command in commands.items():
-    verb = "skip (done)" if states[name] == "done" else "reuse" if name in reused else {
-        "unfinished": "resume", "failed": "retry"}.get(states[name], "run")
+    verb = (
+      "skip (done)"
+      if states[name] == "done"
+      else "reuse"
+      if name in reused
+      else {"unfinished": "resume", "failed": "retry"}.get(states[name], "run")
+    )
     print(f"{verb:12s} {name}: {shlex.join(command)}", flush=True)
   if launch.launcher == "slurm":
-    print(f"             (each submitted through submitit with {launch.slurm or 'default parameters'}; logs in "
-          f"{workdir}/submitit)", flush=True)
+    print(
+      f"             (each submitted through submitit with {launch.slurm or 'default parameters'}; logs in "
+      f"{workdir}/submitit)",
+      flush=True,
+    )
   if dry_run or not todo:
     return states
   # A point that failed before is retried: pending until it runs, not counted among this run's failures.
-  status = _Status({n: "retry" if s == "failed" else s for n, s in states.items()},
-                   launch.parallel if launch.launcher == "local" else len(todo))
+  status = _Status(
+    {n: "retry" if s == "failed" else s for n, s in states.items()},
+    launch.parallel if launch.launcher == "local" else len(todo),
+  )
   if launch.launcher == "slurm":
     return _with_retries_failed(_run_slurm(study, workdir, launch, commands, todo, status))
   stop = threading.Event()
@@ -182,8 +209,11 @@ def run(study: Study, workdir: str, launch: Launch, dry_run: bool = False,
 
   def on_signal(signum, frame):  # pylint: disable=unused-argument
     if not stop.is_set():
-      print("efftx.sweep: stopping: the running points save a checkpoint and stop; the same command goes on",
-            file=sys.stderr, flush=True)
+      print(
+        "efftx.sweep: stopping: the running points save a checkpoint and stop; the same command goes on",
+        file=sys.stderr,
+        flush=True,
+      )
       stop.set()
       with _RUNNING_LOCK:
         for proc in _RUNNING:
@@ -214,6 +244,7 @@ def _tick(status: _Status, stop: threading.Event) -> None:
 
 def _run_slurm(study, workdir, launch, commands, todo, status) -> dict[str, str]:
   import submitit  # pylint: disable=g-import-not-at-top
+
   executor = submitit.AutoExecutor(folder=os.path.join(workdir, "submitit", "%j"), cluster=launch.submitit_cluster)
   executor.update_parameters(name=f"efftx-{study.name}", **launch.slurm)
   bench = {p.name for p in study.points if p.program == "bench"}
@@ -223,8 +254,10 @@ def _run_slurm(study, workdir, launch, commands, todo, status) -> dict[str, str]
     one_node.update_parameters(name=f"efftx-{study.name}", **{**launch.slurm, "nodes": 1})
   # run_point is pickled by reference to this module, which the job's process imports (the entry point, run as
   # __main__, is not).
-  jobs = {name: (one_node if name in bench else executor).submit(run_point, commands[name], f"{workdir}/{name}")
-          for name in todo}
+  jobs = {
+    name: (one_node if name in bench else executor).submit(run_point, commands[name], f"{workdir}/{name}")
+    for name in todo
+  }
   for name, job in jobs.items():
     print(f"submitted    {name}: job {job.job_id}", flush=True)
     status.set(name, "running")
@@ -233,10 +266,12 @@ def _run_slurm(study, workdir, launch, commands, todo, status) -> dict[str, str]
     try:
       outcome = job.result()
     except Exception as e:  # pylint: disable=broad-except  # the job itself died (timeout, node failure)
-      outcome = {"status": "failed", "error": f"job {job.job_id}: {str(e).strip().splitlines()[-1][:300]}",
-                 "seconds": None}
+      outcome = {
+        "status": "failed",
+        "error": f"job {job.job_id}: {str(e).strip().splitlines()[-1][:300]}",
+        "seconds": None,
+      }
     if outcome["status"] == "failed":
       print(f"failed       {name}: {outcome['error']}", file=sys.stderr, flush=True)
     status.set(name, {"done": "done", "failed": "failed"}.get(outcome["status"], "unfinished"), outcome["seconds"])
   return status.states
-

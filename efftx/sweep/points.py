@@ -3,6 +3,7 @@ attempt's outcome; and where the code and machine that ran it came from.
 
 A re-run of a sweep goes by these states alone: done points are skipped, unfinished ones resume from their
 checkpoints, failed ones are retried."""
+
 from __future__ import annotations
 
 import functools
@@ -44,7 +45,7 @@ def final_value(folder: epath.Path, metric: str, rows: list[dict] | None = None)
 
 
 def state(folder: epath.Path) -> str:
-  """"done" (trained to its config's total_steps, or its bench.json written), "failed" (its last attempt failed),
+  """ "done" (trained to its config's total_steps, or its bench.json written), "failed" (its last attempt failed),
   "unfinished" (started, stopped before the end) or "pending"."""
   if (folder / BENCH_FILE).exists():
     return "done"
@@ -63,8 +64,13 @@ def checkout_commit() -> str | None:
   outside a git checkout. Recorded in each point's outcome, so a published record says which code produced it."""
   try:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "efftx", "configs"],
-                           cwd=REPO, capture_output=True, text=True, timeout=30)
+    dirty = subprocess.run(
+      ["git", "status", "--porcelain", "--untracked-files=no", "--", "efftx", "configs"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=30,
+    )
   except (OSError, subprocess.SubprocessError):
     return None
   if head.returncode != 0:
@@ -82,6 +88,5 @@ def machine() -> str:
   except (OSError, StopIteration):
     pass
   import jax  # pylint: disable=g-import-not-at-top
+
   return f"{cpu}, {os.cpu_count()} cores, JAX {jax.__version__}"
-
-

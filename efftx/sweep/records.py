@@ -5,6 +5,7 @@ experiments/<study>/runs/<scale>/<point>.json.
 Committed with the study, the records are its raw data, and a sweep started elsewhere with --reuse_published takes
 each one whose flags are the point's as done instead of running the point again: a sweep longer than one machine's
 life finishes across several."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,12 @@ def records_folder(study: Study, scale: str) -> str:
 def record(folder: epath.Path, flags: list[str]) -> dict:
   """A finished point's published record, from its folder."""
   outcome = read_json(folder / POINT_FILE) or {}
-  out = {"flags": flags, "commits": outcome.get("commits", []), "machine": outcome.get("machine"),
-         "seconds": outcome.get("total_seconds")}
+  out = {
+    "flags": flags,
+    "commits": outcome.get("commits", []),
+    "machine": outcome.get("machine"),
+    "seconds": outcome.get("total_seconds"),
+  }
   bench = read_json(folder / BENCH_FILE)
   if bench is not None:
     return {**out, "bench": bench}
@@ -46,9 +51,13 @@ def _complete(published: dict) -> bool:
   if "bench" in published:
     return isinstance(published["bench"], dict) and bool(published["bench"].get("rows"))
   config, rows = published.get("config"), published.get("metrics")
-  return (isinstance(config, dict) and isinstance(config.get("total_steps"), int) and isinstance(rows, list)
-          and all(isinstance(r, dict) for r in rows)
-          and max((r.get("step", -1) for r in rows), default=-1) >= config["total_steps"])
+  return (
+    isinstance(config, dict)
+    and isinstance(config.get("total_steps"), int)
+    and isinstance(rows, list)
+    and all(isinstance(r, dict) for r in rows)
+    and max((r.get("step", -1) for r in rows), default=-1) >= config["total_steps"]
+  )
 
 
 def _dump(value: dict) -> str:
@@ -108,8 +117,11 @@ def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False)
       out[p.name] = (False, f"a timing measured on {published.get('machine') or 'an unnamed machine'}, not this one")
       continue
     commits = published.get("commits") or []
-    note = "its published record" + (f" (commit {', '.join(c[:12] for c in commits)}; this checkout "
-                                     f"{(commit or 'unknown')[:12]})" if commits and commits[-1] != commit else "")
+    note = "its published record" + (
+      f" (commit {', '.join(c[:12] for c in commits)}; this checkout {(commit or 'unknown')[:12]})"
+      if commits and commits[-1] != commit
+      else ""
+    )
     out[p.name] = (True, note)
     if dry_run:
       continue
@@ -120,9 +132,17 @@ def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False)
     else:
       (target / "config.json").write_text(json.dumps(published["config"], indent=2))
       (target / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in published["metrics"]))
-    (target / POINT_FILE).write_text(json.dumps(
-        {"status": "done", "reused_record": os.path.relpath(path, REPO), "commits": commits,
-         "machine": published.get("machine"), "total_seconds": published.get("seconds"), "seconds": 0.0},
-        indent=2))
+    (target / POINT_FILE).write_text(
+      json.dumps(
+        {
+          "status": "done",
+          "reused_record": os.path.relpath(path, REPO),
+          "commits": commits,
+          "machine": published.get("machine"),
+          "total_seconds": published.get("seconds"),
+          "seconds": 0.0,
+        },
+        indent=2,
+      )
+    )
   return out
-

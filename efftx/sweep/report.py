@@ -1,6 +1,7 @@
 """The report: a study's points aggregated per group (mean, sample std and 95 % interval over seeds, the best
 learning rate, ratios to a baseline and the paired difference from it over the same seeds), written as markdown,
 CSV, JSON and plots (the metrics; the learning curves), and published into the study's folder."""
+
 from __future__ import annotations
 
 import csv
@@ -34,10 +35,20 @@ def collect(study: Study, workdir: str) -> list[dict]:
     logged = metric_rows(folder)
     last = {m: final_value(folder, m, logged) for m in (study.metric, *study.metrics)}
     outcome = read_json(folder / POINT_FILE) or {}
-    rows.append({"point": p.name, "group": p.group, "seed": p.seed, "learning_rate": p.learning_rate,
-                 "state": state(folder), "value": last[study.metric],
-                 "values": {m: last[m] for m in study.metrics}, "seconds": outcome.get("total_seconds"),
-                 "error": outcome.get("error"), "machine": outcome.get("machine")})
+    rows.append(
+      {
+        "point": p.name,
+        "group": p.group,
+        "seed": p.seed,
+        "learning_rate": p.learning_rate,
+        "state": state(folder),
+        "value": last[study.metric],
+        "values": {m: last[m] for m in study.metrics},
+        "seconds": outcome.get("total_seconds"),
+        "error": outcome.get("error"),
+        "machine": outcome.get("machine"),
+      }
+    )
   return rows
 
 
@@ -49,8 +60,11 @@ def curves(study: Study, workdir: str) -> dict[str, list[tuple[int, float]]]:
     if p.program != "train":
       continue
     logged = metric_rows(epath.Path(workdir) / p.name)
-    curve = sorted((int(r["step"]), float(r[study.metric])) for r in logged
-                   if study.metric in r and "step" in r and r[study.metric] is not None)
+    curve = sorted(
+      (int(r["step"]), float(r[study.metric]))
+      for r in logged
+      if study.metric in r and "step" in r and r[study.metric] is not None
+    )
     if curve:
       out[p.name] = curve
   return out
@@ -61,8 +75,12 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
   return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
 
 
-def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, metrics: tuple[str, ...] = (),
-              ) -> list[dict]:
+def aggregate(
+  points: list[dict],
+  goal: str,
+  groups: list[str] | None = None,
+  metrics: tuple[str, ...] = (),
+) -> list[dict]:
   """Per group: for each learning rate the mean and sample std of the finished seeds' values; the group's row is
   the learning rate with the best mean ("min" or "max" by goal) among those with the most finished seeds (after
   study.best_then_seeds' search, the chosen rate), with the 95 % interval of its mean ("ci95", None
@@ -78,9 +96,20 @@ def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, me
         by_lr.setdefault(p["learning_rate"], []).append(p)
     total = sum(1 for p in points if p["group"] == group)
     if not by_lr:
-      out.append({"group": group, "mean": None, "std": None, "ci95": None, "n": 0, "of": total,
-                  "learning_rate": None, "by_learning_rate": {}, "seeds": {},
-                  "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics}})
+      out.append(
+        {
+          "group": group,
+          "mean": None,
+          "std": None,
+          "ci95": None,
+          "n": 0,
+          "of": total,
+          "learning_rate": None,
+          "by_learning_rate": {},
+          "seeds": {},
+          "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics},
+        }
+      )
       continue
     means = {lr: _mean_std([p["value"] for p in runs])[0] for lr, runs in by_lr.items()}
     most = max(len(runs) for runs in by_lr.values())  # rates with every seed run (a search's chosen rate) first
@@ -90,12 +119,26 @@ def aggregate(points: list[dict], goal: str, groups: list[str] | None = None, me
     extra = {}
     for m in metrics:
       values = [p["values"][m] for p in runs if p["values"].get(m) is not None and math.isfinite(p["values"][m])]
-      extra[m] = ({**dict(zip(("mean", "std"), _mean_std(values))), "ci95": _ci95(values)} if values
-                  else {"mean": None, "std": None, "ci95": None})
+      extra[m] = (
+        {**dict(zip(("mean", "std"), _mean_std(values))), "ci95": _ci95(values)}
+        if values
+        else {"mean": None, "std": None, "ci95": None}
+      )
     of = sum(1 for p in points if p["group"] == group and p["learning_rate"] == best)  # seeds at that rate
-    out.append({"group": group, "mean": mean, "std": std, "ci95": _ci95([p["value"] for p in runs]), "n": len(runs),
-                "of": of, "learning_rate": best, "by_learning_rate": {str(lr): m for lr, m in means.items()},
-                "metrics": extra, "seeds": {p["seed"]: {"value": p["value"], **p.get("values", {})} for p in runs}})
+    out.append(
+      {
+        "group": group,
+        "mean": mean,
+        "std": std,
+        "ci95": _ci95([p["value"] for p in runs]),
+        "n": len(runs),
+        "of": of,
+        "learning_rate": best,
+        "by_learning_rate": {str(lr): m for lr, m in means.items()},
+        "metrics": extra,
+        "seeds": {p["seed"]: {"value": p["value"], **p.get("values", {})} for p in runs},
+      }
+    )
   return out
 
 
@@ -119,9 +162,15 @@ def _with_ratios(study: Study, rows: list[dict]) -> list[dict]:
       key = "value" if m == study.metric else m
       ours, theirs = (r["metrics"][m]["mean"], base["metrics"][m]["mean"]) if base else (None, None)
       r["ratio"][m] = ours / theirs if ours is not None and theirs else None
-      pairs = [r["seeds"][k][key] / base["seeds"][k][key] for k in r.get("seeds", {}) if base
-               and k in base.get("seeds", {}) and r["seeds"][k].get(key) is not None
-               and base["seeds"][k].get(key)] if base else []
+      pairs = (
+        [
+          r["seeds"][k][key] / base["seeds"][k][key]
+          for k in r.get("seeds", {})
+          if base and k in base.get("seeds", {}) and r["seeds"][k].get(key) is not None and base["seeds"][k].get(key)
+        ]
+        if base
+        else []
+      )
       if study.measured and len(pairs) > 1:  # repeats: the median of ratios between measurements made close in time
         r["ratio"][m] = stats.median(pairs)
       r["ratio_range"][m] = [min(pairs), max(pairs)] if len(pairs) > 1 else None
@@ -142,13 +191,13 @@ def _columns(study: Study, scale: str) -> list[tuple[str, str, str]]:
   out = []
   for m in (study.metric, *study.metrics):
     has_paper = study.paper_in_table(scale) and (
-        any(study.paper_value(g, m) is not None for g in study.paper) or (m == study.metric and not several))
+      any(study.paper_value(g, m) is not None for g in study.paper) or (m == study.metric and not several)
+    )
     if has_paper:
       out.append((f"paper: {m}" if several else "paper", "paper", m))
     if study.baseline:
       repeated = study.several_seeds and study.measured
-      out.append((f"ours: {m} ÷ baseline" + (" (median of paired repeats [range])" if repeated else ""),
-                  "ratio", m))
+      out.append((f"ours: {m} ÷ baseline" + (" (median of paired repeats [range])" if repeated else ""), "ratio", m))
       if seeded:
         out.append((f"ours: {m} − baseline, paired [95 % CI]", "delta", m))
     interval = " [95 % CI]" if study.several_seeds else ""
@@ -162,8 +211,9 @@ def _with_curves(study: Study, rows: list[dict], points: list[dict], found: dict
   regime check reads. Returns {group: [the curves of those seeds]}."""
   by_group = {}
   for r in rows:
-    chosen = [p for p in points if p["group"] == r["group"] and p["learning_rate"] == r["learning_rate"]
-              and p["point"] in found]
+    chosen = [
+      p for p in points if p["group"] == r["group"] and p["learning_rate"] == r["learning_rate"] and p["point"] in found
+    ]
     by_group[r["group"]] = [found[p["point"]] for p in chosen]
     r["curves"] = {p["seed"]: found[p["point"]] for p in chosen}
     changes = [c for c in map(stats.last_fifth_change, by_group[r["group"]]) if c is not None]
@@ -182,8 +232,9 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   """Writes DIR/report.md, report.csv, report.png (the metrics), report_curves.png (the learning curves) and
   results.json; returns their paths."""
   points = collect(study, workdir)
-  rows = _with_ratios(study, aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)),
-                                       study.metrics))
+  rows = _with_ratios(
+    study, aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)), study.metrics)
+  )
   group_curves = _with_curves(study, rows, points, curves(study, workdir))
   several_lrs = len({p.learning_rate for p in study.points}) > 1
   seconds = sum(p["seconds"] or 0 for p in points)
@@ -195,14 +246,22 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   if example:
     lines += [f"\"÷ baseline\": each setting divided by its baseline's value (e.g. {example[0]} ÷ {example[1]}).", ""]
   if study.setting:
-    lines += ["| | setting |", "|---|---|", f"| paper | {' '.join(study.paper_setting.split())} |",
-              f"| ours (scale `{scale}`) | {' '.join(study.setting[scale].split())} |", ""]
+    lines += [
+      "| | setting |",
+      "|---|---|",
+      f"| paper | {' '.join(study.paper_setting.split())} |",
+      f"| ours (scale `{scale}`) | {' '.join(study.setting[scale].split())} |",
+      "",
+    ]
   if study.protocol.get(scale):
     lines += [f"**Protocol.** {' '.join(study.protocol[scale].split())}", ""]
   columns = _columns(study, scale)
   regime = any(r.get("last_fifth_change") is not None for r in rows)
-  header = (["setting", *(c[0] for c in columns), "seeds"] + (["best learning rate"] if several_lrs else [])
-            + ([f"{study.metric} change over the last fifth"] if regime else []))
+  header = (
+    ["setting", *(c[0] for c in columns), "seeds"]
+    + (["best learning rate"] if several_lrs else [])
+    + ([f"{study.metric} change over the last fifth"] if regime else [])
+  )
   lines += ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * (len(header) - 1)]
   for r in rows:
     cells = [r["group"]]
@@ -211,8 +270,11 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
         cells.append(_fmt(study.paper_value(r["group"], m)))
       elif kind == "ratio":
         spread = r.get("ratio_range", {}).get(m)
-        cells.append("—" if r["ratio"][m] is None else f"{r['ratio'][m]:.3g}"
-                     + (f" [{spread[0]:.3g}, {spread[1]:.3g}]" if spread else ""))
+        cells.append(
+          "—"
+          if r["ratio"][m] is None
+          else f"{r['ratio'][m]:.3g}" + (f" [{spread[0]:.3g}, {spread[1]:.3g}]" if spread else "")
+        )
       elif kind == "delta":
         d = r["delta"][m]
         cells.append("—" if d is None else stats.Interval(d["mean"], *(d["ci95"] or (None, None)), d["n"]).text(3))
@@ -227,23 +289,34 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
   if regime:
-    lines += [f"The last column is the mean over seeds of {study.metric}'s change over the last fifth of training "
-              f"({'falling' if study.goal == 'min' else 'rising'}: still improving).", ""]
+    lines += [
+      f"The last column is the mean over seeds of {study.metric}'s change over the last fifth of training "
+      f"({'falling' if study.goal == 'min' else 'rising'}: still improving).",
+      "",
+    ]
   for metric, marks in study.plot.chance.items():
-    lines += [f"Reference lines for {metric}: " + ", ".join(f"{label} {value:.4g}" for label, value in marks.items())
-              + ".", ""]
+    lines += [
+      f"Reference lines for {metric}: " + ", ".join(f"{label} {value:.4g}" for label, value in marks.items()) + ".",
+      "",
+    ]
   if study.paper and not study.paper_in_table(scale):
-    shown = ", ".join(f"{g} {v:.4g}" if not isinstance(v, dict) else f"{g} " + ", ".join(
-        f"{m} {x:.4g}" for m, x in v.items()) for g, v in study.paper.items()
-                      if study.paper_value(g, study.metric) is not None or isinstance(v, dict))
+    shown = ", ".join(
+      f"{g} {v:.4g}" if not isinstance(v, dict) else f"{g} " + ", ".join(f"{m} {x:.4g}" for m, x in v.items())
+      for g, v in study.paper.items()
+      if study.paper_value(g, study.metric) is not None or isinstance(v, dict)
+    )
     lines += [f"The paper's numbers, in the paper's setting (not this table's, so not beside it): {shown}.", ""]
   if study.source:
     lines += [f"Paper: {study.source}", ""]
   claims = _claims(study, rows, scale) if study.claim and all(r["mean"] is not None for r in rows) else []
   if claims and isinstance(claims[0], stats.Claim):
-    lines += ["**Verdicts** (held / did not hold only where the 95 % interval clears the paper's effect and the "
-              "run is in the claim's regime; efftx.sweep.stats.verdict):", "",
-              "| claim | paper (its setting) | ours | verdict |", "|---|---|---|---|"]
+    lines += [
+      "**Verdicts** (held / did not hold only where the 95 % interval clears the paper's effect and the "
+      "run is in the claim's regime; efftx.sweep.stats.verdict):",
+      "",
+      "| claim | paper (its setting) | ours | verdict |",
+      "|---|---|---|---|",
+    ]
     lines += [f"| {c.claim} | {c.paper} | {c.ours} | **{c.verdict}**: {c.why} |" for c in claims]
     lines.append("")
   elif claims:
@@ -253,15 +326,25 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
     lines += [f"Done but without {study.metric} in their output (left out): " + ", ".join(missing), ""]
   failed = [p for p in points if p["state"] != "done"]
   if failed:
-    lines += ["Not finished: " + "; ".join(f"{p['point']} ({p['state']}"
-                                            + (f": {p['error']}" if p["error"] else "") + ")" for p in failed), ""]
-  lines += [f"Scale: `{scale}` ({len(study.points)} runs). Command: `{command}`",
-            f"Machine: {_machines(points)}. Time of all runs together: {datetime.timedelta(seconds=round(seconds))}. "
-            f"Written {datetime.datetime.now():%Y-%m-%d %H:%M}.", ""]
+    lines += [
+      "Not finished: "
+      + "; ".join(f"{p['point']} ({p['state']}" + (f": {p['error']}" if p["error"] else "") + ")" for p in failed),
+      "",
+    ]
+  lines += [
+    f"Scale: `{scale}` ({len(study.points)} runs). Command: `{command}`",
+    f"Machine: {_machines(points)}. Time of all runs together: {datetime.timedelta(seconds=round(seconds))}. "
+    f"Written {datetime.datetime.now():%Y-%m-%d %H:%M}.",
+    "",
+  ]
   folder = epath.Path(workdir)
   folder.mkdir(parents=True, exist_ok=True)
-  paths = {"md": folder / "report.md", "csv": folder / "report.csv", "png": folder / "report.png",
-           "json": folder / "results.json"}
+  paths = {
+    "md": folder / "report.md",
+    "csv": folder / "report.csv",
+    "png": folder / "report.png",
+    "json": folder / "results.json",
+  }
   if any(group_curves.values()):
     paths["curves"] = folder / "report_curves.png"
   paths["md"].write_text("\n".join(lines))
@@ -269,22 +352,48 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   writer = csv.writer(out)
   extra_header = [f"{m}_{k}" for m in study.metrics for k in ("mean", "std")]
   ratio_header = [f"{m}_ratio" for m in (study.metric, *study.metrics)] if study.baseline else []
-  writer.writerow(["setting", "paper", "mean", "std", "seeds", "runs", "best_learning_rate", *extra_header,
-                   *ratio_header])
+  writer.writerow(
+    ["setting", "paper", "mean", "std", "seeds", "runs", "best_learning_rate", *extra_header, *ratio_header]
+  )
   for r in rows:
     paper = study.paper_value(r["group"], study.metric)
-    writer.writerow([r["group"], "" if paper is None else paper, r["mean"], r["std"], r["n"], r["of"],
-                     r["learning_rate"], *(r["metrics"][m][k] for m in study.metrics for k in ("mean", "std")),
-                     *(r["ratio"][m] for m in (study.metric, *study.metrics) if study.baseline)])
+    writer.writerow(
+      [
+        r["group"],
+        "" if paper is None else paper,
+        r["mean"],
+        r["std"],
+        r["n"],
+        r["of"],
+        r["learning_rate"],
+        *(r["metrics"][m][k] for m in study.metrics for k in ("mean", "std")),
+        *(r["ratio"][m] for m in (study.metric, *study.metrics) if study.baseline),
+      ]
+    )
   paths["csv"].write_text(out.getvalue())
-  paths["json"].write_text(json.dumps({
-      "study": study.name, "metric": study.metric, "metrics": study.metrics, "goal": study.goal, "scale": scale,
-      "command": command, "machine": _machines(points), "seconds": seconds,
-      "setting": {"paper": " ".join(study.paper_setting.split()),
-                  "ours": " ".join(study.setting.get(scale, "").split())},
-      "protocol": " ".join(study.protocol.get(scale, "").split()),
-      "verdicts": [dataclasses.asdict(c) if isinstance(c, stats.Claim) else {"claim": c} for c in claims],
-      "rows": rows, "points": points}, indent=2))
+  paths["json"].write_text(
+    json.dumps(
+      {
+        "study": study.name,
+        "metric": study.metric,
+        "metrics": study.metrics,
+        "goal": study.goal,
+        "scale": scale,
+        "command": command,
+        "machine": _machines(points),
+        "seconds": seconds,
+        "setting": {
+          "paper": " ".join(study.paper_setting.split()),
+          "ours": " ".join(study.setting.get(scale, "").split()),
+        },
+        "protocol": " ".join(study.protocol.get(scale, "").split()),
+        "verdicts": [dataclasses.asdict(c) if isinstance(c, stats.Claim) else {"claim": c} for c in claims],
+        "rows": rows,
+        "points": points,
+      },
+      indent=2,
+    )
+  )
   _plot(study, rows, paths["png"], scale)
   if "curves" in paths:
     _plot_curves(study, group_curves, paths["curves"])
@@ -299,7 +408,7 @@ def curve_panels(study: Study, group_curves: dict[str, list]) -> dict[str, dict[
     if not seeds:
       continue
     title = study.plot.panel(group) if study.plot.panel else ""
-    label = group[len(title):].strip() if title and group.startswith(title) else group
+    label = group[len(title) :].strip() if title and group.startswith(title) else group
     panels.setdefault(title, {})[f"{label} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"] = seeds
   return panels
 
@@ -309,8 +418,10 @@ def _plot_curves(study: Study, group_curves: dict[str, list], path: epath.Path) 
   from the lowest to the highest seed; one panel per plot.panel value, the legend beside it; past ten lines in a panel
   the colours repeat dashed."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   panels = curve_panels(study, group_curves)
   fig, axes = plt.subplots(max(len(panels), 1), 1, figsize=(11, 0.5 + 4.0 * max(len(panels), 1)), squeeze=False)
   colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -324,8 +435,7 @@ def _plot_curves(study: Study, group_curves: dict[str, list], path: epath.Path) 
       colour = colours[i % len(colours)]
       ax.plot(steps, mean, label=label, color=colour, linestyle="-" if i < len(colours) else "--")
       if len(seeds) > 1:
-        ax.fill_between(steps, [min(c) for c in zip(*values)], [max(c) for c in zip(*values)], color=colour,
-                        alpha=0.15)
+        ax.fill_between(steps, [min(c) for c in zip(*values)], [max(c) for c in zip(*values)], color=colour, alpha=0.15)
     ax.set_xlabel("step")
     ax.set_ylabel(study.metric)
     ax.set_title(f"{study.name}{': ' + title if title else ''}: learning curves (band: lowest to highest seed)")
@@ -353,8 +463,9 @@ def _errors(r: dict, metric: str, ratio: bool) -> tuple[float, float]:
 def _scale_x(ax, study: Study) -> None:
   """plot.xscale, or log base 2 where plot.x's positive values span 16× or more."""
   xs = study.plot.x[1]
-  if study.plot.xscale == "log" or (not study.plot.xscale and all(v > 0 for v in xs.values())
-                               and max(xs.values()) / min(xs.values()) >= 16):
+  if study.plot.xscale == "log" or (
+    not study.plot.xscale and all(v > 0 for v in xs.values()) and max(xs.values()) / min(xs.values()) >= 16
+  ):
     ax.set_xscale("log", base=2)
 
 
@@ -365,8 +476,10 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   paired differences from it with their intervals and the zero line. The paper's numbers only where the scale's
   setting is the paper's; plot.chance's reference lines on their metric's panel."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   metrics = list((study.metric, *study.metrics))
   with_paper = study.paper_in_table(scale) if scale else True
   # Measurements get ratios to the baseline; training runs their paired differences from it.
@@ -382,13 +495,17 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
         line = [r for r in shown if study.plot.series.get(r["group"], "ours") == series]
         ds = [r["delta"][metric] for r in line]
         errors = list(zip(*map(_spread, ds)))
-        ax.errorbar([xs[r["group"]] for r in line], [d["mean"] for d in ds], yerr=errors, marker="o", capsize=3,
-                    label=series)
+        ax.errorbar(
+          [xs[r["group"]] for r in line], [d["mean"] for d in ds], yerr=errors, marker="o", capsize=3, label=series
+        )
       _scale_x(ax, study)
       ax.axhline(0.0, color="black", linewidth=0.8)
       baselines = sorted({study.baseline[r["group"]] for r in shown})
-      ax.set(xlabel=label, ylabel=f"{metric} − {', '.join(baselines)} (paired, 95 % CI)",
-             title=f"{study.name}: difference from {', '.join(baselines)}")
+      ax.set(
+        xlabel=label,
+        ylabel=f"{metric} − {', '.join(baselines)} (paired, 95 % CI)",
+        title=f"{study.name}: difference from {', '.join(baselines)}",
+      )
       ax.grid(alpha=0.3)
       if len(ax.lines) > 1:
         ax.legend(fontsize=7)
@@ -414,14 +531,25 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       for series in dict.fromkeys(study.plot.series.get(r["group"], "ours") for r in on_axis):
         line = [r for r in on_axis if study.plot.series.get(r["group"], "ours") == series]
         errors = list(zip(*(_errors(r, metric, ratio) for r in line)))
-        ax.errorbar([xs[r["group"]] for r in line], [value(r) for r in line], yerr=errors, marker="o", capsize=3,
-                    label=series)
-        paper = sorted((xs[g], study.paper_value(g, metric)) for g in study.paper
-                       if g in xs and study.plot.series.get(g, "ours") == series
-                       and study.paper_value(g, metric) is not None) if with_paper else []
+        ax.errorbar(
+          [xs[r["group"]] for r in line], [value(r) for r in line], yerr=errors, marker="o", capsize=3, label=series
+        )
+        paper = (
+          sorted(
+            (xs[g], study.paper_value(g, metric))
+            for g in study.paper
+            if g in xs and study.plot.series.get(g, "ours") == series and study.paper_value(g, metric) is not None
+          )
+          if with_paper
+          else []
+        )
         if paper:
-          ax.plot(*zip(*paper), "s--", color=ax.lines[-1].get_color(), label=f"{series} (paper)"
-                  if study.plot.series else "paper")
+          ax.plot(
+            *zip(*paper),
+            "s--",
+            color=ax.lines[-1].get_color(),
+            label=f"{series} (paper)" if study.plot.series else "paper",
+          )
       _scale_x(ax, study)
       for r in done:  # groups off the axis (baselines): horizontal lines
         if r["group"] not in xs:
@@ -437,10 +565,24 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
     else:
       for i, r in enumerate(done):
         below, above = _errors(r, metric, ratio)
-        ax.errorbar([value(r)], [i], xerr=[[below], [above]], fmt="o", capsize=3, color="C0",
-                    label="ours (95 % CI)" if i == 0 else None)
-      paper = [(study.paper_value(r["group"], metric), i) for i, r in enumerate(done)
-               if study.paper_value(r["group"], metric) is not None] if with_paper else []
+        ax.errorbar(
+          [value(r)],
+          [i],
+          xerr=[[below], [above]],
+          fmt="o",
+          capsize=3,
+          color="C0",
+          label="ours (95 % CI)" if i == 0 else None,
+        )
+      paper = (
+        [
+          (study.paper_value(r["group"], metric), i)
+          for i, r in enumerate(done)
+          if study.paper_value(r["group"], metric) is not None
+        ]
+        if with_paper
+        else []
+      )
       if paper:
         ax.plot(*zip(*paper), "k|", markersize=14, label="paper")
       for name, level in study.plot.chance.get(metric, {}).items():
@@ -490,4 +632,3 @@ def publish(study: Study, paths: dict[str, str]) -> list[str]:
       f.write(epath.Path(paths[kind]).read_bytes())
     out.append(target)
   return out
-

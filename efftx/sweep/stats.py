@@ -5,6 +5,7 @@ baseline (the same seeds, so the same data order and initialisation), a learning
 Intervals are Student-t intervals (mean ± t₀.₉₇₅(n − 1) · s / √n): exact for normal per-seed values, the usual
 reading for seeds. With one seed there is no interval (None), and no verdict either way.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +13,33 @@ import math
 import statistics
 
 # t quantiles 0.975 by degrees of freedom (Student's table); between entries the smaller df's (wider: conservative).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-         20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+_T975 = {
+  1: 12.706,
+  2: 4.303,
+  3: 3.182,
+  4: 2.776,
+  5: 2.571,
+  6: 2.447,
+  7: 2.365,
+  8: 2.306,
+  9: 2.262,
+  10: 2.228,
+  11: 2.201,
+  12: 2.179,
+  13: 2.160,
+  14: 2.145,
+  15: 2.131,
+  16: 2.120,
+  17: 2.110,
+  18: 2.101,
+  19: 2.093,
+  20: 2.086,
+  25: 2.060,
+  30: 2.042,
+  40: 2.021,
+  60: 2.000,
+  120: 1.980,
+}
 
 HELD, DID_NOT_HOLD, INCONCLUSIVE, UNTESTED = "held", "did not hold", "inconclusive", "untested at this scale"
 MIN_SEEDS = 3  # fewer seeds than this: no verdict
@@ -30,6 +55,7 @@ def t975(df: int) -> float:
 @dataclasses.dataclass(frozen=True)
 class Interval:
   """A mean over n values with its 95 % confidence interval (low, high: None with one value)."""
+
   mean: float
   low: float | None
   high: float | None
@@ -39,7 +65,7 @@ class Interval:
     return {"mean": self.mean, "ci95": None if self.low is None else [self.low, self.high], "n": self.n}
 
   def text(self, digits: int = 4) -> str:
-    """"mean [low, high]" (just the mean with one value)."""
+    """ "mean [low, high]" (just the mean with one value)."""
     fmt = lambda v: f"{v:.{digits}g}"
     return fmt(self.mean) + ("" if self.low is None else f" [{fmt(self.low)}, {fmt(self.high)}]")
 
@@ -67,8 +93,10 @@ def paired(ours: dict, baseline: dict) -> Interval | None:
 def between(row: dict, baseline_row: dict, key: str = "value") -> Interval | None:
   """The paired difference row − baseline_row of two report rows (their "seeds": {seed: {"value": ..., metric:
   ...}}), over the seeds both finished."""
-  return paired({s: v.get(key) for s, v in row.get("seeds", {}).items()},
-                {s: v.get(key) for s, v in baseline_row.get("seeds", {}).items()})
+  return paired(
+    {s: v.get(key) for s, v in row.get("seeds", {}).items()},
+    {s: v.get(key) for s, v in baseline_row.get("seeds", {}).items()},
+  )
 
 
 def exact(value: float) -> Interval:
@@ -77,8 +105,9 @@ def exact(value: float) -> Interval:
   return Interval(value, value, value, MIN_SEEDS)
 
 
-def verdict(difference: Interval | None, threshold: float, in_regime: bool, why_not: str = "",
-            above: bool = True) -> tuple[str, str]:
+def verdict(
+  difference: Interval | None, threshold: float, in_regime: bool, why_not: str = "", above: bool = True
+) -> tuple[str, str]:
   """(verdict, reason) of a claim "the difference exceeds threshold" (above=False: "lies below it"): held where the
   whole interval lies on the claimed side of the threshold, did not hold where it lies on the other, inconclusive
   where it straddles it; untested at this scale where the run has fewer than MIN_SEEDS seeds or is not in the
@@ -87,8 +116,9 @@ def verdict(difference: Interval | None, threshold: float, in_regime: bool, why_
     return UNTESTED, f"{0 if difference is None else difference.n} seeds (a verdict needs {MIN_SEEDS})"
   if not in_regime:
     return UNTESTED, why_not or "the run is not in the claim's regime"
-  where = (f"95 % interval [{difference.low:.3g}, {difference.high:.3g}], the claim {'>' if above else '<'} "
-           f"{threshold:.3g}")
+  where = (
+    f"95 % interval [{difference.low:.3g}, {difference.high:.3g}], the claim {'>' if above else '<'} {threshold:.3g}"
+  )
   if difference.low > threshold:
     return (HELD if above else DID_NOT_HOLD), where
   if difference.high < threshold:
@@ -100,6 +130,7 @@ def verdict(difference: Interval | None, threshold: float, in_regime: bool, why_
 class Claim:
   """One claim of a paper, judged: what the paper says and in what setting, what we measured (with its interval
   and regime), the verdict (HELD, DID_NOT_HOLD, INCONCLUSIVE or UNTESTED) and why."""
+
   claim: str
   paper: str
   ours: str
@@ -121,8 +152,16 @@ def regime(setting_ok: bool, setting_why: str, converged: tuple[bool, str] = (Tr
   return True, converged[1]
 
 
-def judge(claim: str, paper: str, ours: str, difference: Interval | None, threshold: float, in_regime: bool,
-          why_not: str = "", above: bool = True) -> Claim:
+def judge(
+  claim: str,
+  paper: str,
+  ours: str,
+  difference: Interval | None,
+  threshold: float,
+  in_regime: bool,
+  why_not: str = "",
+  above: bool = True,
+) -> Claim:
   """A Claim whose verdict is verdict(difference, threshold, in_regime, why_not, above)."""
   return Claim(claim, paper, ours, *verdict(difference, threshold, in_regime, why_not, above))
 
@@ -170,8 +209,10 @@ def settled(curves: dict, baseline_curves: dict, fraction: float = 0.8) -> tuple
   moved = final.mean - earlier.mean
   half = None if final.low is None else (final.high - final.low) / 2
   ok = half is not None and abs(moved) <= half
-  return ok, (f"the difference moved {moved:+.3g} over the last fifth "
-              + (f"(within its ±{half:.3g})" if ok else f"(more than its ±{half:.3g})" if half is not None else ""))
+  return ok, (
+    f"the difference moved {moved:+.3g} over the last fifth "
+    + (f"(within its ±{half:.3g})" if ok else f"(more than its ±{half:.3g})" if half is not None else "")
+  )
 
 
 def slope(xs: list[float], ys: list[float]) -> float:

@@ -2,15 +2,17 @@
 
 `load` refuses a sweep file that is missing a name or has a bad value, with one UserError line; a point's command
 is the same wherever the sweep was started (config files relative to the checkout)."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 import copy
 import dataclasses
 import inspect
 import os
 import runpy
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from etils import epath
 
@@ -27,6 +29,7 @@ class Point:
   or, with program "bench", one `python -m efftx.bench` measurement whose flags are the overrides.
 
   `group` is the table row the point contributes to: the seeds and learning rates of one group are aggregated."""
+
   group: str
   arg: str = ""
   overrides: tuple[tuple[str, Any], ...] = ()
@@ -47,8 +50,10 @@ class Point:
   def flags(self, config_file: str) -> list[str]:
     """The efftx.train flags of this point (without --workdir), or its efftx.bench flags (without --json)."""
     if self.program == "bench":
-      return [f"--{key}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
-              for key, value in self.overrides]
+      return [
+        f"--{key}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+        for key, value in self.overrides
+      ]
     out = [f"--config={config_file}" + (f":{self.arg}" if self.arg else "")]
     out += [f"--config.{key}={value}" for key, value in self.overrides]
     out += [f"--config.seed={self.seed}"]
@@ -75,20 +80,31 @@ def grid(groups: dict[str, dict[str, Any]], seeds=(0,), learning_rates=(None,), 
   for group, spec in groups.items():
     unknown = set(spec) - {"arg", "overrides", "config", "bench"}
     if unknown or ("bench" in spec and len(spec) > 1):
-      raise UserError(f"group '{group}': unknown keys {sorted(unknown or set(spec) - {'bench'})} (a group has "
-                      "'arg', 'overrides' and 'config', or 'bench' alone)")
+      raise UserError(
+        f"group '{group}': unknown keys {sorted(unknown or set(spec) - {'bench'})} (a group has "
+        "'arg', 'overrides' and 'config', or 'bench' alone)"
+      )
     if "bench" in spec:
       points += [Point(group, overrides=tuple(spec["bench"].items()), program="bench", seed=r) for r in range(repeats)]
       continue
     for lr in learning_rates:
       for seed in seeds:
-        points.append(Point(group, spec.get("arg", ""), tuple(spec.get("overrides", {}).items()), seed, lr,
-                            config=spec.get("config", "")))
+        points.append(
+          Point(
+            group,
+            spec.get("arg", ""),
+            tuple(spec.get("overrides", {}).items()),
+            seed,
+            lr,
+            config=spec.get("config", ""),
+          )
+        )
   return sorted(points, key=lambda p: p.seed if p.program == "bench" else 0)  # stable: repeats interleaved
 
 
-def best_then_seeds(groups: dict[str, dict[str, Any]], learning_rates, seeds, finished: Callable[[Point], Any],
-                    goal: str) -> list[Point]:
+def best_then_seeds(
+  groups: dict[str, dict[str, Any]], learning_rates, seeds, finished: Callable[[Point], Any], goal: str
+) -> list[Point]:
   """A learning-rate search at a third of the cost of every rate × every seed: every rate on seeds[0]; once all
   of a group's have finished, its other seeds at its best rate (lowest or highest final metric by goal). Its
   interval is then over the seeds at the chosen rate, seed 0 included (it took part in the choice). `finished` is
@@ -106,6 +122,7 @@ def best_then_seeds(groups: dict[str, dict[str, Any]], learning_rates, seeds, fi
 @dataclasses.dataclass(frozen=True)
 class Plot:
   """How the report draws a study: a sweep file's PLOT = Plot(...), every field optional."""
+
   x: tuple[str, dict[str, float]] | None = None  # (axis label, {group: x}); None: one labelled dot per group
   series: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> its line against x
   xscale: str = ""  # "linear" or "log" (base 2); "": log where x spans 16× or more
@@ -116,6 +133,7 @@ class Plot:
 @dataclasses.dataclass
 class Study:
   """A sweep file, loaded."""
+
   path: str
   config: str
   points: list[Point]
@@ -163,27 +181,43 @@ def _config_path(config: str) -> str:
   relative to the checkout when inside it (e.g. "configs/mqar.py"), else absolute."""
   if not config:
     return config
-  found = config if os.path.exists(config) or not os.path.exists(os.path.join(REPO, config)) else os.path.join(
-      REPO, config)
+  found = (
+    config if os.path.exists(config) or not os.path.exists(os.path.join(REPO, config)) else os.path.join(REPO, config)
+  )
   found = os.path.abspath(found)
   return os.path.relpath(found, REPO) if found.startswith(REPO + os.sep) else found
 
 
 def _finished(workdir: str | None, metric: str) -> Callable[[Point], Any]:
   """A point's final METRIC in workdir, None until it is done (what an adaptive grid's points() reads)."""
+
   def value(point: Point):
     if not workdir:
       return None
     folder = epath.Path(workdir) / point.name
     return final_value(folder, metric) if state(folder) == "done" else None
+
   return value
 
 
 # Every name a sweep file may set, with its default (_REQUIRED: none); efftx/sweep/README.md says what each means.
 _REQUIRED = object()
-NAMES = {"points": _REQUIRED, "METRIC": _REQUIRED, "GOAL": _REQUIRED, "CONFIG": "", "METRICS": (), "BASELINE": {},
-         "PAPER": {}, "SOURCE": "", "PAPER_SETTING": "", "SETTING": {}, "PROTOCOL": {}, "PAPER_SCALES": None,
-         "PLOT": Plot(), "claim": None}
+NAMES = {
+  "points": _REQUIRED,
+  "METRIC": _REQUIRED,
+  "GOAL": _REQUIRED,
+  "CONFIG": "",
+  "METRICS": (),
+  "BASELINE": {},
+  "PAPER": {},
+  "SOURCE": "",
+  "PAPER_SETTING": "",
+  "SETTING": {},
+  "PROTOCOL": {},
+  "PAPER_SCALES": None,
+  "PLOT": Plot(),
+  "claim": None,
+}
 _IN_PLOT = {"X": "x", "SERIES": "series", "XSCALE": "xscale", "CHANCE": "chance", "PANEL": "panel"}
 
 
@@ -201,8 +235,11 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
     raise UserError(f"{path} does not define {', '.join(missing)} (see efftx/sweep/README.md)")
   moved = [n for n in _IN_PLOT if n in module]
   if moved:
-    raise UserError(f"{path}: {', '.join(moved)} go in PLOT = efftx.sweep.Plot("
-                    + ", ".join(f"{_IN_PLOT[n]}=..." for n in moved) + ")")
+    raise UserError(
+      f"{path}: {', '.join(moved)} go in PLOT = efftx.sweep.Plot("
+      + ", ".join(f"{_IN_PLOT[n]}=..." for n in moved)
+      + ")"
+    )
   given = {n: module.get(n, copy.copy(default)) for n, default in NAMES.items()}
   if given["GOAL"] not in ("min", "max"):
     raise UserError(f"{path}: GOAL is '{given['GOAL']}', not 'min' or 'max'")
@@ -236,7 +273,22 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
   if given["SETTING"] and (scale not in given["SETTING"] or not given["PAPER_SETTING"]):
     raise UserError(f"{path}: SETTING needs this scale's setting ('{scale}') and PAPER_SETTING the paper's")
   paper_scales = None if given["PAPER_SCALES"] is None else tuple(given["PAPER_SCALES"])
-  return Study(path, _config_path(given["CONFIG"]), points, given["METRIC"], given["GOAL"],
-               module.get("__doc__") or "", given["PAPER"], given["SOURCE"], given["claim"], tuple(given["METRICS"]),
-               given["BASELINE"], given["PAPER_SETTING"], given["SETTING"], given["PROTOCOL"], paper_scales, plot,
-               adaptive)
+  return Study(
+    path,
+    _config_path(given["CONFIG"]),
+    points,
+    given["METRIC"],
+    given["GOAL"],
+    module.get("__doc__") or "",
+    given["PAPER"],
+    given["SOURCE"],
+    given["claim"],
+    tuple(given["METRICS"]),
+    given["BASELINE"],
+    given["PAPER_SETTING"],
+    given["SETTING"],
+    given["PROTOCOL"],
+    paper_scales,
+    plot,
+    adaptive,
+  )

@@ -26,6 +26,7 @@ hour): every point once, then every point again, so that a slow spell of the sha
 alike; ratios are medians of the repeats' paired ratios. Run with --parallel=1: points that run together share the
 cores and each other's timings. "paper": the same grid plus 16384, timed for 10 s each.
 """
+
 from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
@@ -33,36 +34,44 @@ from efftx.sweep import stats
 METRIC = "tokens_per_sec"
 METRICS = ("memory_mib",)
 GOAL = "max"
-SOURCE = ("Tay et al., Long Range Arena (2021), Table 2 (steps/s and peak memory, byte text, batch 32, 4×4 TPU "
-          "v3); Lee-Thorp et al., FNet (2022), LRA memory table; ratios to the Transformer at the same length")
+SOURCE = (
+  "Tay et al., Long Range Arena (2021), Table 2 (steps/s and peak memory, byte text, batch 32, 4×4 TPU "
+  "v3); Lee-Thorp et al., FNet (2022), LRA memory table; ratios to the Transformer at the same length"
+)
 PAPER_SCALES = ()  # no scale here runs the paper's platform and batch: its ratios are given in the text
 PAPER_SETTING = "LRA's byte-text model, batch 32 at every length, 4×4 TPU v3 (LRA Table 2); FNet's on GPU"
-SETTING = {"cpu": "width 256, 4 layers, 4 heads, FF 1024, float32, 8,192 tokens a step (batch 8192/L: one sequence "
-                  "at 8K), one CPU device; 3 interleaved repeats, each timed ≥ 2 s after a warm-up step",
-           "paper": "the cpu grid plus 16,384 on an accelerator, timed 10 s; 3 interleaved repeats"}
+SETTING = {
+  "cpu": "width 256, 4 layers, 4 heads, FF 1024, float32, 8,192 tokens a step (batch 8192/L: one sequence "
+  "at 8K), one CPU device; 3 interleaved repeats, each timed ≥ 2 s after a warm-up step",
+  "paper": "the cpu grid plus 16,384 on an accelerator, timed 10 s; 3 interleaved repeats",
+}
 REPEATS = 3
 LINEAR_TIME = ("fnet", "aft_simple", "aft_local", "aft_conv", "local", "linear", "lsh")
 # What each mixer's paper (or construction) says of its cost per sequence: {"time"/"memory": (linear?, why)}.
 EXPECTED = {
-    "attention": {"time": (False, "L × L scores"), "memory": (False, "L × L scores kept for the backward pass")},
-    "attention_chunked": {"time": (False, "the same L × L scores, a key block at a time"),
-                          "memory": (True, "key blocks with an online softmax: no L × L array")},
-    "aft_full": {"time": (False, "AFT paper: O(T²d) time"), "memory": (True, "AFT paper: memory linear in T")},
-    **{m: {"time": (True, "linear-time mixer (its paper)"), "memory": (True, "linear-memory mixer (its paper)")}
-       for m in LINEAR_TIME},
+  "attention": {"time": (False, "L × L scores"), "memory": (False, "L × L scores kept for the backward pass")},
+  "attention_chunked": {
+    "time": (False, "the same L × L scores, a key block at a time"),
+    "memory": (True, "key blocks with an online softmax: no L × L array"),
+  },
+  "aft_full": {"time": (False, "AFT paper: O(T²d) time"), "memory": (True, "AFT paper: memory linear in T")},
+  **{
+    m: {"time": (True, "linear-time mixer (its paper)"), "memory": (True, "linear-memory mixer (its paper)")}
+    for m in LINEAR_TIME
+  },
 }
 
 MIXERS = {  # group label -> (mixer, bench --set overrides)
-    "attention": ("attention", "attention_impl=plain"),
-    "attention_chunked": ("attention", "attention_impl=chunked"),
-    "fnet": ("fnet", ""),
-    "aft_full": ("aft_full", ""),
-    "aft_simple": ("aft_simple", ""),
-    "aft_local": ("aft_local", ""),
-    "aft_conv": ("aft_conv", ""),
-    "local": ("local", ""),
-    "linear": ("linear", ""),
-    "lsh": ("lsh", ""),
+  "attention": ("attention", "attention_impl=plain"),
+  "attention_chunked": ("attention", "attention_impl=chunked"),
+  "fnet": ("fnet", ""),
+  "aft_full": ("aft_full", ""),
+  "aft_simple": ("aft_simple", ""),
+  "aft_local": ("aft_local", ""),
+  "aft_conv": ("aft_conv", ""),
+  "local": ("local", ""),
+  "linear": ("linear", ""),
+  "lsh": ("lsh", ""),
 }
 BASELINE_MIXER = "attention"
 LENGTHS = {"cpu": (256, 1024, 2048, 4096, 8192), "paper": (256, 1024, 2048, 4096, 8192, 16384)}
@@ -79,14 +88,14 @@ _MIXER = {_group(m, L): m for m in MIXERS for L in _ALL_LENGTHS}  # group -> its
 PLOT = Plot(x=("sequence length (8192 tokens a step)", _LENGTH), series=_MIXER)
 BASELINE = {_group(m, L): _group(BASELINE_MIXER, L) for m in MIXERS for L in _ALL_LENGTHS}
 PAPER = {
-    _group("lsh", 1024): {"tokens_per_sec": 0.54, "memory_mib": 0.56},
-    _group("lsh", 2048): {"tokens_per_sec": 0.45, "memory_mib": 0.37},
-    _group("lsh", 4096): {"tokens_per_sec": 0.79, "memory_mib": 0.24},
-    _group("linear", 1024): {"tokens_per_sec": 1.12},
-    _group("linear", 2048): {"tokens_per_sec": 1.90},
-    _group("linear", 4096): {"tokens_per_sec": 5.57},
-    _group("fnet", 1024): {"memory_mib": 0.33},
-    _group("fnet", 2048): {"memory_mib": 0.18},
+  _group("lsh", 1024): {"tokens_per_sec": 0.54, "memory_mib": 0.56},
+  _group("lsh", 2048): {"tokens_per_sec": 0.45, "memory_mib": 0.37},
+  _group("lsh", 4096): {"tokens_per_sec": 0.79, "memory_mib": 0.24},
+  _group("linear", 1024): {"tokens_per_sec": 1.12},
+  _group("linear", 2048): {"tokens_per_sec": 1.90},
+  _group("linear", 4096): {"tokens_per_sec": 5.57},
+  _group("fnet", 1024): {"memory_mib": 0.33},
+  _group("fnet", 2048): {"memory_mib": 0.18},
 }
 
 
@@ -96,28 +105,30 @@ def points(scale):
     for length in LENGTHS[scale]:
       # One device, as the table and the expectations above were measured (efftx.bench's default splits the
       # batch over the cores, and 8192 positions, one sequence, could not be split: rows would differ in kind).
-      flags = {"mode": "mixers", "mixers": mixer, "lengths": length, "seconds": SECONDS[scale],
-               "data_parallel": False}
+      flags = {"mode": "mixers", "mixers": mixer, "lengths": length, "seconds": SECONDS[scale], "data_parallel": False}
       if overrides:
         flags["set"] = overrides
       groups[_group(label, length)] = {"bench": flags}
   # Repeats in the outer loop, then lengths: a length's mixers are measured one after another, close in time.
-  return sorted(grid(groups, repeats=REPEATS),
-                key=lambda p: (p.seed, _LENGTH[p.group], list(MIXERS).index(_MIXER[p.group])))
+  return sorted(
+    grid(groups, repeats=REPEATS), key=lambda p: (p.seed, _LENGTH[p.group], list(MIXERS).index(_MIXER[p.group]))
+  )
 
 
 def _exponents(rows, label, metric, shortest=1024):
   """The exponent p of cost per sequence ∝ L^p for one mixer, one per repeat: time per sequence is L / tokens/s,
   memory per sequence is memory ÷ (8192 / L) sequences (batch × length is fixed)."""
-  by_length = {_LENGTH[r["group"]]: r for r in rows
-               if _MIXER.get(r["group"]) == label and _LENGTH[r["group"]] >= shortest}
+  by_length = {
+    _LENGTH[r["group"]]: r for r in rows if _MIXER.get(r["group"]) == label and _LENGTH[r["group"]] >= shortest
+  }
   lengths = sorted(by_length)
   repeats = set.intersection(*(set(by_length[L]["seeds"]) for L in lengths)) if lengths else set()
   out = []
   for k in sorted(repeats):
     key = "value" if metric == METRIC else metric
-    cost = [L / by_length[L]["seeds"][k][key] if metric == METRIC else by_length[L]["seeds"][k][key] * L
-            for L in lengths]
+    cost = [
+      L / by_length[L]["seeds"][k][key] if metric == METRIC else by_length[L]["seeds"][k][key] * L for L in lengths
+    ]
     out.append(stats.loglog_slope(lengths, cost))
   return out, lengths
 
@@ -125,7 +136,8 @@ def _exponents(rows, label, metric, shortest=1024):
 def claim(rows, scale):
   """Each mixer's cost per sequence grows as its paper says (EXPECTED): an exponent below 1.5 (between linear and
   quadratic) for linear cost, above it for quadratic; time from the repeats (an interval), memory exactly
-  (compiled memory is deterministic). Then LRA's own ratios beside ours: their platform and batch are not ours, so no verdict."""
+  (compiled memory is deterministic). Then LRA's own ratios beside ours: their platform and batch are not ours,
+  so no verdict."""
   out = []
   for label in ("attention", "attention_chunked", "aft_full", *LINEAR_TIME):
     for metric, what in ((METRIC, "time"), ("memory_mib", "memory")):
@@ -134,11 +146,18 @@ def claim(rows, scale):
         continue
       found = stats.interval(slopes) if metric == METRIC else stats.exact(stats.median(slopes))
       linear, paper = EXPECTED[label][what]
-      out.append(stats.judge(
-          f"{label}: {what} per sequence grows " + ("sub-quadratically (exponent < 1.5)" if linear else
-                                                    "about quadratically (exponent > 1.5)"),
-          paper, f"exponent {found.text(3)} over lengths {lengths[0]}–{lengths[-1]}", found, 1.5, True,
-          above=not linear))
+      out.append(
+        stats.judge(
+          f"{label}: {what} per sequence grows "
+          + ("sub-quadratically (exponent < 1.5)" if linear else "about quadratically (exponent > 1.5)"),
+          paper,
+          f"exponent {found.text(3)} over lengths {lengths[0]}–{lengths[-1]}",
+          found,
+          1.5,
+          True,
+          above=not linear,
+        )
+      )
   by_group = {r["group"]: r for r in rows}
   shown = []
   for g, value in PAPER.items():
@@ -146,9 +165,17 @@ def claim(rows, scale):
       for m, paper_ratio in value.items():
         ours, spread = by_group[g]["ratio"].get(m), (by_group[g].get("ratio_range") or {}).get(m)
         if ours is not None:
-          shown.append(f"{g} {m} {paper_ratio:g} vs ours {ours:.3g}" + (f" [{spread[0]:.3g}, {spread[1]:.3g}]"
-                                                                          if spread else ""))
+          shown.append(
+            f"{g} {m} {paper_ratio:g} vs ours {ours:.3g}" + (f" [{spread[0]:.3g}, {spread[1]:.3g}]" if spread else "")
+          )
   if shown:
-    out.append(stats.Claim("LRA's and FNet's ratios to the Transformer", "TPU v3 / GPU, batch 32", "; ".join(shown),
-                           stats.UNTESTED, "another platform and batch: ratios do not carry over, exponents do"))
+    out.append(
+      stats.Claim(
+        "LRA's and FNet's ratios to the Transformer",
+        "TPU v3 / GPU, batch 32",
+        "; ".join(shown),
+        stats.UNTESTED,
+        "another platform and batch: ratios do not carry over, exponents do",
+      )
+    )
   return out

@@ -12,11 +12,12 @@ NOT the paper's regime and the verdict at them is "untested at this scale" whate
 
 Every model in the f_net code's conventions (PROTOCOL): post-LN blocks, the embedding projection, CLS pooling.
 Scale "cpu": ListOps-small (configs/quickstart.py: expressions of 11–127 tokens), 4 layers of width 64, 1,250
-steps of batch 32 (2 epochs), 3 seeds — 27 runs, about 1.5 h on 2 cores with --parallel=2; the hybrids put attention in 2 of the 4 layers
-(bottom: 0, 1; middle: 1, 2; top: 2, 3; mixed: 0, 2). Scale "paper": LRA ListOps (configs/lra_listops.py, 6 layers,
-width 512, lengths up to 2000), hybrids with 2 attention layers of 6, 3 seeds. Metric: validation accuracy at the
-last step.
+steps of batch 32 (2 epochs), 3 seeds — 27 runs, about 1.5 h on 2 cores with --parallel=2; the hybrids put
+attention in 2 of the 4 layers (bottom: 0, 1; middle: 1, 2; top: 2, 3; mixed: 0, 2). Scale "paper": LRA ListOps
+(configs/lra_listops.py, 6 layers, width 512, lengths up to 2000), hybrids with 2 attention layers of 6, 3 seeds.
+Metric: validation accuracy at the last step.
 """
+
 from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
@@ -24,33 +25,44 @@ from efftx.sweep import stats
 CONFIG = "configs/quickstart.py"
 METRIC = "eval_accuracy"
 GOAL = "max"
-SOURCE = ("Lee-Thorp et al., FNet (2022), GLUE dev results of the model set (BERT, FNet, Linear, Random, FF-only, "
-          "FNet-Hybrid) after C4 pre-training; this sweep trains on ListOps from scratch, a different regime")
+SOURCE = (
+  "Lee-Thorp et al., FNet (2022), GLUE dev results of the model set (BERT, FNet, Linear, Random, FF-only, "
+  "FNet-Hybrid) after C4 pre-training; this sweep trains on ListOps from scratch, a different regime"
+)
 
 MODELS = ("attention", "fnet", "linear_mixing", "random", "ff_only")
 PAPER_SCALES = ()  # neither scale is GLUE after C4 pre-training
 PAPER_SETTING = "Base models (12 layers × 768) pre-trained on C4, fine-tuned on GLUE; GLUE dev average"
-SETTING = {"cpu": "ListOps-small from scratch, 4 layers × 64, 1,250 steps of batch 32 (2 epochs); validation "
-                  "accuracy; 3 seeds",
-           "paper": "LRA ListOps from scratch (configs/lra_listops.py, 6 layers × 512); 3 seeds"}
-PROTOCOL = {s: "Every model in the f_net code's conventions: post-LN blocks, a dense projection of the normalised "
-               "embeddings, CLS pooling; one config (learning rate, schedule) for all; hybrids put attention in 2 "
-               "layers." for s in ("cpu", "paper")}
+SETTING = {
+  "cpu": "ListOps-small from scratch, 4 layers × 64, 1,250 steps of batch 32 (2 epochs); validation accuracy; 3 seeds",
+  "paper": "LRA ListOps from scratch (configs/lra_listops.py, 6 layers × 512); 3 seeds",
+}
+PROTOCOL = {
+  s: "Every model in the f_net code's conventions: post-LN blocks, a dense projection of the normalised "
+  "embeddings, CLS pooling; one config (learning rate, schedule) for all; hybrids put attention in 2 "
+  "layers."
+  for s in ("cpu", "paper")
+}
 CONVENTIONS = {"model.block_layout": "post_ln", "model.embed_projection": True, "model.pooling": "cls"}
 PLOT = Plot(chance={"eval_accuracy": {"chance (10 classes)": 0.1}})
 LAYOUTS = ("bottom", "middle", "top", "mixed")
 SCALES = {  # scale -> (config file, config argument prefix, overrides, seeds)
-    "cpu": ("configs/quickstart.py", "", {"model.num_layers": 4, "total_steps": 1_250, "eval_every": 250,
-                                          "checkpoint_every": 250}, (0, 1, 2)),
-    "paper": ("configs/lra_listops.py", "", {}, (0, 1, 2)),
+  "cpu": (
+    "configs/quickstart.py",
+    "",
+    {"model.num_layers": 4, "total_steps": 1_250, "eval_every": 250, "checkpoint_every": 250},
+    (0, 1, 2),
+  ),
+  "paper": ("configs/lra_listops.py", "", {}, (0, 1, 2)),
 }
 
 
 def points(scale):
   config, prefix, overrides, seeds = SCALES[scale]
   mixers = list(MODELS) + [f"fnet+attention*2@{layout}" for layout in LAYOUTS]
-  groups = {m: {"config": config, "arg": f"{prefix}mixer={m}", "overrides": {**overrides, **CONVENTIONS}}
-            for m in mixers}
+  groups = {
+    m: {"config": config, "arg": f"{prefix}mixer={m}", "overrides": {**overrides, **CONVENTIONS}} for m in mixers
+  }
   return grid(groups, seeds=seeds)
 
 
@@ -63,12 +75,24 @@ def claim(rows, scale):
   each link is "untested at this scale" with what the runs showed."""
   row = {r["group"]: r for r in rows}
   mixing = max(("fnet", "linear_mixing"), key=lambda m: row[m]["mean"])
-  chain = [("attention", "fnet+attention*2@top"), ("fnet+attention*2@top", mixing), (mixing, "random"),
-           ("random", "ff_only")]
+  chain = [
+    ("attention", "fnet+attention*2@top"),
+    ("fnet+attention*2@top", mixing),
+    (mixing, "random"),
+    ("random", "ff_only"),
+  ]
   out = []
   for better, worse in chain:
     d = stats.between(row[better], row[worse])
-    out.append(stats.judge(f"{better} ≥ {worse}", "the GLUE ordering of the Base models",
-                           f"{better} − {worse}: {d.text(3) if d else '—'}", d, 0.0, False,
-                           "not GLUE after C4 pre-training: ListOps from scratch"))
+    out.append(
+      stats.judge(
+        f"{better} ≥ {worse}",
+        "the GLUE ordering of the Base models",
+        f"{better} − {worse}: {d.text(3) if d else '—'}",
+        d,
+        0.0,
+        False,
+        "not GLUE after C4 pre-training: ListOps from scratch",
+      )
+    )
   return out

@@ -16,6 +16,7 @@ CIFAR-10's rows; 2.67 of these rows are 37 pixels), batch 32, 1,500 steps (0.87 
 on the first 1,000 test images, 4 seeds — 20 runs, about 1.5 h with --parallel=2. "paper": the config's CIFAR-10
 defaults (24 layers, width 256, 100k steps; the whole test split), 4 seeds.
 """
+
 from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
@@ -28,20 +29,37 @@ SOURCE = "Zhai et al., An Attention Free Transformer (2021), Table 2 (CIFAR-10 t
 MIXERS = ("attention", "aft_local", "aft_simple", "aft_conv", "linear")
 PAPER = {"attention": 2.86, "aft_local": 2.74, "aft_simple": 2.89}
 PAPER_SCALES = ("paper",)
-PAPER_SETTING = ("CIFAR-10, 3,072 RGB sub-pixels in raster order, 24 layers × 256, AFT-local window 256, factorised "
-                 "position bias d' = 64, trained 100k+ steps; test bits/dim")
-SETTING = {"cpu": "Fashion-MNIST at 14 × 14 (196 grey pixels), 2 layers × 64, FF 256, AFT-local window 37, batch "
-                  "32, 1,500 steps (0.87 epoch); bits/dim on 1,000 test images every 300 steps; 4 seeds",
-           "paper": "the paper's CIFAR-10 setting (configs/image_ar.py defaults), 4 seeds"}
-PROTOCOL = {"cpu": "Every mixer: the same config (AdamW 1e-3, 100 warmup steps, cosine decay, batch 32), the same "
-                   "seeds and data order; the paper gives no per-mixer protocol."}
+PAPER_SETTING = (
+  "CIFAR-10, 3,072 RGB sub-pixels in raster order, 24 layers × 256, AFT-local window 256, factorised "
+  "position bias d' = 64, trained 100k+ steps; test bits/dim"
+)
+SETTING = {
+  "cpu": "Fashion-MNIST at 14 × 14 (196 grey pixels), 2 layers × 64, FF 256, AFT-local window 37, batch "
+  "32, 1,500 steps (0.87 epoch); bits/dim on 1,000 test images every 300 steps; 4 seeds",
+  "paper": "the paper's CIFAR-10 setting (configs/image_ar.py defaults), 4 seeds",
+}
+PROTOCOL = {
+  "cpu": "Every mixer: the same config (AdamW 1e-3, 100 warmup steps, cosine decay, batch 32), the same "
+  "seeds and data order; the paper gives no per-mixer protocol."
+}
 BASELINE = {m: "attention" for m in MIXERS}
 PLOT = Plot(chance={"eval_bits_per_dim": {"uniform over 256 values": 8.0}})
 SCALES = {
-    "cpu": ("data=fashion_mnist_14,", {"model.num_layers": 2, "model.d_model": 64, "model.d_ff": 256,
-                                       "model.dropout": 0.0, "total_steps": 1_500, "optim.warmup_steps": 100,
-                                       "eval_every": 300, "checkpoint_every": 300, "data.eval_examples": 1_000}),
-    "paper": ("data=cifar10,", {}),
+  "cpu": (
+    "data=fashion_mnist_14,",
+    {
+      "model.num_layers": 2,
+      "model.d_model": 64,
+      "model.d_ff": 256,
+      "model.dropout": 0.0,
+      "total_steps": 1_500,
+      "optim.warmup_steps": 100,
+      "eval_every": 300,
+      "checkpoint_every": 300,
+      "data.eval_examples": 1_000,
+    },
+  ),
+  "paper": ("data=cifar10,", {}),
 }
 
 
@@ -56,18 +74,32 @@ def claim(rows, scale):
   row = {r["group"]: r for r in rows}
   setting_why = "2 layers × 64 on 14 × 14 grey images, not 24 × 256 on CIFAR-10"
   out = []
-  for mixer, paper, offset, text in (("aft_local", "2.74 vs 2.86 (−0.12)", 0.0, "AFT-local has lower bits/dim than "
-                                      "attention"),
-                                     ("aft_simple", "2.89 vs 2.86 (+0.03)", 0.1, "AFT-simple is within 0.1 bits/dim "
-                                      "of attention")):
+  for mixer, paper, offset, text in (
+    ("aft_local", "2.74 vs 2.86 (−0.12)", 0.0, "AFT-local has lower bits/dim than attention"),
+    ("aft_simple", "2.89 vs 2.86 (+0.03)", 0.1, "AFT-simple is within 0.1 bits/dim of attention"),
+  ):
     d = stats.between(row[mixer], row["attention"])
-    ok, why = stats.regime(scale == "paper", setting_why,
-                           stats.settled(row[mixer]["curves"], row["attention"]["curves"]))
-    out.append(stats.judge(text, paper, f"{mixer} − attention: {d.text(3)} bits/dim" if d else "—",
-                           d, offset, ok, why, above=False))
-  others = ", ".join(f"{m} − attention {stats.between(row[m], row['attention']).text(3)}" for m in MIXERS[3:]
-                     if m in row and stats.between(row[m], row["attention"]))
+    ok, why = stats.regime(
+      scale == "paper", setting_why, stats.settled(row[mixer]["curves"], row["attention"]["curves"])
+    )
+    out.append(
+      stats.judge(
+        text, paper, f"{mixer} − attention: {d.text(3)} bits/dim" if d else "—", d, offset, ok, why, above=False
+      )
+    )
+  others = ", ".join(
+    f"{m} − attention {stats.between(row[m], row['attention']).text(3)}"
+    for m in MIXERS[3:]
+    if m in row and stats.between(row[m], row["attention"])
+  )
   if others:
-    out.append(stats.Claim("AFT-conv and linear attention against attention (not in the paper's table)", "—",
-                           others, stats.UNTESTED, "a measurement: the paper has no such rows"))
+    out.append(
+      stats.Claim(
+        "AFT-conv and linear attention against attention (not in the paper's table)",
+        "—",
+        others,
+        stats.UNTESTED,
+        "a measurement: the paper has no such rows",
+      )
+    )
   return out

@@ -20,43 +20,63 @@ conventions (post-LN blocks and CLS pooling, FNet with its embedding projection:
 sweep resumes where it stopped). Metric: validation accuracy at the last step. "paper": LRA's own configs
 (lra_listops.py, lra_image.py on CIFAR-10), same groups and seeds.
 """
+
 from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
 
 METRIC = "eval_accuracy"
 GOAL = "max"
-SOURCE = ("Tay et al., Long Range Arena (2021), Table 1 (test accuracy; Transformer, Reformer, Linear Transformer, "
-          "local attention); Lee-Thorp et al., FNet (2022), LRA table. Full ListOps and CIFAR-10, not the cpu "
-          "scale's tasks")
+SOURCE = (
+  "Tay et al., Long Range Arena (2021), Table 1 (test accuracy; Transformer, Reformer, Linear Transformer, "
+  "local attention); Lee-Thorp et al., FNet (2022), LRA table. Full ListOps and CIFAR-10, not the cpu "
+  "scale's tasks"
+)
 
 MIXERS = ("attention", "fnet", "aft_full", "aft_simple", "aft_local", "aft_conv", "local", "linear", "lsh", "ff_only")
 # The published conventions: LRA classifies from a CLS token with post-LN blocks; FNet adds the embedding projection.
-PUBLISHED = {"attention (LRA)": ("attention", {"model.block_layout": "post_ln", "model.pooling": "cls"}),
-             "fnet (published)": ("fnet", {"model.block_layout": "post_ln", "model.pooling": "cls",
-                                           "model.embed_projection": True})}
+PUBLISHED = {
+  "attention (LRA)": ("attention", {"model.block_layout": "post_ln", "model.pooling": "cls"}),
+  "fnet (published)": (
+    "fnet",
+    {"model.block_layout": "post_ln", "model.pooling": "cls", "model.embed_projection": True},
+  ),
+}
 PAPER_SCALES = ("paper",)
-PAPER_SETTING = ("LRA Table 1: ListOps of 500–2,000 tokens (6 layers × 512, CLS) and grey CIFAR-10 (1 layer × 32, "
-                 "CLS, about 200 epochs); test accuracy")
-SETTING = {"cpu": "ListOps-small (11–127 tokens), 2 layers × 64, 1,250 steps of 32 (2 epochs); Fashion-MNIST pixels "
-                  "(784), LRA's 1 layer × 32, 1,800 steps of 32 (1.05 epochs); validation accuracy; 3 seeds",
-           "paper": "LRA's configs: ListOps (lra_listops.py) and grey CIFAR-10 (lra_image.py); 3 seeds"}
-PROTOCOL = {s: "Every mixer in efftx's defaults (pre-LN, mean pooling) with one config per task (the same learning "
-               "rate and schedule; LRA tuned per model, which this does not); attention and FNet also in their "
-               "published conventions (post-LN, CLS; FNet's embedding projection); FF-only: no mixing at all."
-            for s in ("cpu", "paper")}
+PAPER_SETTING = (
+  "LRA Table 1: ListOps of 500–2,000 tokens (6 layers × 512, CLS) and grey CIFAR-10 (1 layer × 32, "
+  "CLS, about 200 epochs); test accuracy"
+)
+SETTING = {
+  "cpu": "ListOps-small (11–127 tokens), 2 layers × 64, 1,250 steps of 32 (2 epochs); Fashion-MNIST pixels "
+  "(784), LRA's 1 layer × 32, 1,800 steps of 32 (1.05 epochs); validation accuracy; 3 seeds",
+  "paper": "LRA's configs: ListOps (lra_listops.py) and grey CIFAR-10 (lra_image.py); 3 seeds",
+}
+PROTOCOL = {
+  s: "Every mixer in efftx's defaults (pre-LN, mean pooling) with one config per task (the same learning "
+  "rate and schedule; LRA tuned per model, which this does not); attention and FNet also in their "
+  "published conventions (post-LN, CLS; FNet's embedding projection); FF-only: no mixing at all."
+  for s in ("cpu", "paper")
+}
 TASKS = {  # scale -> {task label: (config file, config argument, overrides)}
-    "cpu": {
-        "listops-small": ("configs/quickstart.py", "", {"total_steps": 1_250, "eval_every": 250,
-                                                        "checkpoint_every": 250}),
-        "fashion_mnist": ("configs/lra_image.py", "data=fashion_mnist,",
-                          {"data.batch_size": 32, "total_steps": 1_800, "optim.warmup_steps": 100, "eval_every": 360,
-                           "checkpoint_every": 360}),
-    },
-    "paper": {
-        "listops": ("configs/lra_listops.py", "", {}),
-        "cifar10": ("configs/lra_image.py", "", {}),
-    },
+  "cpu": {
+    "listops-small": ("configs/quickstart.py", "", {"total_steps": 1_250, "eval_every": 250, "checkpoint_every": 250}),
+    "fashion_mnist": (
+      "configs/lra_image.py",
+      "data=fashion_mnist,",
+      {
+        "data.batch_size": 32,
+        "total_steps": 1_800,
+        "optim.warmup_steps": 100,
+        "eval_every": 360,
+        "checkpoint_every": 360,
+      },
+    ),
+  },
+  "paper": {
+    "listops": ("configs/lra_listops.py", "", {}),
+    "cifar10": ("configs/lra_image.py", "", {}),
+  },
 }
 
 
@@ -67,15 +87,19 @@ def _task(group):
 
 # One learning-curve panel per task. ListOps-small's validation split: its most common label (0) is 146 of 1,000
 # answers (efftx.data.listops, seed 0).
-PLOT = Plot(chance={"eval_accuracy": {"chance (10 classes)": 0.1, "ListOps-small majority class": 0.146}},
-            panel=_task)
+PLOT = Plot(chance={"eval_accuracy": {"chance (10 classes)": 0.1, "ListOps-small majority class": 0.146}}, panel=_task)
 
 
-_LRA = {"listops": {"attention": 36.37, "lsh": 37.27, "linear": 16.13, "local": 15.82, "fnet": 35.33},
-        "image": {"attention": 42.44, "lsh": 38.07, "linear": 42.34, "local": 41.46, "fnet": 38.67}}
+_LRA = {
+  "listops": {"attention": 36.37, "lsh": 37.27, "linear": 16.13, "local": 15.82, "fnet": 35.33},
+  "image": {"attention": 42.44, "lsh": 38.07, "linear": 42.34, "local": 41.46, "fnet": 38.67},
+}
 # Keyed by the paper scale's groups only: the cpu scale's tasks are not LRA's, so its report gives these in the text.
-PAPER = {f"{task} {m}": value / 100 for task, kind in (("listops", "listops"), ("cifar10", "image"))
-         for m, value in _LRA[kind].items()}
+PAPER = {
+  f"{task} {m}": value / 100
+  for task, kind in (("listops", "listops"), ("cifar10", "image"))
+  for m, value in _LRA[kind].items()
+}
 
 
 def points(scale):
@@ -84,13 +108,13 @@ def points(scale):
     for m in MIXERS:
       groups[f"{task} {m}"] = {"config": config, "arg": f"{arg}mixer={m}", "overrides": overrides}
     for label, (m, convention) in PUBLISHED.items():
-      groups[f"{task} {label}"] = {"config": config, "arg": f"{arg}mixer={m}", "overrides": {**overrides,
-                                                                                             **convention}}
+      groups[f"{task} {label}"] = {"config": config, "arg": f"{arg}mixer={m}", "overrides": {**overrides, **convention}}
   return grid(groups, seeds=(0, 1, 2))
 
 
-BASELINE = {f"{task} {m}": f"{task} attention" for scale in TASKS for task in TASKS[scale]
-            for m in (*MIXERS, *PUBLISHED)}
+BASELINE = {
+  f"{task} {m}": f"{task} attention" for scale in TASKS for task in TASKS[scale] for m in (*MIXERS, *PUBLISHED)
+}
 
 
 def claim(rows, scale):
@@ -109,10 +133,10 @@ def claim(rows, scale):
     if f"{task} {m}" not in row or f"{task} {base}" not in row:
       return
     d = stats.between(row[f"{task} {m}"], row[f"{task} {base}"])  # mixer − baseline
-    ok, why = stats.regime(scale == "paper", setting_why,
-                           stats.settled(row[f"{task} {m}"]["curves"], row[f"{task} {base}"]["curves"]))
-    out.append(stats.judge(text, paper, f"{m} − {base}: {d.text(3) if d else '—'}",
-                           d, threshold, ok, why, above))
+    ok, why = stats.regime(
+      scale == "paper", setting_why, stats.settled(row[f"{task} {m}"]["curves"], row[f"{task} {base}"]["curves"])
+    )
+    out.append(stats.judge(text, paper, f"{m} − {base}: {d.text(3) if d else '—'}", d, threshold, ok, why, above))
 
   paper = {"linear": "16.13 vs 36.37", "local": "15.82 vs 36.37", "lsh": "37.27 vs 36.37", "fnet": "35.33 vs 36.37"}
   for m in ("linear", "local"):
@@ -122,10 +146,24 @@ def claim(rows, scale):
   for m in MIXERS[1:-1]:
     compare(image, m, f"{image}: {m} no more than 5 points below attention", "within 4.4 points (Table 1)", -0.05, True)
   # FNet's claims again with both models as their papers built them (post-LN, CLS; FNet's embedding projection).
-  compare(listops, "fnet (published)", f"{listops}: fnet no more than 3 points below attention, both as published",
-          paper["fnet"], -0.03, True, base="attention (LRA)")
-  compare(image, "fnet (published)", f"{image}: fnet no more than 5 points below attention, both as published",
-          f"{_LRA['image']['fnet']} vs {_LRA['image']['attention']}", -0.05, True, base="attention (LRA)")
+  compare(
+    listops,
+    "fnet (published)",
+    f"{listops}: fnet no more than 3 points below attention, both as published",
+    paper["fnet"],
+    -0.03,
+    True,
+    base="attention (LRA)",
+  )
+  compare(
+    image,
+    "fnet (published)",
+    f"{image}: fnet no more than 5 points below attention, both as published",
+    f"{_LRA['image']['fnet']} vs {_LRA['image']['attention']}",
+    -0.05,
+    True,
+    base="attention (LRA)",
+  )
   for task in (listops, image):
     control = row.get(f"{task} ff_only")
     if not control:
@@ -133,7 +171,12 @@ def claim(rows, scale):
     for m in (*MIXERS[:-1], *PUBLISHED):
       if f"{task} {m}" in row:
         d = stats.between(row[f"{task} {m}"], control)
-        out.append(stats.Claim(f"{task}: {m} beats FF-only (mixing matters)", "— (LRA has no such control)",
-                               f"{m} − ff_only: {d.text(3) if d else '—'}",
-                               *stats.verdict(d, 0.0, True)))
+        out.append(
+          stats.Claim(
+            f"{task}: {m} beats FF-only (mixing matters)",
+            "— (LRA has no such control)",
+            f"{m} − ff_only: {d.text(3) if d else '—'}",
+            *stats.verdict(d, 0.0, True),
+          )
+        )
   return out

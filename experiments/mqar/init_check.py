@@ -9,6 +9,7 @@ logits at the query positions), trained on efftx's MQAR batches of configs/mqar.
 batch 32, AdamW lr 1e-3 with 312 warmup steps and cosine decay, weight decay 0.1, clipping at 1.0). Prints the
 validation query accuracy every 300 steps. experiments/mqar/README.md has what it printed.
 """
+
 import runpy
 
 from absl import app
@@ -28,11 +29,24 @@ _D = 64
 def init_params(key, vocab, length, init):
   keys = iter(jax.random.split(key, 32))
   normal = lambda *shape, std=0.02: std * jax.random.normal(next(keys), shape)
-  dense = lambda fan_in, fan_out: normal(fan_in, fan_out, std=fan_in ** -0.5 if init == "lecun" else float(init))
-  layer = lambda: {"ln1": jnp.ones(_D), "q": dense(_D, _D), "k": dense(_D, _D), "v": dense(_D, _D),
-                   "o": dense(_D, _D), "ln2": jnp.ones(_D), "up": dense(_D, 2 * _D), "down": dense(2 * _D, _D)}
-  return {"embed": normal(vocab, _D), "pos": normal(length, _D), "layers": [layer(), layer()],
-          "final": jnp.ones(_D), "head": dense(_D, vocab)}
+  dense = lambda fan_in, fan_out: normal(fan_in, fan_out, std=fan_in**-0.5 if init == "lecun" else float(init))
+  layer = lambda: {
+    "ln1": jnp.ones(_D),
+    "q": dense(_D, _D),
+    "k": dense(_D, _D),
+    "v": dense(_D, _D),
+    "o": dense(_D, _D),
+    "ln2": jnp.ones(_D),
+    "up": dense(_D, 2 * _D),
+    "down": dense(2 * _D, _D),
+  }
+  return {
+    "embed": normal(vocab, _D),
+    "pos": normal(length, _D),
+    "layers": [layer(), layer()],
+    "final": jnp.ones(_D),
+    "head": dense(_D, vocab),
+  }
 
 
 def layer_norm(x, gain):
@@ -59,8 +73,10 @@ def main(argv):
   train_batches = pipeline.train_iterator(config, pipeline.source(config, "train"))
   val_batches = list(pipeline.eval_batches(config, pipeline.source(config, "eval")))
   params = init_params(jax.random.key(0), 256, config.model.max_len, _INIT.value)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-      optax.warmup_cosine_decay_schedule(0.0, 1e-3, 312, _STEPS.value), weight_decay=0.1))
+  tx = optax.chain(
+    optax.clip_by_global_norm(1.0),
+    optax.adamw(optax.warmup_cosine_decay_schedule(0.0, 1e-3, 312, _STEPS.value), weight_decay=0.1),
+  )
   opt_state = tx.init(params)
 
   def loss(params, batch):

@@ -26,6 +26,7 @@ steps (6.4 epochs), the others 6,000 — 24 search runs and 22 seed runs, about 
 SCALES["cpu"]["widths"] = (64, 128, 256) (about three times as long). "paper": Figure 2's settings 64x4, 128x8,
 256x16 at vocab 8192, widths 64–512, 64 epochs for every mixer.
 """
+
 from efftx.sweep import Plot
 from efftx.sweep import best_then_seeds
 from efftx.sweep import stats
@@ -36,19 +37,29 @@ GOAL = "max"
 SOURCE = "Arora et al., Zoology (2023), Figure 2 (attention: ≈ 1.0 in every setting and width)"
 
 PAPER_SCALES = ("paper",)
-PAPER_SETTING = ("Figure 2: vocab 8192, settings 64x4, 128x8, 256x16, 100k training examples, widths 64–512, "
-                 "attention 2 layers and the other mixers 4, no feed-forward, 64 epochs, best of 4 learning rates")
-SETTING = {"cpu": "setting 64x4_v256 (vocab 256, 10k training examples: an easier task than Figure 2's), width 64, "
-                  "batch 32, attention 2,000 steps and the other mixers 6,000, best of Zoology's 4 learning rates on "
-                  "seed 0, then 3 seeds at it (LSH and attention 8)",
-           "paper": "Figure 2's settings, widths and 64 epochs, best of the 4 learning rates, then 3 seeds"}
-PROTOCOL = {s: "Zoology's per mixer: attention 2 layers, every other mixer 4; no feed-forward (d_ff=0); 1 head; "
-               "AdamW (weight decay 0.1), cosine decay, learning rates {1e-4, 4.6e-4, 2.2e-3, 1e-2} searched on seed "
-               "0 per mixer and width, seeds 1 and 2 at the best (LSH and attention: seeds 1–7, LSH's outcome being "
-               "bimodal); "
-               + ("attention 2,000 steps, the others 6,000 (the slow learners get 3×)." if s != "paper" else
-                  "64 epochs for every mixer.") + " LSH: 4 buckets, chunks of 16."
-            for s in ("cpu", "paper")}
+PAPER_SETTING = (
+  "Figure 2: vocab 8192, settings 64x4, 128x8, 256x16, 100k training examples, widths 64–512, "
+  "attention 2 layers and the other mixers 4, no feed-forward, 64 epochs, best of 4 learning rates"
+)
+SETTING = {
+  "cpu": "setting 64x4_v256 (vocab 256, 10k training examples: an easier task than Figure 2's), width 64, "
+  "batch 32, attention 2,000 steps and the other mixers 6,000, best of Zoology's 4 learning rates on "
+  "seed 0, then 3 seeds at it (LSH and attention 8)",
+  "paper": "Figure 2's settings, widths and 64 epochs, best of the 4 learning rates, then 3 seeds",
+}
+PROTOCOL = {
+  s: "Zoology's per mixer: attention 2 layers, every other mixer 4; no feed-forward (d_ff=0); 1 head; "
+  "AdamW (weight decay 0.1), cosine decay, learning rates {1e-4, 4.6e-4, 2.2e-3, 1e-2} searched on seed "
+  "0 per mixer and width, seeds 1 and 2 at the best (LSH and attention: seeds 1–7, LSH's outcome being "
+  "bimodal); "
+  + (
+    "attention 2,000 steps, the others 6,000 (the slow learners get 3×)."
+    if s != "paper"
+    else "64 epochs for every mixer."
+  )
+  + " LSH: 4 buckets, chunks of 16."
+  for s in ("cpu", "paper")
+}
 LEARNING_RATES = (1e-4, 4.6e-4, 2.2e-3, 1e-2)  # Zoology: logspace(1e-4, 1e-2, 4)
 DEPTH = {"attention": 2}  # every other mixer: 4 (zoology experiments/iclr24_zoology_figure2/configs.py)
 # LSH learns the task on some seeds and not on others; 8 seeds (attention too, for paired differences) estimate how
@@ -56,22 +67,36 @@ DEPTH = {"attention": 2}  # every other mixer: 4 (zoology experiments/iclr24_zoo
 MORE_SEEDS = ("lsh", "attention")
 MIXER_OVERRIDES = {"lsh": {"mixer.lsh_chunk": 16, "mixer.lsh_buckets": 4}}
 SCALES = {
-    "cpu": {"mixers": ("attention", "aft_full", "aft_simple", "aft_conv", "linear", "lsh"),
-            "settings": ("64x4_v256",), "widths": (64,),
-            "steps": {"attention": 2_000, "others": 6_000}},
-    "paper": {"mixers": ("attention", "aft_full", "aft_simple", "aft_conv", "linear", "lsh"),
-              "settings": ("64x4", "128x8", "256x16"), "widths": (64, 128, 256, 512), "steps": {}},
+  "cpu": {
+    "mixers": ("attention", "aft_full", "aft_simple", "aft_conv", "linear", "lsh"),
+    "settings": ("64x4_v256",),
+    "widths": (64,),
+    "steps": {"attention": 2_000, "others": 6_000},
+  },
+  "paper": {
+    "mixers": ("attention", "aft_full", "aft_simple", "aft_conv", "linear", "lsh"),
+    "settings": ("64x4", "128x8", "256x16"),
+    "widths": (64, 128, 256, 512),
+    "steps": {},
+  },
 }
-_ALL = [(m, s, d) for m in SCALES["paper"]["mixers"] for s in SCALES["paper"]["settings"] + ("64x4_v256",)
-        for d in SCALES["paper"]["widths"]]
+_ALL = [
+  (m, s, d)
+  for m in SCALES["paper"]["mixers"]
+  for s in SCALES["paper"]["settings"] + ("64x4_v256",)
+  for d in SCALES["paper"]["widths"]
+]
 
 
 def _group(mixer, setting, width):
   return f"{mixer} {setting} d={width}"
 
 
-PLOT = Plot(x=("d_model", {_group(*k): k[2] for k in _ALL}), series={_group(m, s, d): f"{m} {s}" for m, s, d in _ALL},
-            chance={"eval_accuracy": {"a guess among the example's 4 values (64x4)": 0.25}})
+PLOT = Plot(
+  x=("d_model", {_group(*k): k[2] for k in _ALL}),
+  series={_group(m, s, d): f"{m} {s}" for m, s, d in _ALL},
+  chance={"eval_accuracy": {"a guess among the example's 4 values (64x4)": 0.25}},
+)
 PAPER = {_group("attention", s, d): 1.0 for s in SCALES["paper"]["settings"] for d in SCALES["paper"]["widths"]}
 
 
@@ -88,8 +113,9 @@ def points(scale, finished):
         groups[_group(m, setting, d)] = {"arg": f"mixer={m},setting={setting},d_model={d}", "overrides": overrides}
   many = {g: spec for g, spec in groups.items() if g.split()[0] in MORE_SEEDS}
   rest = {g: spec for g, spec in groups.items() if g not in many}
-  return (best_then_seeds(rest, LEARNING_RATES, (0, 1, 2), finished, GOAL)
-          + best_then_seeds(many, LEARNING_RATES, tuple(range(8)), finished, GOAL))
+  return best_then_seeds(rest, LEARNING_RATES, (0, 1, 2), finished, GOAL) + best_then_seeds(
+    many, LEARNING_RATES, tuple(range(8)), finished, GOAL
+  )
 
 
 def claim(rows, scale):
@@ -105,10 +131,19 @@ def claim(rows, scale):
     accuracy = stats.interval([v["value"] for v in r["seeds"].values()])
     claim_, why = stats.verdict(accuracy, 0.99, True)
     if easier and claim_ == stats.HELD:
-      claim_, why = stats.UNTESTED, "solved, but on an easier task than Figure 2's (vocab 256): success here does " \
-                                    "not test the claim"
-    out.append(stats.Claim(f"attention solves MQAR ({g.split(' ', 1)[1]})", "≈ 1.0 at every width",
-                           f"{accuracy.text(3)} at learning rate {r['learning_rate']:g}", claim_, why))
+      claim_, why = (
+        stats.UNTESTED,
+        "solved, but on an easier task than Figure 2's (vocab 256): success here does not test the claim",
+      )
+    out.append(
+      stats.Claim(
+        f"attention solves MQAR ({g.split(' ', 1)[1]})",
+        "≈ 1.0 at every width",
+        f"{accuracy.text(3)} at learning rate {r['learning_rate']:g}",
+        claim_,
+        why,
+      )
+    )
   smallest = min(int(g.rsplit("d=", 1)[1]) for g in row)
   for g, r in row.items():
     if g.startswith("attention ") or not g.endswith(f"d={smallest}"):
@@ -118,8 +153,13 @@ def claim(rows, scale):
     claim_, why = stats.verdict(d, 0.0, True)
     if easier and claim_ == stats.DID_NOT_HOLD:
       claim_, why = stats.UNTESTED, "matched attention, but on an easier task than Figure 2's"
-    out.append(stats.Claim(f"{g.split()[0]} falls short of attention at width {smallest}",
-                           "attention-free mixers need larger widths (Figure 2)",
-                           f"attention − {g.split()[0]}: {d.text(3) if d else '—'} (lr {r['learning_rate']:g})",
-                           claim_, why))
+    out.append(
+      stats.Claim(
+        f"{g.split()[0]} falls short of attention at width {smallest}",
+        "attention-free mixers need larger widths (Figure 2)",
+        f"attention − {g.split()[0]}: {d.text(3) if d else '—'} (lr {r['learning_rate']:g})",
+        claim_,
+        why,
+      )
+    )
   return out

@@ -25,6 +25,7 @@ and the 8 compiled at depth 48 once (compiled memory is deterministic), about an
 over layers, reversible ones a scan: the time ratio includes that difference. "paper": width 1024, FF 4096,
 16 heads, length 4096, depths 2 to 96, timed for 10 s (accelerators).
 """
+
 from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
@@ -32,23 +33,43 @@ from efftx.sweep import stats
 METRIC = "temp_mib"
 METRICS = ("tokens_per_sec", "param_mib")
 GOAL = "min"
-PAPER_SETTING = ("Reformer: enwik8 / imagenet64 models of 12–20 layers, width 1024, length 4096–65536, TPU; the claim "
-                 "is analytic (activation memory without a factor of layers), with no per-depth table")
-SETTING = {"cpu": "attention, width 512, 8 heads, FF 2048, 2,048 tokens a step, lengths 256 and 1024, depths 2–48, "
-                  "float32, one CPU device; 3 interleaved repeats (8 for plain and reversible at depth 24)",
-           "paper": "width 1024, FF 4096, 16 heads, length 4096, depths 2–96 on an accelerator; 3 repeats"}
+PAPER_SETTING = (
+  "Reformer: enwik8 / imagenet64 models of 12–20 layers, width 1024, length 4096–65536, TPU; the claim "
+  "is analytic (activation memory without a factor of layers), with no per-depth table"
+)
+SETTING = {
+  "cpu": "attention, width 512, 8 heads, FF 2048, 2,048 tokens a step, lengths 256 and 1024, depths 2–48, "
+  "float32, one CPU device; 3 interleaved repeats (8 for plain and reversible at depth 24)",
+  "paper": "width 1024, FF 4096, 16 heads, length 4096, depths 2–96 on an accelerator; 3 repeats",
+}
 PAPER_SCALES = ()
 REPEATS = 3
 # The time claim's two groups per length (plain and reversible at the deepest timed depth) get 8 repeats: with 3, a
 # step of 6-10 s timed twice left the length-1024 ratio's interval [0.57, 1.24], on both sides of the claim's 0.67.
 CLAIM_REPEATS = 8
-VARIANTS = {"plain": (False, 0), "reversible": (True, 0), "plain+ff_chunk": (False, 128),
-            "reversible+ff_chunk": (True, 128)}
+VARIANTS = {
+  "plain": (False, 0),
+  "reversible": (True, 0),
+  "plain+ff_chunk": (False, 128),
+  "reversible+ff_chunk": (True, 128),
+}
 SCALES = {
-    "cpu": {"lengths": (256, 1024), "depths": (2, 8, 24, 48), "timed": (2, 8, 24), "seconds": 2, "tokens": 2048,
-            "shape": "d_model=512,d_ff=2048,num_heads=8"},
-    "paper": {"lengths": (4096,), "depths": (2, 8, 24, 48, 96), "timed": (2, 8, 24, 48, 96), "seconds": 10,
-              "tokens": 8192, "shape": "d_model=1024,d_ff=4096,num_heads=16"},
+  "cpu": {
+    "lengths": (256, 1024),
+    "depths": (2, 8, 24, 48),
+    "timed": (2, 8, 24),
+    "seconds": 2,
+    "tokens": 2048,
+    "shape": "d_model=512,d_ff=2048,num_heads=8",
+  },
+  "paper": {
+    "lengths": (4096,),
+    "depths": (2, 8, 24, 48, 96),
+    "timed": (2, 8, 24, 48, 96),
+    "seconds": 10,
+    "tokens": 8192,
+    "shape": "d_model=1024,d_ff=4096,num_heads=16",
+  },
 }
 
 
@@ -58,8 +79,11 @@ def _group(variant, length, depth):
 
 _KEYS = [(v, L, d) for v in VARIANTS for s in SCALES.values() for L in s["lengths"] for d in s["depths"]]
 # Memory grows linearly with depth: a straight line on a linear axis.
-PLOT = Plot(x=("layers", {_group(*k): k[2] for k in _KEYS}),
-            series={_group(*k): f"{k[0]}, length {k[1]}" for k in _KEYS}, xscale="linear")
+PLOT = Plot(
+  x=("layers", {_group(*k): k[2] for k in _KEYS}),
+  series={_group(*k): f"{k[0]}, length {k[1]}" for k in _KEYS},
+  xscale="linear",
+)
 
 
 def points(scale):
@@ -68,20 +92,33 @@ def points(scale):
   for length in s["lengths"]:
     for variant, (reversible, chunk) in VARIANTS.items():
       for depth in s["depths"]:
-        overrides = (f"{s['shape']},attention_impl=chunked,num_layers={depth},"
-                     f"reversible={str(reversible).lower()},ff_chunk_size={chunk}")
-        groups[_group(variant, length, depth)] = {"bench": {
-            "mode": "mixers", "mixers": "attention", "lengths": length, "set": overrides, "tokens": s["tokens"],
+        overrides = (
+          f"{s['shape']},attention_impl=chunked,num_layers={depth},"
+          f"reversible={str(reversible).lower()},ff_chunk_size={chunk}"
+        )
+        groups[_group(variant, length, depth)] = {
+          "bench": {
+            "mode": "mixers",
+            "mixers": "attention",
+            "lengths": length,
+            "set": overrides,
+            "tokens": s["tokens"],
             "seconds": s["seconds"] if depth in s["timed"] else 0,
-            "data_parallel": False}}  # one device: the whole batch's memory, as the table was measured
+            "data_parallel": False,
+          }
+        }  # one device: the whole batch's memory, as the table was measured
   deepest = max(s["timed"])
-  judged = {g: spec for g, spec in groups.items()
-            if any(g == _group(v, L, deepest) for v in ("plain", "reversible") for L in s["lengths"])}
+  judged = {
+    g: spec
+    for g, spec in groups.items()
+    if any(g == _group(v, L, deepest) for v in ("plain", "reversible") for L in s["lengths"])
+  }
   timed = {g: spec for g, spec in groups.items() if spec["bench"]["seconds"] and g not in judged}
   compiled_only = {g: spec for g, spec in groups.items() if not spec["bench"]["seconds"]}
   # Compiled memory is deterministic: a point that is not timed is measured once.
-  return sorted(grid(timed, repeats=REPEATS) + grid(judged, repeats=CLAIM_REPEATS) + grid(compiled_only),
-                key=lambda p: p.seed)
+  return sorted(
+    grid(timed, repeats=REPEATS) + grid(judged, repeats=CLAIM_REPEATS) + grid(compiled_only), key=lambda p: p.seed
+  )
 
 
 def claim(rows, scale):
@@ -105,26 +142,44 @@ def claim(rows, scale):
       per_layer[v] = (temp - params, temp, params)
     if len(per_layer) == 2:
       share = per_layer["reversible"][0] / per_layer["plain"][0]
-      out.append(stats.judge(
+      out.append(
+        stats.judge(
           f"reversible layers add no activation memory per layer (length {L})",
           "activations stored once, not per layer (analytic)",
           f"activations per added layer: reversible {per_layer['reversible'][0]:.3g} MiB, plain "
           f"{per_layer['plain'][0]:.3g} MiB ({share:.2%}); growth per layer {per_layer['reversible'][1]:.3g} vs "
           f"{per_layer['plain'][1]:.3g} MiB, of which parameters {per_layer['plain'][2]:.3g} MiB",
-          stats.exact(share), 0.1, True, above=False))
-    timed = sorted(d for (v, M, d) in keys if v == "reversible" and M == L
-                   and by_group[_group(v, L, d)]["metrics"]["tokens_per_sec"]["mean"])
+          stats.exact(share),
+          0.1,
+          True,
+          above=False,
+        )
+      )
+    timed = sorted(
+      d
+      for (v, M, d) in keys
+      if v == "reversible" and M == L and by_group[_group(v, L, d)]["metrics"]["tokens_per_sec"]["mean"]
+    )
     if timed:
       d = timed[-1]
       rev, plain = by_group[_group("reversible", L, d)], by_group[_group("plain", L, d)]
-      ratios = [rev["seeds"][k]["tokens_per_sec"] / plain["seeds"][k]["tokens_per_sec"] for k in rev["seeds"]
-                if k in plain["seeds"] and rev["seeds"][k].get("tokens_per_sec") and
-                plain["seeds"][k].get("tokens_per_sec")]
+      ratios = [
+        rev["seeds"][k]["tokens_per_sec"] / plain["seeds"][k]["tokens_per_sec"]
+        for k in rev["seeds"]
+        if k in plain["seeds"] and rev["seeds"][k].get("tokens_per_sec") and plain["seeds"][k].get("tokens_per_sec")
+      ]
       found = stats.interval(ratios)
-      out.append(stats.judge(
+      out.append(
+        stats.judge(
           f"recomputation costs at most one forward pass (length {L}, {d} layers)",
           "one extra forward in the backward pass",
           f"reversible ÷ plain tokens/s {found.text(3) if found else '—'} (median {stats.median(ratios):.3g} of "
-          f"{len(ratios)} paired repeats)" if ratios else "—",
-          found, 0.67, True))
+          f"{len(ratios)} paired repeats)"
+          if ratios
+          else "—",
+          found,
+          0.67,
+          True,
+        )
+      )
   return out

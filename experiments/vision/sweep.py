@@ -16,6 +16,7 @@ patch (the mean over positions of a DFT along them is the first position's value
 DeiT-S setting (configs/vision.py:data=imagenet; without DeiT's augmentations, see that file). Metric:
 validation accuracy at the last step.
 """
+
 from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
@@ -27,21 +28,30 @@ SOURCE = "Zhai et al., An Attention Free Transformer (2021): ImageNet top-1, Dei
 
 MIXERS = ("attention", "aft_conv", "aft_full", "fnet", "ff_only")
 # FNet in the f_net code's conventions: post-LN, the embedding projection, a classifier on a [CLS] position.
-PUBLISHED = {"fnet (published)": ("fnet", {"model.block_layout": "post_ln", "model.embed_projection": True,
-                                           "model.pooling": "cls"})}
+PUBLISHED = {
+  "fnet (published)": (
+    "fnet",
+    {"model.block_layout": "post_ln", "model.embed_projection": True, "model.pooling": "cls"},
+  )
+}
 SCALES = {  # scale -> (config argument prefix, overrides, seeds)
-    "cpu": ("", {"total_steps": 1_000, "eval_every": 200, "checkpoint_every": 500}, (0, 1, 2)),
-    "paper": ("data=imagenet,", {}, (0,)),
+  "cpu": ("", {"total_steps": 1_000, "eval_every": 200, "checkpoint_every": 500}, (0, 1, 2)),
+  "paper": ("data=imagenet,", {}, (0,)),
 }
 PAPER = {"attention": 0.799, "aft_conv": 0.810}  # ImageNet: in the report's text, not beside the cpu scale's rows
 PAPER_SCALES = ("paper",)
 PAPER_SETTING = "ImageNet-1k, DeiT-S (12 layers × 384, 16 × 16 patches), DeiT's recipe, 300 epochs; top-1"
-SETTING = {"cpu": "Fashion-MNIST in 4 × 4 patches (7 × 7 grid), 4 layers × 128, 1,000 steps of batch 64 (1.2 "
-                  "epochs), AFT-conv kernel 3 × 3; validation accuracy on 5,000 images; 3 seeds",
-           "paper": "configs/vision.py:data=imagenet (DeiT-S; without DeiT's augmentations); 1 seed"}
-PROTOCOL = {s: "Every mixer: configs/vision.py's one recipe (the same learning rate and schedule; pre-LN, mean "
-               "pooling); FNet also in its paper's conventions (post-LN, embedding projection, [CLS] "
-               "classifier)." for s in ("cpu", "paper")}
+SETTING = {
+  "cpu": "Fashion-MNIST in 4 × 4 patches (7 × 7 grid), 4 layers × 128, 1,000 steps of batch 64 (1.2 "
+  "epochs), AFT-conv kernel 3 × 3; validation accuracy on 5,000 images; 3 seeds",
+  "paper": "configs/vision.py:data=imagenet (DeiT-S; without DeiT's augmentations); 1 seed",
+}
+PROTOCOL = {
+  s: "Every mixer: configs/vision.py's one recipe (the same learning rate and schedule; pre-LN, mean "
+  "pooling); FNet also in its paper's conventions (post-LN, embedding projection, [CLS] "
+  "classifier)."
+  for s in ("cpu", "paper")
+}
 PLOT = Plot(chance={"eval_accuracy": {"chance (10 classes)": 0.1}})
 BASELINE = {m: "attention" for m in (*MIXERS, *PUBLISHED)}
 
@@ -65,15 +75,33 @@ def claim(rows, scale):
     if m not in row:
       continue
     d = stats.between(row[m], row["attention"])
-    ok, why = stats.regime(scale == "paper", "Fashion-MNIST patches for 1.2 epochs, not ImageNet with DeiT's recipe",
-                           stats.settled(row[m]["curves"], row["attention"]["curves"]))
+    ok, why = stats.regime(
+      scale == "paper",
+      "Fashion-MNIST patches for 1.2 epochs, not ImageNet with DeiT's recipe",
+      stats.settled(row[m]["curves"], row["attention"]["curves"]),
+    )
     paper = "81.0 vs 79.9 (+1.1)" if m == "aft_conv" else "— (not in the paper's table)"
-    out.append(stats.judge(f"{m} beats attention" if m == "aft_conv" else f"{m} against attention", paper,
-                           f"{m} − attention: {d.text(3) if d else '—'}", d, 0.0, ok and m == "aft_conv", why))
+    out.append(
+      stats.judge(
+        f"{m} beats attention" if m == "aft_conv" else f"{m} against attention",
+        paper,
+        f"{m} − attention: {d.text(3) if d else '—'}",
+        d,
+        0.0,
+        ok and m == "aft_conv",
+        why,
+      )
+    )
   control = row.get("ff_only")
   for m in ("attention", "aft_conv", "aft_full", "fnet", *PUBLISHED):
     if control and m in row:
       d = stats.between(row[m], control)
-      out.append(stats.Claim(f"{m} beats FF-only (mixing matters)", "— (the paper has no such control)",
-                             f"{m} − ff_only: {d.text(3) if d else '—'}", *stats.verdict(d, 0.0, True)))
+      out.append(
+        stats.Claim(
+          f"{m} beats FF-only (mixing matters)",
+          "— (the paper has no such control)",
+          f"{m} − ff_only: {d.text(3) if d else '—'}",
+          *stats.verdict(d, 0.0, True),
+        )
+      )
   return out
