@@ -23,20 +23,24 @@ from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
 from efftx.mixers import random_mixing
+from efftx.mixers.spec import REGISTRY
 from efftx.mixers.spec import MixerSpec
 
-MIXERS: dict[str, MixerSpec] = {
-  "attention": attention.SPEC,
-  "fnet": fourier.SPEC,
-  "linear_mixing": linear_mixing.SPEC,
-  "random": random_mixing.SPEC,
-  "ff_only": ff_only.SPEC,
-  "aft_full": aft.SPEC_FULL,
-  "aft_simple": aft.SPEC_SIMPLE,
-  "aft_local": aft.SPEC_LOCAL,
-  "aft_conv": aft_conv.SPEC,
-  "local": local.SPEC,
-  "block_local": block_local.SPEC,
-  "linear": linear.SPEC,
-  "lsh": lsh.SPEC,
-}
+MIXERS: dict[str, MixerSpec] = REGISTRY  # one dict: spec.py reads names from it
+MIXERS.update(
+  {
+    "attention": attention.SPEC,
+    "fnet": fourier.SPEC,
+    "linear_mixing": linear_mixing.SPEC,
+    "random": random_mixing.SPEC,
+    "ff_only": ff_only.SPEC,
+    "aft_full": aft.SPEC_FULL,
+    "aft_simple": aft.SPEC_SIMPLE,
+    "aft_local": aft.SPEC_LOCAL,
+    "aft_conv": aft_conv.SPEC,
+    "local": local.SPEC,
+    "block_local": block_local.SPEC,
+    "linear": linear.SPEC,
+    "lsh": lsh.SPEC,
+  }
+)

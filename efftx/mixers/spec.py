@@ -78,9 +78,7 @@ class MixerSpec:
 
   @property
   def name(self) -> str:
-    from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
-
-    return next((n for n, s in MIXERS.items() if s is self), self.module.__name__)
+    return next((n for n, s in REGISTRY.items() if s is self), self.module.__name__)
 
   @property
   def has_heads(self) -> bool:
@@ -135,7 +133,7 @@ class MixerSpec:
     if causal and not self.can_be_causal:
       raise UserError(
         f"mixer '{self.name}' cannot be causal; causal mixers: "
-        f"{', '.join(n for n, s in _registry().items() if s.can_be_causal)} "
+        f"{', '.join(n for n, s in REGISTRY.items() if s.can_be_causal)} "
         "(or set config.model.causal=False)"
       )
     for name, value in options.items():
@@ -191,7 +189,6 @@ def padded(length: int, block: int) -> int:
   return -(-length // block) * block
 
 
-def _registry():
-  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
-
-  return MIXERS
+# Every mixer by name: filled by efftx/mixers/__init__.py (which exports it as MIXERS), read here for a spec's name
+# and the lists in its errors, so this module imports no mixer.
+REGISTRY: dict[str, MixerSpec] = {}
