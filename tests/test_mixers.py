@@ -57,9 +57,10 @@ def _numpy_attention(x, mask, params, num_heads, causal, window=None, feature_ma
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_matches_numpy(causal):
+@pytest.mark.parametrize("impl", ["auto", "plain", "chunked"])  # plain and chunked share one mask; auto: flash here
+def test_attention_matches_numpy(causal, impl):
   x, mask = _inputs()
-  module = MIXERS["attention"](num_heads=2, causal=causal)
+  module = MIXERS["attention"](num_heads=2, causal=causal, attention_impl=impl, attention_chunk=2)
   variables = compiled(module).init(jax.random.key(0), x)
   y = compiled(module).apply(variables, x, mask=mask)
   params = jax.tree.map(np.asarray, variables["params"])
