@@ -133,11 +133,11 @@ def test_splash_refuses_attention_dropout():
     MIXERS["attention"](num_heads=2, attention_impl="splash", attention_dropout=0.1)
 
 
-def _lowered_text(module, platform, dtype=jnp.float32, deterministic=True):
-  """The gradient's program traced for `platform` (spec.lowering_for) and lowered for it."""
+def _lowered_text(module, target, dtype=jnp.float32, deterministic=True):
+  """The gradient's program traced for `target` (efftx.platform.lowering_for) and lowered for it."""
   x, mask = _inputs()
   variables = module.init(jax.random.key(0), x)
-  with platform.lowering_for(platform):
+  with platform.lowering_for(target):
     fn = jax.jit(
       jax.grad(
         lambda v, x: (
@@ -148,7 +148,7 @@ def _lowered_text(module, platform, dtype=jnp.float32, deterministic=True):
         argnums=(0, 1),
       )
     )
-    return fn.trace(variables, x.astype(dtype)).lower(lowering_platforms=(platform,)).as_text()
+    return fn.trace(variables, x.astype(dtype)).lower(lowering_platforms=(target,)).as_text()
 
 
 @pytest.mark.parametrize("causal", [False, True])
