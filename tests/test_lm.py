@@ -70,11 +70,13 @@ def trained_lm(tmp_path_factory, data_dir):
   return workdir, result
 
 
+@pytest.mark.xdist_group("trained_lm")  # one worker trains the module fixture, not both
 def test_a_causal_lm_trains_and_reports_bits_per_byte(trained_lm):
   _, result = trained_lm
   assert result["eval_bits_per_byte"] < 5.0, result  # 8 bits is a uniform guess over bytes
 
 
+@pytest.mark.xdist_group("trained_lm")  # one worker trains the module fixture, not both
 def test_greedy_sampling_through_the_caches_matches_the_full_forward_pass(trained_lm):
   workdir, _ = trained_lm
   config, params = sample.load(workdir)
@@ -89,6 +91,7 @@ def test_greedy_sampling_through_the_caches_matches_the_full_forward_pass(traine
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("trained_lm")  # one worker trains the module fixture, not both
 def test_sample_command(trained_lm):
   workdir, _ = trained_lm
   proc = subprocess.run(
