@@ -149,7 +149,7 @@ def test_fused_and_flash_attention_refuse_dropout_in_training(impl):
 
 @pytest.mark.parametrize("dtype,want", [(jnp.bfloat16, "fused"), (jnp.float32, "flash")])
 def test_auto_on_gpu_is_fused_in_16_bit_flash_in_float32_and_chunked_with_dropout(dtype, want):
-  """Traced for a GPU (spec.lowering_for) and run here: "fused" runs XLA's kernel here (no cuDNN)."""
+  """Traced for a GPU (efftx.platform.lowering_for) and run here: "fused" runs XLA's kernel here (no cuDNN)."""
   x, mask = _inputs()
   x = x.astype(dtype)
   make = lambda impl: Attention(num_heads=H, attention_impl=impl, attention_chunk=3, attention_dropout=RATE)
