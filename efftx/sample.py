@@ -60,7 +60,9 @@ def generate(
   total = len(prompt_P) + length
   if total > config.model.max_len:
     raise UserError(f"prompt ({len(prompt_P)}) + length ({length}) exceeds the model's max_len={config.model.max_len}")
-  cache = model.init(jax.random.key(0), jnp.zeros((1, total), jnp.int32), decode=True)["cache"]
+  # Compiled once rather than op by op (an eager init compiles each of its ~170 primitives on its own).
+  init = jax.jit(lambda tokens_1xT: model.init(jax.random.key(0), tokens_1xT, decode=True)["cache"])
+  cache = init(jnp.zeros((1, total), jnp.int32))
 
   @jax.jit
   def step(cache, token_1x1, rng):
