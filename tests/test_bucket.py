@@ -2,10 +2,12 @@
 
 Each library reaches the emulator through its own documented setting, exactly as it would reach Cloud Storage:
 etils epath / gcsfs and tensorboardX's google-cloud-storage writer by STORAGE_EMULATOR_HOST, orbax's TensorStore
-by TENSORSTORE_GCS_HTTP_URL. Nothing in efftx knows it is talking to an emulator.
+by TENSORSTORE_GCS_HTTP_URL. Nothing in efftx knows it is talking to an emulator. A real process where a signal
+is the property; the other commands run in this process (conftest.run_in_process), with the same environment.
 """
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +23,7 @@ import pytest
 from conftest import REPO
 from conftest import free_port
 from conftest import metrics_rows
+from conftest import run_in_process
 from conftest import summation_atol
 from efftx import checkpoints
 from efftx import train
@@ -89,18 +92,17 @@ def _untimed(row: dict) -> dict:
   return {k: v for k, v in row.items() if k not in ("steps_per_sec", "tokens_per_sec")}
 
 
-def _command(workdir, data_dir, module="efftx.train"):
+def _args(workdir, data_dir):
   return [
-    sys.executable,
-    "-m",
-    module,
     "--config=configs/quickstart.py:smoke",
     f"--workdir={workdir}",
     f"--config.data.data_dir={data_dir}",
   ] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
 
 
-def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke_config, data_dir, tmp_path, on_bucket):
+def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(
+  smoke_config, data_dir, tmp_path, on_bucket, caplog
+):
   local = str(tmp_path / "local")
   config = smoke_config()
   config.update(OVERRIDES)
@@ -110,7 +112,12 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
   env = {**os.environ, **on_bucket}
   # Started, stopped by SIGTERM after step 5 (it saves where it stops), then the same command again.
   first = subprocess.Popen(
-    _command(workdir, data_dir), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    [sys.executable, "-m", "efftx.train", *_args(workdir, data_dir)],
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
   )
   log = []
   while not any("] step 5:" in line for line in log[-1:]):
@@ -121,9 +128,11 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
   assert first.returncode == 0, out
   stopped_at = max(_steps(workdir))
   assert 5 <= stopped_at < 12, out
-  again = subprocess.run(_command(workdir, data_dir), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-  assert again.returncode == 0, again.stdout + again.stderr
-  assert f"resuming from {workdir}/checkpoints at step {stopped_at}" in again.stderr
+  caplog.set_level(logging.INFO, logger="absl")
+  _fresh(workdir)
+  code, _, stderr = run_in_process("efftx.train", _args(workdir, data_dir))
+  assert code == 0, stderr
+  assert any(f"resuming from {workdir}/checkpoints at step {stopped_at}" in r.getMessage() for r in caplog.records)
   metrics = _fresh(workdir) / "metrics.jsonl"
 
   # Every step once, each metric (but the timings) equal to the local run's; the parameters bit for bit.
@@ -144,15 +153,8 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
   assert not (_fresh(workdir) / "running.json").exists()
 
   # The evaluation of the bucket run writes its record beside it.
-  proc = subprocess.run(
-    [sys.executable, "-m", "efftx.evaluate", f"--workdir={workdir}"],
-    cwd=REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert proc.returncode == 0, proc.stdout + proc.stderr
+  code, stdout, stderr = run_in_process("efftx.evaluate", [f"--workdir={workdir}"])
+  assert code == 0, stdout + stderr
   record = json.loads((_fresh(workdir) / "eval_validation_12.json").read_text())
   assert record["step"] == 12 and record["loss"] == pytest.approx(
     want[-1]["eval_loss"], abs=summation_atol(record["examples"], want[-1]["eval_loss"])
@@ -162,9 +164,13 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
   sizes = json.loads((_fresh(workdir) / "checkpoints" / "12" / checkpoints.SIZES_FILE).read_text())
   largest = max((n for n in sizes if "/d/" in n), key=sizes.get)
   (epath.Path(workdir) / "checkpoints" / "12" / largest).unlink()
-  proc = subprocess.run(_command(workdir, data_dir), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stdout + proc.stderr
-  assert "checkpoint 12 cannot be read" in proc.stderr and "resuming from step 8 instead" in proc.stderr
+  caplog.clear()
+  _fresh(workdir)
+  code, _, stderr = run_in_process("efftx.train", _args(workdir, data_dir))
+  assert code == 0, stderr
+  warning = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+  assert len(warning) == 1 and "checkpoint 12 cannot be read" in warning[0], warning
+  assert "resuming from step 8 instead" in warning[0]
   aside = sorted(p.name for p in (_fresh(workdir) / "unreadable_checkpoints").iterdir())
   assert len(aside) == 2 and aside[0].startswith("12-") and aside[1] == "README.txt", aside
   assert [_untimed(json.loads(line)) for line in (_fresh(workdir) / "metrics.jsonl").read_text().splitlines()] == [
@@ -176,16 +182,9 @@ def test_a_run_on_a_bucket_stops_resumes_falls_back_and_equals_a_local_run(smoke
 
 
 def test_a_bucket_that_does_not_exist_is_refused_not_created(data_dir, on_bucket):
-  proc = subprocess.run(
-    _command("gs://no-such-bucket/run", data_dir),
-    cwd=REPO,
-    env={**os.environ, **on_bucket},
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
-  assert proc.returncode == 2
-  assert proc.stderr.strip().splitlines()[-1] == (
+  code, _, stderr = run_in_process("efftx.train", _args("gs://no-such-bucket/run", data_dir))
+  assert code == 2
+  assert stderr.strip().splitlines()[-1] == (
     "efftx.train: error: --workdir=gs://no-such-bucket/run: the bucket "
     "gs://no-such-bucket does not exist or cannot be reached"
   )
@@ -193,13 +192,11 @@ def test_a_bucket_that_does_not_exist_is_refused_not_created(data_dir, on_bucket
 
 
 def test_data_dir_on_a_bucket_is_refused_with_the_way_around(data_dir, tmp_path):
-  proc = subprocess.run(
-    _command(tmp_path, "gs://some-bucket/tensorflow_datasets"), cwd=REPO, capture_output=True, text=True, timeout=120
-  )
-  assert proc.returncode == 2
+  code, _, stderr = run_in_process("efftx.train", _args(tmp_path, "gs://some-bucket/tensorflow_datasets"))
+  assert code == 2
   assert (
-    proc.stderr.strip()
+    stderr.strip()
     .splitlines()[-1]
     .startswith("efftx.train: error: config.data.data_dir='gs://some-bucket/tensorflow_datasets': array_record")
   )
-  assert "gcsfuse" in proc.stderr
+  assert "gcsfuse" in stderr

@@ -25,7 +25,7 @@ from efftx import checkpoints
 from efftx import train
 
 # The smoke model, long enough to be interrupted several times; every step logged (the test watches the log).
-OVERRIDES = {"total_steps": 60, "log_every": 1, "eval_every": 30, "checkpoint_every": 10, "keep_checkpoints": 3}
+OVERRIDES = {"total_steps": 30, "log_every": 1, "eval_every": 15, "checkpoint_every": 5, "keep_checkpoints": 3}
 
 
 def _command(workdir, data_dir, overrides=OVERRIDES, module="efftx.train"):
@@ -57,8 +57,9 @@ def _wait_for(condition, proc, timeout=180):
 
 @pytest.fixture(scope="module")
 def straight(data_dir, tmp_path_factory):
-  """(config, workdir) of the uninterrupted run of OVERRIDES (checkpoints kept at steps 40, 50 and 60), the
-  reference the module's interrupted and damaged runs are compared with; tests copy it before changing it."""
+  """(config, workdir) of the uninterrupted run of OVERRIDES (checkpoints kept at steps 20, 25 and 30), the
+  reference the module's interrupted and damaged runs are compared with; tests copy it before changing it (they
+  share the xdist group faults_straight, so that one worker trains it)."""
   from configs import quickstart  # pylint: disable=g-import-not-at-top
 
   config = quickstart.get_config("smoke")
@@ -66,7 +67,7 @@ def straight(data_dir, tmp_path_factory):
   config.update(OVERRIDES)
   workdir = str(tmp_path_factory.mktemp("straight"))
   train.train_and_evaluate(config, workdir)
-  assert _steps(workdir) == [40, 50, 60]
+  assert _steps(workdir) == [20, 25, 30]
   return config, workdir
 
 
@@ -83,22 +84,37 @@ def _assert_same_run(got_dir, want_dir, step):
 
 
 @pytest.mark.slow
-def test_kill_9_at_two_steps_and_mid_save_then_sigterm_resume_bitwise(straight, tmp_path, caplog):
+@pytest.mark.xdist_group("faults_straight")
+def test_one_run_per_workdir_kill_9_at_two_steps_and_mid_save_then_sigterm_resume_bitwise(straight, tmp_path, caplog):
+  """A second run on a workdir in use is refused in one line naming the holder; kill -9 (before the first
+  checkpoint, between two, mid-save) leaves running.json behind but the kernel releases the lock, so the same
+  command resumes from the last complete checkpoint; SIGTERM saves where it stops; the resumed run equals the
+  straight one bit for bit, and once finished the command trains nothing more."""
   config, straight = straight
   workdir = str(tmp_path / "faulty")
   command = _command(workdir, config.data.data_dir)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   temporary = lambda: {n for n in os.listdir(ckpt_dir) if "tmp" in n} if os.path.isdir(ckpt_dir) else set()
+  running = os.path.join(workdir, "running.json")
   # A killed run leaves rows logged after its last checkpoint (and maybe a half-written checkpoint) behind until the
   # next run starts: each wait below asks for progress beyond them.
 
-  # kill -9 at two steps between checkpoints (every 10): each time the same command resumes from the last one.
+  # kill -9 at two steps, before the first checkpoint and between two (every 5): each time the same command starts
+  # (the dead run's lock does not block it) and resumes from the last checkpoint.
   killed_at = []
-  for target in (7, 23):
+  for target in (2, 12):
     proc = _start(command)
+    if not killed_at:  # while the first holds the workdir, the same command is refused
+      _wait_for(lambda: os.path.exists(running), proc)
+      code, _, stderr = run_in_process("efftx.train", command[3:])
+      lines = stderr.strip().splitlines()
+      assert code == 2 and len(lines) == 1, stderr
+      assert f"is in use by another run (pid {proc.pid} on {socket.gethostname()}" in lines[0]
     _wait_for(lambda: logged_step(workdir) >= target, proc)
-    proc.kill()
+    before = sorted(os.listdir(workdir))
+    proc.kill()  # no chance to clean up; the kernel releases the lock
     proc.wait()
+    assert "running.json" in before and sorted(os.listdir(workdir)) == before  # running.json stays behind, stale
     killed_at.append(logged_step(workdir))
   print("killed after logging steps", killed_at, "; complete checkpoints then:", _steps(workdir))
 
@@ -121,24 +137,27 @@ def test_kill_9_at_two_steps_and_mid_save_then_sigterm_resume_bitwise(straight, 
   # SIGTERM: a checkpoint at the step it stops at.
   stale_rows = logged_step(workdir)
   proc = _start(command)
-  _wait_for(lambda: logged_step(workdir) >= stale_rows + 3, proc)
+  _wait_for(lambda: logged_step(workdir) >= stale_rows + 2, proc)
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode == 0, out
   stopped_at = _steps(workdir)[-1]
-  assert stopped_at < 60 and f"stopped by signal at step {stopped_at}" in out
+  assert stopped_at < 30 and f"stopped by signal at step {stopped_at}" in out
   assert not temporary()  # the half-written save was cleaned up
 
   caplog.set_level(logging.INFO, logger="absl")
   code, _, _ = run_in_process("efftx.train", command[3:])
   assert code == 0
   assert any(f"at step {stopped_at}" in r.getMessage() for r in caplog.records)  # "resuming from ... at step k"
-  _assert_same_run(workdir, straight, 60)
+  _assert_same_run(workdir, straight, 30)
+  assert not os.path.exists(running)
 
   # Once finished, the same command again trains nothing more.
   rows = metrics_rows(workdir)
+  caplog.clear()
   code, _, _ = run_in_process("efftx.train", command[3:])
   assert code == 0 and metrics_rows(workdir) == rows
+  assert any("already trained to step 30" in r.getMessage() for r in caplog.records)
 
 
 def _damage(step_dir, how):
@@ -165,38 +184,40 @@ def _damage(step_dir, how):
       os.remove(path)
 
 
+@pytest.mark.xdist_group("faults_straight")
 @pytest.mark.parametrize("how", ["truncate", "delete", "unrecorded"])
 def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous(straight, tmp_path, how, caplog):
   config, straight = straight
   workdir = str(tmp_path / "damaged")
   shutil.copytree(straight, workdir)
-  shutil.rmtree(os.path.join(workdir, "checkpoints", "60"))  # as if stopped at step 50 ...
-  _damage(os.path.join(workdir, "checkpoints", "50"), how)  # ... with its last checkpoint damaged
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "30"))  # as if stopped at step 25 ...
+  _damage(os.path.join(workdir, "checkpoints", "25"), how)  # ... with its last checkpoint damaged
 
   train.train_and_evaluate(config, workdir)
   warning = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
-  assert len(warning) == 1 and "checkpoint 50 cannot be read" in warning[0], warning
+  assert len(warning) == 1 and "checkpoint 25 cannot be read" in warning[0], warning
   assert ("OCDBT" if how == "unrecorded" else "when written" if how == "truncate" else "is missing") in warning[0]
-  assert "resuming from step 40 instead" in warning[0]
+  assert "resuming from step 20 instead" in warning[0]
   set_aside = sorted(os.listdir(os.path.join(workdir, "unreadable_checkpoints")))
-  assert len(set_aside) == 2 and set_aside[0].startswith("50-") and set_aside[1] == "README.txt", set_aside
-  _assert_same_run(workdir, straight, 60)  # steps 41–60 trained again from step 40, as in the straight run
+  assert len(set_aside) == 2 and set_aside[0].startswith("25-") and set_aside[1] == "README.txt", set_aside
+  _assert_same_run(workdir, straight, 30)  # steps 21–30 trained again from step 20, as in the straight run
 
 
+@pytest.mark.xdist_group("faults_straight")
 def test_when_no_checkpoint_is_readable_the_run_stops_with_one_line(straight, tmp_path):
   config, straight = straight
   shutil.copytree(straight, tmp_path, dirs_exist_ok=True)
-  for step in (40, 50, 60):
+  for step in (20, 25, 30):
     _damage(str(tmp_path / "checkpoints" / str(step)), "truncate")
   config = config.copy_and_resolve_references()
-  config.total_steps = 70
+  config.total_steps = 35
   with pytest.raises(
     ValueError,
-    match=r"no checkpoint in .* can be read \(step 60: .*; step 50: .*; step 40: .*\): "
+    match=r"no checkpoint in .* can be read \(step 30: .*; step 25: .*; step 20: .*\): "
     r"to start over, remove .*checkpoints or use another --workdir",
   ):
     train.train_and_evaluate(config, str(tmp_path))
-  assert _steps(str(tmp_path)) == [40, 50, 60]  # nothing moved or removed
+  assert _steps(str(tmp_path)) == [20, 25, 30]  # nothing moved or removed
 
 
 def test_divergence_stops_with_one_line_and_keeps_the_good_checkpoint(data_dir, tmp_path):
@@ -228,42 +249,22 @@ def test_divergence_stops_with_one_line_and_keeps_the_good_checkpoint(data_dir, 
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(params)))
 
 
-@pytest.mark.slow
-def test_one_run_per_workdir_and_a_dead_runs_lock_does_not_block(data_dir, tmp_path, caplog):
-  workdir = tmp_path / "run"
-  first = _start(_command(workdir, data_dir, {**OVERRIDES, "total_steps": 10_000}))
-  _wait_for(lambda: logged_step(workdir) >= 12 and os.path.isdir(workdir / "checkpoints" / "10"), first)
-  before = sorted(os.listdir(workdir))
-  code, _, stderr = run_in_process("efftx.train", _command(workdir, data_dir)[3:])
-  lines = stderr.strip().splitlines()
-  assert code == 2 and len(lines) == 1, stderr
-  assert f"is in use by another run (pid {first.pid} on {socket.gethostname()}" in lines[0]
-
-  first.kill()  # kill -9: no chance to clean up; the kernel releases the lock
-  first.wait()
-  assert sorted(os.listdir(workdir)) == before  # running.json stays behind, stale
-  caplog.set_level(logging.INFO, logger="absl")
-  code, _, stderr = run_in_process("efftx.train", _command(workdir, data_dir, {**OVERRIDES, "total_steps": 10})[3:])
-  assert code == 0, stderr
-  assert any("already trained to step" in r.getMessage() for r in caplog.records)
-  assert not os.path.exists(workdir / "running.json")
-
-
+@pytest.mark.xdist_group("faults_straight")
 def test_evaluate_equals_the_runs_own_last_eval_and_reads_the_test_split(straight, tmp_path):
   shutil.copytree(straight[1], tmp_path, dirs_exist_ok=True)
   last_eval = [r for r in metrics_rows(tmp_path) if "eval_loss" in r][-1]
   code, stdout, stderr = run_in_process("efftx.evaluate", [f"--workdir={tmp_path}"])
   assert code == 0, stderr
-  assert stdout.startswith("validation at step 60: accuracy=")
-  record = json.loads((tmp_path / "eval_validation_60.json").read_text())
+  assert stdout.startswith("validation at step 30: accuracy=")
+  record = json.loads((tmp_path / "eval_validation_30.json").read_text())
   # The same model on the same examples; the mean over the split may be reduced in another order.
   assert record["loss"] == pytest.approx(
     last_eval["eval_loss"], abs=summation_atol(record["examples"], last_eval["eval_loss"])
   )
   assert record["accuracy"] == last_eval["eval_accuracy"]
 
-  code, _, stderr = run_in_process("efftx.evaluate", [f"--workdir={tmp_path}", "--checkpoint=50", "--split=test"])
+  code, _, stderr = run_in_process("efftx.evaluate", [f"--workdir={tmp_path}", "--checkpoint=25", "--split=test"])
   assert code == 0, stderr
-  record = json.loads((tmp_path / "eval_test_50.json").read_text())
+  record = json.loads((tmp_path / "eval_test_25.json").read_text())
   assert record["tfds_split"] == "test" and record["examples"] == 200  # ListOps tiny: 200 test expressions
-  assert 0 <= record["accuracy"] <= 1 and record["step"] == 50
+  assert 0 <= record["accuracy"] <= 1 and record["step"] == 25

@@ -126,10 +126,32 @@ def test_the_sharded_mixers_stand_for_every_mixer():
     assert split[mixer] <= covered, (mixer, split[mixer] - covered)
 
 
-@pytest.mark.parametrize("mixer,reversible", [(m, False) for m in SHARDED_KINDS] + [("attention", True)])
-def test_mixers_train_the_same_with_sharded_parameters(mixer, reversible):
+def _first_moments(state) -> list:
+  """AdamW's first moments (mu) in a train state, one per parameter."""
+  return [
+    leaf
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state.opt_state)
+    if any(getattr(k, "name", None) == "mu" for k in path)
+  ]
+
+
+@pytest.mark.parametrize("reversible", [False, True])
+def test_mixers_train_the_same_with_sharded_parameters(reversible):
+  """A train step at fsdp 8 equals one at fsdp 1 (data 8): loss, gradient norm and updated parameters. Without
+  reversible, one model whose layers are the SHARDED_KINDS mixers, one each (a layer pattern), every mixer's split
+  parameters in one program; with, a reversible attention stack (a leading layer axis the rule never splits)."""
+  mixer = "attention" if reversible else "+".join(SHARDED_KINDS)
+  num_layers = 1 if reversible else len(SHARDED_KINDS)
   config = mixer_config(
-    mixer, d_model=64, d_ff=128, num_layers=1, max_len=32, num_heads=4, dropout=0.1, reversible=reversible, lsh_chunk=8
+    mixer,
+    d_model=64,
+    d_ff=128,
+    num_layers=num_layers,
+    max_len=32,
+    num_heads=4,
+    dropout=0.1,
+    reversible=reversible,
+    lsh_chunk=8,
   )
   config.optim.warmup_steps = 0
   (metrics_1, state_1), (metrics_8, state_8) = _steps(config, 1), _steps(config, 8)
@@ -141,8 +163,31 @@ def test_mixers_train_the_same_with_sharded_parameters(mixer, reversible):
     jax.device_get(state_8.params),
     jax.device_get(state_1.params),
   )
-  split = [x for x in jax.tree.leaves(state_8.params) if not x.sharding.is_fully_replicated]
-  assert split, "no parameter was split"
+  # The gradients too (AdamW's first moments after one step: 0.1 × the clipped gradients), each leaf to the order of
+  # its sums: per layer the forward pass's (the LayerNorms and projections over d, the feed-forward over d_ff, the
+  # scores over K and the L keys or positions mixed), the backward pass's the same again, then the weight
+  # gradients' sum over the B·L rows. A 1% change in one layer's gradients fails it, where the loss and gradient
+  # norm, sums over every layer, may not show it.
+  d, d_ff, L, K = 64, 128, 32, 16
+  assert_close_gradients(
+    _first_moments(jax.device_get(state_8)),
+    _first_moments(jax.device_get(state_1)),
+    n_terms=2 * num_layers * (8 * d + d_ff + K + 3 * L) + 16 * L,
+  )
+  split = {
+    jax.tree_util.keystr(path[:2])
+    for path, x in jax.tree_util.tree_leaves_with_path(state_8.params)
+    if not x.sharding.is_fully_replicated
+  }
+  if reversible:
+    assert "['reversible']['layers']" in split, split
+  else:  # every layer's mixer but fnet's (which has no parameters) has a split parameter
+    mixing = {
+      kind
+      for i, kind in enumerate(SHARDED_KINDS)
+      if any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(state_8.params[f"block_{i}"]["mixing"]))
+    }
+    assert mixing == set(SHARDED_KINDS) - {"fnet"}, mixing
 
 
 @pytest.mark.parametrize("mixer", ["aft_simple", "attention"])
@@ -168,12 +213,7 @@ def test_one_example_per_device_compiles_with_ynnpack_for_the_matmuls_only_and_t
     _steps(config, 1, batch_size=8, compiler_options=o) for o in (None, options)
   )
   _assert_metrics_close(metrics_opt, metrics, config, batch_size=8)
-  first_moments = lambda state: [
-    leaf
-    for path, leaf in jax.tree_util.tree_leaves_with_path(state.opt_state)
-    if any(getattr(k, "name", None) == "mu" for k in path)
-  ]
-  moments, moments_opt = first_moments(jax.device_get(state)), first_moments(jax.device_get(state_opt))
+  moments, moments_opt = _first_moments(jax.device_get(state)), _first_moments(jax.device_get(state_opt))
   assert len(moments) == len(jax.tree.leaves(state.params))
   # Equal up to the order of the sums, which the fusions change: the forward pass's (the LayerNorms' statistics, the
   # projections and the feed-forward over d and d_ff, the scores over K, the L keys' normalizer and weighted sum,
@@ -212,20 +252,51 @@ def _max_parameter_difference(workdir, other, step) -> float:
   return max(diffs)
 
 
-def _quickstart_size(smoke_config, **fields):
-  """The quickstart's model (width 64, FF 256) on the smoke data, logged every step."""
-  config = smoke_config()
+# The schedule of the module's runs: T steps logged every 3, evaluated and checkpointed every 6. Under the
+# quickstart's 100 warmup steps the learning-rate schedule does not depend on total_steps, so a run of fewer steps
+# is the straight run's beginning.
+T = 18
+STRAIGHT = {"total_steps": T, "log_every": 3, "eval_every": 6, "checkpoint_every": 6, "keep_checkpoints": 3}
+
+
+def _quickstart_size(data_dir, **fields):
+  """The quickstart's model (width 64, FF 256) on the smoke data, on STRAIGHT's schedule."""
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+
+  config = quickstart.get_config("smoke")
+  config.data.data_dir = data_dir
   config.model.update(d_model=64, d_ff=256)
-  config.update({"total_steps": 12, "log_every": 1, "eval_every": 12, "checkpoint_every": 6, **fields})
+  config.update({**STRAIGHT, **fields})
   return config
 
 
-def test_fsdp_8_equals_data_8_with_an_eighth_of_the_state_per_device(smoke_config, tmp_path):
-  config = _quickstart_size(smoke_config, total_steps=4, eval_every=4, checkpoint_every=4)
-  train.train_and_evaluate(config, str(tmp_path / "data8"))
+@pytest.fixture(scope="module")
+def straight(data_dir, tmp_path_factory):
+  """(config, workdir) of the uninterrupted run of STRAIGHT on 8 devices (data 8), the reference of the module's
+  other layouts, resumed and multi-process runs; tests copy it before changing it."""
+  config = _quickstart_size(data_dir)
+  workdir = tmp_path_factory.mktemp("straight")
+  train.train_and_evaluate(config, str(workdir))
+  assert _checkpoint_steps(workdir) == [6, 12, 18]
+  return config, workdir
+
+
+def _checkpoint_steps(workdir) -> list[int]:
+  return sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
+
+
+@pytest.mark.xdist_group("scale_straight")
+def test_fsdp_8_equals_data_8_with_an_eighth_of_the_state_per_device(straight, tmp_path):
+  """The first 6 steps at fsdp 8 log what the straight run (data 8) logged; each device holds an eighth of the
+  parameters and AdamW state but the arrays too small to split."""
+  config, straight = straight
+  config = config.copy_and_resolve_references()
+  config.update(total_steps=6)
   config.mesh.fsdp = 8
   train.train_and_evaluate(config, str(tmp_path / "fsdp8"))
-  _assert_rows_close(metrics_rows(tmp_path / "fsdp8"), metrics_rows(tmp_path / "data8"), config)
+  first_6 = [r for r in metrics_rows(straight) if r["step"] <= 6]
+  assert any("eval_loss" in r for r in first_6)
+  _assert_rows_close(metrics_rows(tmp_path / "fsdp8"), first_6, config)
 
   parts = trainer.parts(config)
   tx, _ = trainer.make_optimizer(config)
@@ -255,40 +326,21 @@ def test_fsdp_8_equals_data_8_with_an_eighth_of_the_state_per_device(smoke_confi
 
 
 @pytest.mark.slow
-def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(smoke_config, tmp_path):
-  config = _quickstart_size(smoke_config)
-  straight = str(tmp_path / "straight")
-  train.train_and_evaluate(config, straight)
+@pytest.mark.xdist_group("scale_straight")
+def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(straight, tmp_path):
+  """The straight run's checkpoint at step 12, resumed on 4 devices (another process: JAX fixes its device count
+  at start-up) and on 8 devices split data 2 × fsdp 4: the same rows and final parameters as the straight run."""
+  config, straight = straight
 
-  def stopped_at_6(name):
+  def stopped_at_12(name):
     workdir = tmp_path / name
     shutil.copytree(straight, workdir)
-    shutil.rmtree(workdir / "checkpoints" / "12")
+    shutil.rmtree(workdir / "checkpoints" / str(T))
     return workdir
 
-  # 4 devices (another process, as JAX fixes its device count at start-up), data = 4.
-  on_4 = stopped_at_6("on_4")
-  overrides = [
-    f"--config.{k}={v}"
-    for k, v in {
-      "total_steps": 12,
-      "log_every": 1,
-      "eval_every": 12,
-      "checkpoint_every": 6,
-      "model.d_model": 64,
-      "model.d_ff": 256,
-    }.items()
-  ]
+  on_4 = stopped_at_12("on_4")
   proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "efftx.train",
-      "--config=configs/quickstart.py:smoke",
-      f"--workdir={on_4}",
-      f"--config.data.data_dir={config.data.data_dir}",
-    ]
-    + overrides,
+    _train_command(on_4, config),
     cwd=REPO,
     capture_output=True,
     text=True,
@@ -296,15 +348,15 @@ def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(smo
     env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
   )
   assert proc.returncode == 0, proc.stderr
-  assert "4 devices (data 4 × fsdp 1)" in proc.stderr
-  # 8 devices split data 2 × fsdp 4.
-  other_split = stopped_at_6("other_split")
+  assert "4 devices (data 4 × fsdp 1)" in proc.stderr and "at step 12" in proc.stderr
+  other_split = stopped_at_12("other_split")
+  config = config.copy_and_resolve_references()
   config.mesh.fsdp = 4
   train.train_and_evaluate(config, str(other_split))
 
   for workdir in (on_4, other_split):
-    _assert_rows_close(metrics_rows(workdir), metrics_rows(straight), config, first_step=7)
-    diff = _max_parameter_difference(workdir, straight, 12)
+    _assert_rows_close(metrics_rows(workdir), metrics_rows(straight), config, first_step=13)
+    diff = _max_parameter_difference(workdir, straight, T)
     print(f"{workdir.name}: final parameters differ from the uninterrupted 8-device run's by at most {diff:.2e}")
     assert diff < 1e-5
 
@@ -363,12 +415,9 @@ def test_fsdp_must_divide_the_devices(smoke_config):
 
 
 def _train_command(workdir, config, **overrides):
-  """efftx.train on the quickstart's smoke data with _quickstart_size's model and schedule, as a command."""
+  """efftx.train on the quickstart's smoke data with _quickstart_size's model and config's schedule, as a command."""
   fields = {
-    "total_steps": config.total_steps,
-    "log_every": config.log_every,
-    "eval_every": config.eval_every,
-    "checkpoint_every": config.checkpoint_every,
+    **{name: config[name] for name in STRAIGHT},
     "model.d_model": 64,
     "model.d_ff": 256,
     **overrides,
@@ -401,26 +450,25 @@ def _two_processes(command):
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_stop_together_and_resume_on_one(smoke_config, tmp_path):
+@pytest.mark.xdist_group("scale_straight")
+def test_two_processes_equal_one_stop_together_and_resume_on_one(straight, tmp_path):
   """2 real processes × 4 devices against 1 process × 8 devices: the same per-step losses; a SIGTERM to one
   process stops both at the same (log) step with a checkpoint; that checkpoint evaluates the same on two processes
   as on one, and resumes in 1 process × 8 devices to the same end."""
-  config = _quickstart_size(smoke_config, total_steps=60, log_every=3, eval_every=60, checkpoint_every=60)
-  straight = tmp_path / "straight"
-  train.train_and_evaluate(config, str(straight))
-
+  config, straight = straight
   workdir = tmp_path / "two"
   procs = _two_processes(_train_command(workdir, config))
   deadline = time.time() + 180
-  while logged_step(workdir) < 6:
+  while logged_step(workdir) < 3:
     assert procs[0].poll() is None and time.time() < deadline, procs[0].communicate()[0]
     time.sleep(0.01)
   procs[1].send_signal(signal.SIGTERM)  # only the second process is told
   outs = [p.communicate(timeout=180)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], outs
   stopped = [int(o.split("stopped by signal at step ")[1].split()[0]) for o in outs]
-  assert stopped[0] == stopped[1] < 60 and stopped[0] % 3 == 0, stopped  # at a log boundary
-  assert sorted(os.listdir(workdir / "checkpoints")) == [str(stopped[0])]
+  assert stopped[0] == stopped[1] < T and stopped[0] % 3 == 0, stopped  # at a log boundary
+  every = config.checkpoint_every
+  assert _checkpoint_steps(workdir) == sorted({*range(every, stopped[0], every), stopped[0]})
   _assert_rows_close(metrics_rows(workdir), [r for r in metrics_rows(straight) if r["step"] <= stopped[0]], config)
 
   # efftx.evaluate on the two processes (each reading its shard) equals one process on 8 devices (this one).
@@ -439,6 +487,6 @@ def test_two_processes_equal_one_stop_together_and_resume_on_one(smoke_config, t
   # The two processes' checkpoint, resumed by one process on 8 devices: the same run as the straight one.
   train.train_and_evaluate(config, str(workdir))
   _assert_rows_close(metrics_rows(workdir), metrics_rows(straight), config)
-  diff = _max_parameter_difference(workdir, straight, 60)
+  diff = _max_parameter_difference(workdir, straight, T)
   print(f"stopped at step {stopped[0]}; final parameters differ by at most {diff:.2e}")
   assert diff < 1e-5

@@ -437,7 +437,7 @@ def test_dry_run_prints_each_launchers_commands(tmp_path, data_dir):
 
 @pytest.mark.slow
 def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
-  long = {"total_steps": 200, "checkpoint_every": 50, "eval_every": 200, "log_every": 10}
+  long = {"total_steps": 40, "checkpoint_every": 10, "eval_every": 40, "log_every": 5}
   path = _sweep_file(
     tmp_path,
     data_dir,
@@ -457,7 +457,7 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
     text=True,
   )
   deadline = time.time() + 180
-  while not (workdir / "long-seed0" / "checkpoints" / "50").exists():
+  while not (workdir / "long-seed0" / "checkpoints" / "10").exists():
     assert first.poll() is None and time.time() < deadline, first.communicate()
     time.sleep(0.05)
   first.send_signal(signal.SIGTERM)
@@ -470,8 +470,8 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
   assert again.returncode == 1, again.stderr  # a point failed
   command = f"{sys.executable} -m efftx.train --config=configs/quickstart.py:smoke"
   assert again.stdout.splitlines()[:3] == [
-    f"resume       long-seed0: {command} --config.total_steps=200 --config.checkpoint_every=50 "
-    f"--config.eval_every=200 --config.log_every=10 --config.data.data_dir={data_dir} --config.seed=0 "
+    f"resume       long-seed0: {command} --config.total_steps=40 --config.checkpoint_every=10 "
+    f"--config.eval_every=40 --config.log_every=5 --config.data.data_dir={data_dir} --config.seed=0 "
     f"--workdir={workdir}/long-seed0",
     f"run          short-seed0: {command},mixer=fnet --config.total_steps=6 --config.data.data_dir={data_dir} "
     f"--config.seed=0 --workdir={workdir}/short-seed0",
@@ -491,7 +491,7 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
     for l in (workdir / "long-seed0" / "metrics.jsonl").read_text().splitlines()
     if "loss" in json.loads(l)
   ]
-  assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 200  # every logged step once
+  assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 40  # every logged step once
   assert "| long | — |" in again.stdout and "| broken | — | — | 0/1 |" in again.stdout
 
   third = _sweep(path, f"--workdir={workdir}", process=True)
@@ -527,7 +527,7 @@ def test_points_to_retry_are_pending_in_the_status_line_not_failed(tmp_path, dat
 
 @pytest.mark.slow
 def test_slurm_launcher_through_submitits_local_executor(tmp_path, data_dir):
-  path = _sweep_file(tmp_path, data_dir, {"fnet": {"arg": "smoke,mixer=fnet", "overrides": {"total_steps": 4}}})
+  path = _sweep_file(tmp_path, data_dir, {"fnet": {"arg": "smoke,mixer=fnet", "overrides": {"total_steps": 2}}})
   workdir = tmp_path / "runs"
   proc = _sweep(path, f"--workdir={workdir}", "--launcher=slurm", "--submitit_cluster=local", process=True)
   assert proc.returncode == 0, proc.stderr
