@@ -137,33 +137,20 @@ def test_bench_flops_per_token_is_the_dense_matmuls_plus_the_mixing():
 def test_bench_times_the_step_split_over_the_devices_as_train_does(tmp_path):
   """`python -m efftx.bench` (mixers mode) splits each step's batch over as many devices as divide it, as
   efftx.train does, and measures the MFU peak on those devices; --nodata_parallel runs on one. Per device, the
-  split step's compiled activations are then a share of the one-device step's."""
+  split step's compiled activations are then a share of the one-device step's. Run in this process
+  (conftest.run_in_process: the module's flags and main), on the suite's 8 devices: batches of 4 and 2 take 4 and
+  2 of them."""
   import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
 
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"}
+  from conftest import run_in_process  # pylint: disable=g-import-not-at-top
+
+  assert jax.device_count() == 8
   rows = {}
   for flag, lengths in (("--data_parallel", "256,512"), ("--nodata_parallel", "256")):
     out = tmp_path / f"{flag}.json"
-    subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "efftx.bench",
-        "--mixers=fnet",
-        f"--lengths={lengths}",
-        "--tokens=1024",
-        "--seconds=0.2",
-        f"--json={out}",
-        flag,
-      ],
-      env=env,
-      check=True,
-      capture_output=True,
-      timeout=600,
-    )
+    args = ["--mixers=fnet", f"--lengths={lengths}", "--tokens=1024", "--seconds=0.2", f"--json={out}", flag]
+    code, stdout, stderr = run_in_process("efftx.bench", args)
+    assert code == 0, stdout + stderr
     rows[flag] = json.loads(out.read_text())["rows"]
   split, one = rows["--data_parallel"], rows["--nodata_parallel"]
   assert [r["devices"] for r in split] == [4, 2] and [r["devices"] for r in one] == [1]  # batch 4, then 2
