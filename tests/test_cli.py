@@ -39,8 +39,8 @@ TRAIN_CASES = [
   (["--config=configs/lm_bytes.py", "--config.model.max_len=2048"], ["max_len=2048", "at most 1024"]),
   (["--config=configs/lm_bytes.py", "--config.model.causal=false"], ["language modelling", "causal=True"]),
   # Data problems, found before anything is written in the workdir:
-  (
-    ["--config=configs/quickstart.py:smoke", "--config.model.max_len=8", "--config.data.data_dir={tmp}/tfds"],
+  (  # (the session's data, prepared: preparing a fresh data_dir, and its log lines, is the {tmp}/afile case's)
+    ["--config=configs/quickstart.py:smoke", "--config.model.max_len=8", "--config.data.data_dir={data_dir}"],
     ["a ListOps example has", "max_len=8", "config.data.truncate=True"],
   ),
   (

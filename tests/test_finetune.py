@@ -19,7 +19,7 @@ def pretrained(tmp_path_factory, data_dir):
 
   config = mlm_bytes.get_config("smoke")
   config.data.data_dir = data_dir
-  config.total_steps = 3
+  config.total_steps = config.checkpoint_every = 3  # one checkpoint, at the end
   workdir = str(tmp_path_factory.mktemp("mlm"))
   result = train.train_and_evaluate(config, workdir)
   assert np.isfinite(result["eval_loss"]) and "eval_bits_per_byte" not in result  # masked tokens, not bits/byte
@@ -38,13 +38,14 @@ def _glue_config(data_dir):
   return config
 
 
+@pytest.mark.xdist_group("pretrained")  # one worker pre-trains the module fixture, not both
 def test_load_encoder_takes_every_encoder_parameter_and_keeps_new_heads(pretrained, data_dir):
   _, source_params, step = checkpoints.restore_params(pretrained)
   assert step == 3 and "lm_head" in source_params
   config = _glue_config(data_dir)
   config.model.max_len = 32  # fine-tuned shorter than pre-trained (64): the first position embeddings are taken
   parts = trainer.parts(config)
-  new = trainer.init_params(parts.model, jax.random.key(5))
+  new = jax.jit(lambda: trainer.init_params(parts.model, jax.random.key(5)))()  # one program, not op by op
   fresh_names = parts.objective.fresh_params
   loaded = flax.traverse_util.flatten_dict(
     init_from.load_encoder(jax.device_get(new), pretrained, fresh_names), sep="/"
@@ -66,6 +67,7 @@ def test_load_encoder_takes_every_encoder_parameter_and_keeps_new_heads(pretrain
   np.testing.assert_array_equal(by_step["embed"]["embedding"], source["embed/embedding"])
 
 
+@pytest.mark.xdist_group("pretrained")  # one worker pre-trains the module fixture, not both
 def test_fine_tuning_run_starts_from_the_encoder(pretrained, data_dir, tmp_path):
   config = _glue_config(data_dir)
   config.init_from = pretrained
@@ -75,6 +77,7 @@ def test_fine_tuning_run_starts_from_the_encoder(pretrained, data_dir, tmp_path)
   assert result["step"] == 1 and np.isfinite(result["eval_loss"])
 
 
+@pytest.mark.xdist_group("pretrained")  # one worker pre-trains the module fixture, not both
 @pytest.mark.parametrize(
   "change,message",
   [
@@ -94,7 +97,7 @@ def test_a_different_encoder_is_refused_clearly(pretrained, data_dir, change, me
     init_from.load_encoder(new, pretrained, ("classifier", "pool_dense"))
 
 
-def test_init_from_must_be_a_run(pretrained, data_dir, tmp_path):
+def test_init_from_must_be_a_run(data_dir, tmp_path):
   config = _glue_config(data_dir)
   with pytest.raises(ValueError, match="init_from: .* neither a training run's workdir"):
     init_from.load_encoder(_abstract_params(config), data_dir, ("classifier", "pool_dense"))

@@ -13,6 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import REPO
+from conftest import compiled
 from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import hf
@@ -69,7 +70,7 @@ def test_tokenized_sentence_pairs_give_hf_hidden_states_and_pooled_output(name):
   np.testing.assert_array_equal(batch["mask"], expected["attention_mask"].astype(bool))
   assert batch["token_types"].any() and (~batch["mask"]).any()  # segment B and padding are both exercised
   got = np.asarray(
-    _encoder(config, params).apply(
+    compiled(_encoder(config, params)).apply(
       {"params": params}, batch["tokens"], mask=batch["mask"], token_types=batch["token_types"]
     )
   )
@@ -79,7 +80,7 @@ def test_tokenized_sentence_pairs_give_hf_hidden_states_and_pooled_output(name):
   assert error < 1e-5 * max(1.0, float(np.abs(want).max()))
   pooled = np.tanh(got[:, 0] @ params["pooler"]["kernel"] + params["pooler"]["bias"])
   np.testing.assert_allclose(pooled, expected["pooler_output"], atol=1e-5)
-  without_types = np.asarray(_encoder(config, params).apply({"params": params}, batch["tokens"], mask=mask))
+  without_types = np.asarray(compiled(_encoder(config, params)).apply({"params": params}, batch["tokens"], mask=mask))
   assert np.abs(without_types - want)[mask].max() > 1e-2  # segment B's embedding matters here
 
 
@@ -119,7 +120,7 @@ def test_a_converted_encoder_takes_a_new_classifier_and_keeps_its_pooler():
   config, params = hf.load(os.path.join(FIXTURES, "hf_bert_tiny"), max_len=16)
   vocab = len(params["embed"]["embedding"])
   model = model_lib.build_model(config, OBJECTIVES["classify"].head(vocab, 3, "first"), vocab)
-  fresh = trainer.init_params(model, jax.random.key(0))
+  fresh = jax.eval_shape(lambda: trainer.init_params(model, jax.random.key(0)))  # shapes
   flat = lambda tree: {
     "/".join(str(k.key) for k in path): v.shape for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]
   }
@@ -197,7 +198,7 @@ def test_an_exported_encoder_runs_in_transformers_as_in_efftx(kind):
   batch = _pairs_through_efftx(folder, expected)
   np.testing.assert_array_equal(batch["tokens"], expected["input_ids"])
   got = np.asarray(
-    _encoder(config, params).apply(
+    compiled(_encoder(config, params)).apply(
       {"params": params}, batch["tokens"], mask=batch["mask"], token_types=batch["token_types"]
     )
   )
@@ -220,7 +221,7 @@ def test_export_then_load_gives_identical_parameters(kind, tmp_path):
   config.model.update(num_layers=3, d_ff=40, dropout=0.0)  # settings the fixture does not have
   vocab = tokenizer_lib.load(source).vocab_size
   model = model_lib.build_model(config, OBJECTIVES["classify"].head(vocab, 2, "first"), vocab)
-  params = jax.device_get(trainer.init_params(model, jax.random.key(3)))
+  params = jax.device_get(jax.jit(lambda: trainer.init_params(model, jax.random.key(3)))())  # one program
   params.pop("classifier")
   hf.export(config, params, str(tmp_path), tokenizer=source)
   loaded_config, loaded = hf.load(str(tmp_path))
@@ -274,6 +275,7 @@ def test_glue_fine_tunes_from_an_hf_bert_folder(data_dir, tmp_path):
   config = get_config(f"smoke,hf={folder},task=mnli")
   assert (config.init_from, config.data.tokenizer, config.model.pooling) == (folder, folder, "first")
   config.data.data_dir = data_dir
+  config.checkpoint_every = config.total_steps  # one checkpoint, at the end (the one read below)
   with tfds.testing.mock_data(num_examples=24):
     result = train.train_and_evaluate(config, str(tmp_path))
   assert result["step"] == 4 and np.isfinite(result["eval_loss"])

@@ -1,15 +1,14 @@
 """Causal language modelling: the byte corpus, the next-token loss, training, and sampling through the caches."""
 
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import compiled
+from conftest import run_in_process
 from efftx import sample
 from efftx import train
 from efftx import trainer
@@ -59,12 +58,13 @@ def test_lm_loss_is_next_token_cross_entropy_on_real_tokens():
 
 @pytest.fixture(scope="module")
 def trained_lm(tmp_path_factory, data_dir):
+  """lm_bytes' smoke model (AFT-simple) trained 30 steps at a high learning rate, checkpointed once at the end."""
   from configs import lm_bytes  # pylint: disable=g-import-not-at-top
 
   config = lm_bytes.get_config("mixer=aft_simple,smoke")
   config.data.data_dir = data_dir
-  config.total_steps, config.eval_every, config.log_every = 80, 80, 80
-  config.optim.update(warmup_steps=10, learning_rate=3e-3)
+  config.total_steps = config.eval_every = config.log_every = config.checkpoint_every = 30
+  config.optim.update(warmup_steps=5, learning_rate=1e-2)
   workdir = str(tmp_path_factory.mktemp("lm"))
   result = train.train_and_evaluate(config, workdir)
   return workdir, result
@@ -72,8 +72,11 @@ def trained_lm(tmp_path_factory, data_dir):
 
 @pytest.mark.xdist_group("trained_lm")  # one worker trains the module fixture, not both
 def test_a_causal_lm_trains_and_reports_bits_per_byte(trained_lm):
+  """Bits per byte well below a uniform guess's 8, and equal to the loss (nats per byte) over ln 2."""
   _, result = trained_lm
   assert result["eval_bits_per_byte"] < 5.0, result  # 8 bits is a uniform guess over bytes
+  assert result["eval_bits_per_byte"] == pytest.approx(result["eval_loss"] / np.log(2), rel=1e-5)
+  assert result["bits_per_byte"] == pytest.approx(result["loss"] / np.log(2), rel=1e-5)
 
 
 @pytest.mark.xdist_group("trained_lm")  # one worker trains the module fixture, not both
@@ -85,38 +88,22 @@ def test_greedy_sampling_through_the_caches_matches_the_full_forward_pass(traine
   assert len(tokens) == len(prompt) + 12 and tokens[: len(prompt)].tolist() == prompt.tolist()
   # One causal forward pass over the result: the logits at t - 1 see tokens < t only, so each greedy choice is
   # their argmax (padding, id 0, is never sampled).
-  logits = trainer.parts(config).model.apply({"params": params}, jnp.asarray(tokens[None]))
+  logits = compiled(trainer.parts(config).model).apply({"params": params}, jnp.asarray(tokens[None]))
   greedy = np.asarray(jnp.argmax(logits[0, :, 1:], axis=-1)) + 1
   np.testing.assert_array_equal(tokens[len(prompt) :], greedy[len(prompt) - 1 : -1])
 
 
-@pytest.mark.slow
 @pytest.mark.xdist_group("trained_lm")  # one worker trains the module fixture, not both
 def test_sample_command(trained_lm):
+  """`python -m efftx.sample` through its __main__ block in this process (its flags, temperature and top-k): the
+  prompt and its continuation on stdout; a folder without a run is one line naming config.json (real processes'
+  exit codes: test_cli.py)."""
   workdir, _ = trained_lm
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "efftx.sample",
-      f"--workdir={workdir}",
-      "--prompt=def ",
-      "--length=20",
-      "--temperature=0.8",
-      "--top_k=10",
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
+  # 4 + 19 = 23 positions, as in the greedy test above: the same decoding cache, whose (eager) init is then reused.
+  code, out, err = run_in_process(
+    "efftx.sample", [f"--workdir={workdir}", "--prompt=def ", "--length=19", "--temperature=0.8", "--top_k=10"]
   )
-  assert proc.returncode == 0, proc.stderr
-  assert proc.stdout.startswith("def ")
-  bad = subprocess.run(
-    [sys.executable, "-m", "efftx.sample", f"--workdir={os.path.dirname(workdir)}"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
-  assert bad.returncode != 0 and "Traceback" not in bad.stderr and "config.json" in bad.stderr
+  assert code == 0, err
+  assert out.startswith("def ") and len(out) > len("def \n")
+  code, _, err = run_in_process("efftx.sample", [f"--workdir={os.path.dirname(workdir)}"])
+  assert code != 0 and "Traceback" not in err and "config.json" in err

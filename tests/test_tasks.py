@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from conftest import compiled
 from conftest import write_idx
 from efftx import config as config_lib
 from efftx import train
@@ -55,7 +56,7 @@ def test_mqar_vocabulary_follows_the_variant():
   config = config_lib.default_config("attention")
   config.model.update(causal=True, d_model=16, num_layers=1, d_ff=32, max_len=64)
   config.data.update(task="mqar", variant="64x4_v256")
-  params = trainer.init_params(trainer.parts(config).model, jax.random.key(0))
+  params = jax.eval_shape(lambda: trainer.init_params(trainer.parts(config).model, jax.random.key(0)))  # shapes
   assert params["embed"]["embedding"].shape == (256, 16) and params["lm_head"]["kernel"].shape == (16, 256)
   tokens, targets = mqar.generate(1, seq_len=64, num_kv=4, seed=0, vocab_size=8192)
   with pytest.raises(config_lib.UserError, match=r"outside the vocabulary \[0, 256\)"):
@@ -75,9 +76,11 @@ def test_mqar_logits_and_loss_at_the_query_positions_only():
   config.model.update(causal=True, d_model=32, num_layers=1, d_ff=64, max_len=80)
   config.data.update(task="mqar", variant="tiny")
   model = trainer.parts(config).model
-  params = model.init(jax.random.key(0), batch["tokens"], batch["mask"])["params"]
-  full_BxLxV = model.apply({"params": params}, batch["tokens"], mask=batch["mask"])
-  at_BxKxV = model.apply({"params": params}, batch["tokens"], mask=batch["mask"], positions=batch["positions"])
+  params = compiled(model).init(jax.random.key(0), batch["tokens"], batch["mask"])["params"]
+  full_BxLxV = compiled(model).apply({"params": params}, batch["tokens"], mask=batch["mask"])
+  at_BxKxV = compiled(model).apply(
+    {"params": params}, batch["tokens"], mask=batch["mask"], positions=batch["positions"]
+  )
   assert at_BxKxV.shape == (3, 4, mqar.VOCAB_SIZE)
   np.testing.assert_allclose(
     at_BxKxV, np.stack([f[e["positions"]] for f, e in zip(np.asarray(full_BxLxV), examples)]), atol=1e-5
@@ -358,9 +361,9 @@ def _blocked_on_a_lock(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_runs_started_together_prepare_a_dataset_once(tmp_path):
-  """The data_dir lock: a preparation waits while another process holds it, and two processes preparing the same
-  dataset in a fresh data_dir at once both succeed (without the lock, the later one fails renaming TFDS's
-  folder)."""
+  """The data_dir lock: preparations wait while another process holds it, and two processes preparing the same
+  dataset in a fresh data_dir at once (both let go together when the holder releases the lock) both succeed
+  (without the lock, the later one fails renaming TFDS's folder)."""
   import fcntl  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
@@ -375,27 +378,20 @@ def test_runs_started_together_prepare_a_dataset_once(tmp_path):
   prepared = tmp_path / "listops" / "tiny" / "1.0.0"
   with open(tmp_path / ".efftx_prepare.lock", "a") as held:
     fcntl.flock(held, fcntl.LOCK_EX)
-    waiting = subprocess.Popen(
-      [sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    procs = [
+      subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+      )
+      for _ in range(2)
+    ]
     deadline = time.time() + 120
-    while not _blocked_on_a_lock(waiting.pid):  # it imports, then asks for the lock this process holds
-      assert waiting.poll() is None, waiting.communicate()
-      assert time.time() < deadline, "never asked for the lock"
-      time.sleep(0.01)
-    assert waiting.poll() is None and not prepared.exists()
-  out, err = waiting.communicate(timeout=120)
-  assert waiting.returncode == 0 and out.strip().endswith("ok"), err
-  assert prepared.exists()
-
-  fresh = tmp_path / "fresh"
-  procs = [
-    subprocess.Popen(
-      [sys.executable, "-c", code, str(fresh)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    for _ in range(2)
-  ]
+    for proc in procs:
+      while not _blocked_on_a_lock(proc.pid):  # it imports, then asks for the lock this process holds
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "never asked for the lock"
+        time.sleep(0.01)
+    assert all(proc.poll() is None for proc in procs) and not prepared.exists()
   for proc in procs:
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0 and out.strip().endswith("ok"), err
-  assert sorted(os.listdir(fresh / "listops" / "tiny")) == ["1.0.0"]
+  assert prepared.exists() and sorted(os.listdir(tmp_path / "listops" / "tiny")) == ["1.0.0"]

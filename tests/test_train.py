@@ -30,7 +30,10 @@ def _setup(config, devices):
   parts = trainer.parts(config)
   tx, schedule = trainer.make_optimizer(config)
   mesh = sharding.make_mesh(1, devices)
-  state = jax.device_put(trainer.create_state(parts.model, tx, jax.random.key(0)), NamedSharding(mesh, P()))
+  # One compiled program (as efftx.train creates its state), not the model's init op by op.
+  state = jax.jit(
+    lambda: trainer.create_state(parts.model, tx, jax.random.key(0)), out_shardings=NamedSharding(mesh, P())
+  )()
   train_step = trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(1))
   step = jax.jit(train_step, out_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P())))
   shard = lambda batch: jax.device_put(batch, NamedSharding(mesh, P("data")))
@@ -69,7 +72,7 @@ def test_weight_decay_applies_to_weight_matrices_only(smoke_config):
     "aft": {"bias": {"u": jnp.ones((3, 2))}},
   }
   zero_grads = jax.tree.map(jnp.zeros_like, params)
-  updates, _ = tx.update(zero_grads, tx.init(params), params)
+  updates, _ = jax.jit(tx.update)(zero_grads, tx.init(params), params)  # one program, not an eager op at a time
   moved = jax.tree.map(lambda u: bool(jnp.any(u != 0)), updates)
   assert moved == {
     "dense": {"kernel": True, "bias": False},
@@ -123,23 +126,38 @@ def test_sharded_and_single_device_steps_agree(smoke_config):
   jax.tree_util.tree_map_with_path(close, params_8, params_1)
 
 
-def test_outputs_land_in_workdir(smoke_config, tmp_path):
-  config = smoke_config()
-  result = train.train_and_evaluate(config, str(tmp_path))
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory, data_dir):
+  """The quickstart's smoke run trained to step 8 (logged every step, checkpointed at 4 and 8, evaluated at 8):
+  (its config, its workdir, its last metrics). Tests that write to it work on a copy."""
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+
+  config = quickstart.get_config("smoke")
+  config.data.data_dir = data_dir
+  config.update({"total_steps": 8, "log_every": 1, "eval_every": 8, "checkpoint_every": 4})
+  workdir = str(tmp_path_factory.mktemp("smoke_run"))
+  return config, workdir, train.train_and_evaluate(config, workdir)
+
+
+@pytest.mark.xdist_group("smoke_run")  # one worker trains the module fixture, not both
+def test_outputs_land_in_workdir(smoke_run):
+  config, workdir, result = smoke_run
   assert result["step"] == config.total_steps and 0 <= result["eval_accuracy"] <= 1
-  assert json.load(open(tmp_path / "config.json"))["model"]["mixer"] == "attention"
-  rows = metrics_rows(tmp_path)
+  assert json.load(open(os.path.join(workdir, "config.json")))["model"]["mixer"] == "attention"
+  rows = metrics_rows(workdir)
   assert all("step" in r for r in rows) and any("eval_accuracy" in r for r in rows)
   assert any("tokens_per_sec" in r and "steps_per_sec" in r and "learning_rate" in r for r in rows)
-  assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tensorboard"))
+  assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(workdir, "tensorboard")))
 
 
-def test_resuming_with_another_model_is_refused(smoke_config, tmp_path):
-  config = smoke_config()
-  train.train_and_evaluate(config, str(tmp_path))
+@pytest.mark.xdist_group("smoke_run")  # one worker trains the module fixture, not both
+def test_resuming_with_another_model_is_refused(smoke_run, tmp_path):
+  config, workdir, _ = smoke_run
+  shutil.copytree(workdir, tmp_path / "run")
+  config = config.copy_and_resolve_references()
   config.model.d_model = 64
   with pytest.raises(ValueError, match="config.model.d_model=32"):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path / "run"))
 
 
 def test_a_workdir_made_before_new_config_fields_still_resumes(smoke_config, tmp_path):
@@ -209,11 +227,9 @@ def test_an_old_flat_config_json_converts(mixer, changes, want):
   assert config.model.d_model == 32 and config.seed == 3
 
 
-def test_a_workdir_from_before_mixer_options_resumes_exactly(smoke_config, tmp_path):
-  config = smoke_config()
-  config.update({"total_steps": 8, "log_every": 1, "eval_every": 8, "checkpoint_every": 4})
-  straight = str(tmp_path / "straight")
-  train.train_and_evaluate(config, straight)
+@pytest.mark.xdist_group("smoke_run")  # one worker trains the module fixture, not both
+def test_a_workdir_from_before_mixer_options_resumes_exactly(smoke_run, tmp_path):
+  config, straight, _ = smoke_run
 
   # The same run as the old code would have left it at step 4: its step-4 checkpoint, config.json in the old layout.
   old = tmp_path / "old"

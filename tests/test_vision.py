@@ -32,8 +32,10 @@ def test_patch_embedding_equals_a_loop_over_the_patches():
   H, W, C, p = 8, 12, 3, 4
   model = _model(image_shape=(H, W, C), patch=p)
   tokens = np.random.default_rng(0).integers(0, 256, (2, H * W * C))
-  variables = model.init(jax.random.key(0), jnp.asarray(tokens))
-  _, state = model.apply(variables, jnp.asarray(tokens), capture_intermediates=True, mutable=["intermediates"])
+  variables = compiled(model).init(jax.random.key(0), jnp.asarray(tokens))
+  _, state = compiled(model).apply(
+    variables, jnp.asarray(tokens), capture_intermediates=True, mutable=["intermediates"]
+  )
   got = np.asarray(state["intermediates"]["patch_embed"]["__call__"][0])
   kernel = np.asarray(variables["params"]["patch_embed"]["kernel"])
   bias = np.asarray(variables["params"]["patch_embed"]["bias"])
@@ -94,13 +96,21 @@ def fashion_dir(tmp_path_factory):
   return str(folder)
 
 
+@pytest.fixture(scope="module")
+def fashion_tfds(tmp_path_factory):
+  """A TFDS data dir for fashion_dir's files (not the session's: another corpus), prepared on first use and shared
+  by the runs below."""
+  return str(tmp_path_factory.mktemp("tfds_vision"))
+
+
 @pytest.mark.parametrize("mixer", ["aft_conv", "fnet+attention*1@top"])
-def test_the_vision_config_trains_on_fashion_mnist_patches(mixer, fashion_dir, tmp_path):
+def test_the_vision_config_trains_on_fashion_mnist_patches(mixer, fashion_dir, fashion_tfds, tmp_path):
   from configs import vision  # pylint: disable=g-import-not-at-top
   from efftx import train  # pylint: disable=g-import-not-at-top
 
   config = vision.get_config(f"smoke,mixer={mixer}")
-  config.data.update(data_dir=str(tmp_path / "tfds"), corpus_dir=fashion_dir)  # not the session's: another corpus
+  config.data.update(data_dir=fashion_tfds, corpus_dir=fashion_dir)
+  config.checkpoint_every = config.total_steps  # one checkpoint (saving them is test_train.py's)
   model = trainer.parts(config).model
   assert model.patch_size and model.grid == (28 // config.model.patch_size,) * 2
   metrics = train.train_and_evaluate(config, str(tmp_path))
@@ -114,7 +124,7 @@ def test_flops_on_the_patch_grid_count_the_two_dimensional_kernel():
   config.model.update(d_model=16, d_ff=32, num_layers=2, max_len=8 * 12 * 3, dropout=0.0, patch_size=4, pooling="cls")
   config.mixer.update(num_heads=2, kernel_size=3)
   model = model_lib.build_model(config, OBJECTIVES["classify"].head(256, 3, "cls"), 256, (8, 12, 3))
-  params = model.init(jax.random.key(0), jnp.zeros((1, 8 * 12 * 3), jnp.int32))["params"]
+  params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8 * 12 * 3), jnp.int32))["params"]  # sizes
   dense = 6 * sum(
     leaf.size
     for path, leaf in jax.tree_util.tree_leaves_with_path(params)
