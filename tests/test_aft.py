@@ -332,8 +332,8 @@ def test_causal_aft_gradients_match_the_dense_formula(name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_causal_aft_matches_the_formula_on_a_long_sequence(name):
-  """300 positions (not a power of two: the causal paths pad), keys rising by ~1/2 a position (150 in all, far
-  past float32's e^±88) under order-1 noise."""
+  """300 positions (not a power of two: the causal paths pad), the second sequence padded after 250, keys rising by
+  ~1/2 a position (150 in all, far past float32's e^±88) under order-1 noise."""
   length, d = 300, 4
   rng = np.random.default_rng(0)
   options = {
@@ -353,7 +353,7 @@ def test_causal_aft_matches_the_formula_on_a_long_sequence(name):
   if name == "aft_conv":
     params["gamma"], params["beta"] = jnp.array([[1.5], [-1.0]]), jnp.array([[0.5], [-0.5]])
   mask = np.ones((B, length), bool)
-  mask[1, 450:] = False
+  mask[1, 250:] = False  # padding after 250 real positions
   got = _apply(module, variables, x, mask)
   want = _reference(name, x, mask, params, causal=True, window=options.get("window"))
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-5)
