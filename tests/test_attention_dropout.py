@@ -1,6 +1,8 @@
 """Attention-probability dropout: "chunked" against the textbook formula with the same keep mask, no dropout when
 deterministic, unbiased in expectation on every path, O(L·chunk) memory in training, and "fused" refusing it."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,15 +30,15 @@ def _module_dropout_key(module, variables, rng):
   return compiled(module).apply(variables, rngs={"dropout": rng}, method=lambda m: m.make_rng("dropout"))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def _full_keep_mask(key, chunk, rate):
   """B×H×L×L keep mask of "chunked": its per-block masks side by side, cut to L."""
   C = min(chunk, L)
   N = -(-L // C)
   rows = [
-    np.concatenate([np.asarray(dropout_keep_block(key, i, j, (B, H, C, C), rate)) for j in range(N)], axis=-1)
-    for i in range(N)
+    jnp.concatenate([dropout_keep_block(key, i, j, (B, H, C, C), rate) for j in range(N)], axis=-1) for i in range(N)
   ]
-  return np.concatenate(rows, axis=-2)[..., :L, :L]
+  return jnp.concatenate(rows, axis=-2)[..., :L, :L]
 
 
 def _naive_attention(params, x_BxLxD, mask_BxL, causal, keep_BxHxLxL, rate):
@@ -60,23 +62,40 @@ def test_chunked_dropout_equals_naive_attention_with_the_same_keep_mask(causal, 
   )
   variables = compiled(module).init(jax.random.key(0), x)
   rng = jax.random.key(7)
-  keep_BxHxLxL = _full_keep_mask(_module_dropout_key(module, variables, rng), chunk, RATE)
+  keep_BxHxLxL = np.asarray(_full_keep_mask(_module_dropout_key(module, variables, rng), chunk, RATE))
   assert 0.5 < keep_BxHxLxL.mean() < 0.95 and not keep_BxHxLxL.all()  # the mask does drop something
 
   weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
-  got_loss = lambda v, x: (module.apply(v, x, mask=mask, deterministic=False, rngs={"dropout": rng}) * weights).sum()
-  want_loss = lambda p, x: (_naive_attention(p, x, mask, causal, keep_BxHxLxL, RATE) * weights).sum()
-  y = jax.jit(lambda v, x: module.apply(v, x, mask=mask, deterministic=False, rngs={"dropout": rng}))(variables, x)
+  y, (got_params, got_x) = _weighted_values_and_grads(
+    lambda v, x: module.apply(v, x, mask=mask, deterministic=False, rngs={"dropout": rng}), variables, x, weights
+  )
+  want_y, (want_params, want_x) = _naive_values_and_grads(variables["params"], x, mask, causal, keep_BxHxLxL, weights)
   # Equal up to the order of the sums: the projections over D, the scores over K, the softmax's normalizer and
   # weighted sum over the L keys (blocked: a partial sum per block); the backward pass the same again, then the
   # weight gradients' sum over the B·L rows. A wrongly redrawn mask changes entries by O(1).
   forward = 2 * D + D // H + 3 * L
-  assert_close_sums(y, _naive_attention(variables["params"], x, mask, causal, keep_BxHxLxL, RATE), n_terms=forward)
+  assert_close_sums(y, want_y, n_terms=forward)
   # The backward pass recomputes each query block: it must redraw the forward pass's masks.
-  (got_params, got_x) = jax.jit(jax.grad(got_loss, argnums=(0, 1)))(variables, x)
-  (want_params, want_x) = jax.jit(jax.grad(want_loss, argnums=(0, 1)))(variables["params"], x)
   assert_close_sums(got_x, want_x, n_terms=2 * forward)
   jax.tree.map(lambda a, b: assert_close_sums(a, b, n_terms=2 * forward + B * L), got_params["params"], want_params)
+
+
+def _weighted_values_and_grads(apply, variables, x, weights):
+  """apply(variables, x) and the gradients of its sum weighted by weights, in one compiled program."""
+
+  @jax.jit
+  def values_and_grads(variables, x):
+    y, vjp = jax.vjp(apply, variables, x)
+    return y, vjp(jnp.asarray(weights, y.dtype))
+
+  return values_and_grads(variables, x)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _naive_values_and_grads(params, x, mask, causal, keep_BxHxLxL, weights):
+  """_naive_attention and its weighted sum's gradients: compiled once per causal, whatever the keep mask."""
+  y, vjp = jax.vjp(lambda p, x: _naive_attention(p, x, mask, causal, keep_BxHxLxL, RATE), params, x)
+  return y, vjp(weights)
 
 
 PATHS = {  # every path with attention probabilities, small enough that each splits the sequence

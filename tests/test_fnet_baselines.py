@@ -143,12 +143,16 @@ def _captured_matrices(model, variables, tokens, mask):
   def interceptor(next_fun, args, kwargs, context):
     out = next_fun(*args, **kwargs)
     if context.method_name == "matrices":
-      seen["/".join(context.module.scope.path)] = jax.tree.map(np.asarray, out)
+      seen["/".join(context.module.scope.path)] = out
     return out
 
-  with nn.intercept_methods(interceptor):
-    model.apply(variables, tokens, mask=mask)
-  return seen
+  @jax.jit
+  def forward(variables):
+    with nn.intercept_methods(interceptor):
+      model.apply(variables, tokens, mask=mask)
+    return {path: tuple(matrices) for path, matrices in seen.items()}
+
+  return jax.tree.map(np.asarray, forward(variables))
 
 
 def test_random_matrices_are_not_trained():
@@ -161,7 +165,7 @@ def test_random_matrices_are_not_trained():
   tokens = rng.integers(1, 16, size=(B, L)).astype(np.int32)
   mask = np.ones((B, L), bool)
   mask[1, 4:] = False
-  params = trainer.init_params(model, jax.random.key(0))
+  params = jax.jit(lambda key: trainer.init_params(model, key))(jax.random.key(0))
   mixer_leaves = lambda tree: [
     path for path, _ in jax.tree_util.tree_leaves_with_path(tree) if "['mixer']" in jax.tree_util.keystr(path)
   ]
@@ -171,14 +175,19 @@ def test_random_matrices_are_not_trained():
   assert not np.allclose(before["block_0/mixing/mixer"][0], before["block_1/mixing/mixer"][0])
 
   tx, _ = trainer.make_optimizer(config)
-  state = tx.init(params)
+  state = jax.jit(tx.init)(params)
   loss = lambda p: jnp.sum(model.apply({"params": p}, tokens, mask=mask, deterministic=True) ** 2)
+
+  @jax.jit
+  def step(params, state):
+    grads = jax.grad(loss)(params)
+    updates, state = tx.update(grads, state, params)
+    return grads, jax.tree.map(lambda p, u: p + u, params, updates), state
+
   new_params = params
   for _ in range(2):
-    grads = jax.jit(jax.grad(loss))(new_params)
+    grads, new_params, state = step(new_params, state)
     assert not mixer_leaves(grads)
-    updates, state = tx.update(grads, state, new_params)
-    new_params = jax.tree.map(lambda p, u: p + u, new_params, updates)
   changed = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(params))]
   assert sum(changed) > len(changed) // 2  # the steps did train the model
   after = _captured_matrices(model, {"params": new_params}, tokens, mask)

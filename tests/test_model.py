@@ -1,5 +1,6 @@
 """The model around the mixers: padding never reaches the classifier; a causal LM never sees the future."""
 
+import copy
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from conftest import assert_decodes_like_forward
 from conftest import compiled
 from conftest import lm_model
 from conftest import mixer_config
+from efftx import config as config_lib
 from efftx import model as model_lib
 from efftx import trainer
 from efftx.errors import UserError
@@ -30,14 +32,36 @@ def _tokens_and_mask(vocab=16):
   return tokens, mask
 
 
-@pytest.mark.parametrize("mixer", sorted(MIXERS))
-def test_classifier_ignores_padded_tokens(mixer):
-  config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L)
+# The model's part of padding and of bfloat16 — the embeddings, the mask handed to each layer, the per-position
+# feed-forward, the pooling and head, the casts around each mixer — is the same code for every mixer; each mixer's own
+# handling of padding and of bfloat16 is tests/test_mixers.py's, mixer by mixer (test_outputs_at_real_positions_...
+# and test_every_mixer_jits_...). Here one classifier of one layer each of: attention (padding masked in a softmax),
+# fnet (padding zeroed before a transform) and linear_mixing (a max_len × max_len matrix sized by the model).
+REPRESENTATIVES = ("attention", "fnet", "linear_mixing")
+
+
+@pytest.fixture(scope="module")
+def classifier():
+  """(config, model, variables, float32 logits at _tokens_and_mask()) of the classifier of REPRESENTATIVES."""
+  config = mixer_config(
+    "+".join(REPRESENTATIVES),
+    num_layers=len(REPRESENTATIVES),
+    d_model=16,
+    d_ff=32,
+    num_heads=2,
+    max_len=L,
+    attention_chunk=4,
+  )
   model = trainer.parts(config).model
   tokens, mask = _tokens_and_mask()
   variables = compiled(model).init(jax.random.key(0), tokens)
+  return config, model, variables, np.asarray(compiled(model).apply(variables, tokens, mask=mask))
+
+
+def test_classifier_ignores_padded_tokens(classifier):
+  _, model, variables, logits = classifier
+  tokens, mask = _tokens_and_mask()
   other = np.where(mask, tokens, np.random.default_rng(1).integers(0, 16, size=tokens.shape)).astype(np.int32)
-  logits = compiled(model).apply(variables, tokens, mask=mask)
   assert logits.shape == (B, 10)
   np.testing.assert_allclose(logits, compiled(model).apply(variables, other, mask=mask), rtol=1e-5, atol=1e-5)
 
@@ -92,25 +116,35 @@ def test_sequence_longer_than_max_len_is_refused():
     compiled(model).init(jax.random.key(0), jnp.ones((1, 9), jnp.int32))
 
 
-@pytest.mark.parametrize("mixer", sorted(MIXERS))
-def test_bfloat16_model_runs_close_to_float32(mixer):
-  config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, lsh_chunk=4, attention_chunk=4)
+def test_bfloat16_model_runs_close_to_float32(classifier):
+  config, _, variables, want = classifier
   tokens, mask = _tokens_and_mask()
-  model = trainer.parts(config).model
-  variables = compiled(model).init(jax.random.key(0), tokens)
-  want = np.asarray(compiled(model).apply(variables, tokens, mask=mask))
+  config = copy.deepcopy(config)
   config.model.dtype = "bfloat16"
   got = compiled(trainer.parts(config).model).apply(variables, tokens, mask=mask)
   assert got.dtype == jnp.float32  # logits in float32; parameters were float32 all along
   np.testing.assert_allclose(np.asarray(got), want, atol=0.05 + 0.05 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("mixer", sorted(n for n, spec in MIXERS.items() if spec.can_decode))
-def test_model_decoding_token_by_token_equals_the_causal_forward_pass(mixer):
+def test_model_decoding_token_by_token_equals_the_causal_forward_pass():
+  """A causal LM of two layers of AFT-local and one of attention (a layer pattern: two kinds of cache, a position
+  bias and a key/value buffer): decoding with the model's cache (its position, each layer's own) gives the forward
+  pass's logits. Each decodable mixer's own decoding is tests/test_mixers.py's."""
+  pattern = "aft_local*2+attention"
   config = mixer_config(
-    mixer, causal=True, d_model=16, d_ff=32, num_heads=2, max_len=L, window=4, num_layers=2, dropout=0.0
+    pattern,
+    num_layers=3,
+    causal=True,
+    d_model=16,
+    d_ff=32,
+    num_heads=2,
+    max_len=L,
+    window=4,
+    dropout=0.0,
   )
+  config_lib.validate(config, 8)
   model = lm_model(config)
+  assert [m.func for m in model.make_mixer] == [MIXERS["aft_local"].module] * 2 + [MIXERS["attention"].module]
   tokens, _ = _tokens_and_mask()
   assert_decodes_like_forward(model, tokens)
 
@@ -126,9 +160,12 @@ def test_the_model_does_not_import_the_data_package():
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-@pytest.mark.parametrize("mixer", ["attention", "fnet", "aft_full"])
-def test_cls_pooling_classifies_from_a_learned_first_position(mixer):
-  config = mixer_config(mixer, d_model=16, d_ff=32, num_heads=2, max_len=L, pooling="cls", dropout=0.0)
+def test_cls_pooling_classifies_from_a_learned_first_position():
+  """One layer each of attention, FNet and AFT-full (whose position biases the model sizes for the L + 1 positions
+  it gives the mixers): LRA's head on the final state of a learned first position, and padding never reaches it."""
+  config = mixer_config(
+    "attention+fnet+aft_full", num_layers=3, d_model=16, d_ff=32, num_heads=2, max_len=L, pooling="cls", dropout=0.0
+  )
   model = trainer.parts(config).model
   tokens, mask = _tokens_and_mask()
   params = compiled(model).init(jax.random.key(0), tokens)["params"]
@@ -136,7 +173,9 @@ def test_cls_pooling_classifies_from_a_learned_first_position(mixer):
   params["cls"] = params["cls"] + 0.5  # as after training
   logits = np.asarray(compiled(model).apply({"params": params}, tokens, mask=mask))
   # Reference: the encoder's final states (L + 1 positions), then LRA's head on position 0, in numpy.
-  states = np.asarray(model.clone(head=lambda x, m: x).apply({"params": params}, tokens, mask=mask), np.float64)
+  states = np.asarray(
+    compiled(model.clone(head=lambda x, m: x)).apply({"params": params}, tokens, mask=mask), np.float64
+  )
   assert states.shape == (B, L + 1, 16)
   dense = lambda x, p: x @ np.asarray(p["kernel"], np.float64) + np.asarray(p["bias"], np.float64)
   want = dense(np.maximum(dense(states[:, 0], params["pool_dense"]), 0), params["classifier"])
@@ -232,16 +271,21 @@ def test_a_model_without_feed_forward_is_a_stack_of_mixers(layout):
   got = compiled(model).apply({"params": params}, tokens, mask=mask)
   mixing = model_lib.MixingSublayer(model.make_mixer, 0.0, layout == "pre_ln", model.norm_eps)
   norm = nn.LayerNorm(model.norm_eps)
-  x = params["embed"]["embedding"][tokens] + params["pos_embed"][:L]
-  if layout == "post_ln":
-    x = norm.apply({"params": params["embed_norm"]}, x)
-  for i in range(2):
-    x = x + mixing.apply({"params": params[f"block_{i}"]["mixing"]}, x, mask, True)
+
+  @jax.jit
+  def by_hand(params):
+    x = params["embed"]["embedding"][tokens] + params["pos_embed"][:L]
     if layout == "post_ln":
-      x = norm.apply({"params": params[f"block_{i}"]["mixing_norm"]}, x)
-  if layout == "pre_ln":
-    x = norm.apply({"params": params["final_norm"]}, x)
-  np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(x)[mask], rtol=1e-5, atol=1e-5)
+      x = norm.apply({"params": params["embed_norm"]}, x)
+    for i in range(2):
+      x = x + mixing.apply({"params": params[f"block_{i}"]["mixing"]}, x, mask, True)
+      if layout == "post_ln":
+        x = norm.apply({"params": params[f"block_{i}"]["mixing_norm"]}, x)
+    if layout == "pre_ln":
+      x = norm.apply({"params": params["final_norm"]}, x)
+    return x
+
+  np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(by_hand(params))[mask], rtol=1e-5, atol=1e-5)
 
 
 def test_exact_gelu_and_its_gradient_against_the_erf_formula():
@@ -286,12 +330,15 @@ def test_init_std_redraws_every_dense_kernel_and_nothing_else(mixer, reversible)
     ),
     128,
   )
-  flax_default, redrawn = (trainer.init_params(model(std), jax.random.key(0)) for std in (0.0, 0.02))
-  assert jax.tree.all(
-    jax.tree.map(
-      np.array_equal, flax_default, model(0.0).init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))["params"]
+  # One compiled program, as training creates its state under jit: the three inits share their draws.
+  flax_default, flax_init, redrawn = jax.jit(
+    lambda key: (
+      trainer.init_params(model(0.0), key),
+      model(0.0).init(key, jnp.zeros((1, 32), jnp.int32))["params"],
+      trainer.init_params(model(0.02), key),
     )
-  )
+  )(jax.random.key(0))
+  assert jax.tree.all(jax.tree.map(np.array_equal, flax_default, flax_init))
   kernels = []
   for (path, old), new in zip(jax.tree_util.tree_leaves_with_path(flax_default), jax.tree.leaves(redrawn)):
     name = jax.tree_util.keystr(path)

@@ -37,9 +37,6 @@ def _inputs():
 def test_recomputing_backward_equals_plain_autodiff(mixer, causal):
   x, mask = _inputs()
   stack = _stack(mixer, causal, dropout=0.2)
-  layers = jax.jit(
-    lambda: stack.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x, mask, False)["params"]["layers"]
-  )()
   f, g = stack._apply_fns(deterministic=False)  # dropout on: the backward pass must replay it
   key = jax.random.key(7)
   weights = jnp.asarray(np.random.default_rng(1).normal(size=(B, L, D)).astype(np.float32))
@@ -51,8 +48,16 @@ def test_recomputing_backward_equals_plain_autodiff(mixer, causal):
 
     return fn
 
-  got = jax.jit(jax.grad(loss(reversible.reversible_forward), argnums=(0, 1, 2)))(layers, x, x)
-  want = jax.jit(jax.grad(loss(reversible.coupling_forward), argnums=(0, 1, 2)))(layers, x, x)
+  @jax.jit  # one program: the layers' init, and the gradients both ways
+  def got_and_want():
+    rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+    layers = stack.init(rngs, x, mask, False)["params"]["layers"]
+    return tuple(
+      jax.grad(loss(forward), argnums=(0, 1, 2))(layers, x, x)
+      for forward in (reversible.reversible_forward, reversible.coupling_forward)
+    )
+
+  got, want = got_and_want()
   flat_got, flat_want = jax.tree.leaves(got), jax.tree.leaves(want)
   assert len(flat_got) == len(flat_want) > 3
   # Equal up to rounding: each of the 3 layers reconstructs its inputs (two subtractions) and sums its weight
@@ -85,31 +90,38 @@ def _train_step_temp_bytes(num_layers, reversible_, ff_chunk_size=0, length=256,
 
 
 def test_reversible_memory_does_not_grow_with_depth():
+  """The compiled train step's temp memory: reversible, 12 layers within 25% of 2 (its layers are a scan, so 12
+  compile as fast as 2); plain, growing with the stored activations, roughly linearly in depth (6 layers more than
+  half of 3 times 2's: the plain layers are unrolled, 6 compile faster than 12)."""
   rev = {n: _train_step_temp_bytes(n, True) for n in (2, 12)}
-  plain = {n: _train_step_temp_bytes(n, False) for n in (2, 12)}
+  plain = {n: _train_step_temp_bytes(n, False) for n in (2, 6)}
   print("compiled temp bytes, reversible:", rev, "plain:", plain)
   assert rev[12] <= 1.25 * rev[2], rev
-  assert plain[12] > 3 * plain[2], plain  # stored activations: roughly linear in depth
+  assert plain[6] > 1.5 * plain[2], plain
 
 
 def test_chunked_feed_forward_same_outputs_and_gradients():
   x, mask = _inputs()
   whole = model_lib.FeedForwardSublayer(64, 0.0, 0)
   chunked = model_lib.FeedForwardSublayer(64, 0.0, 4)
-  params = chunked.init(jax.random.key(0), x, True)["params"]
+  params = jax.jit(lambda: chunked.init(jax.random.key(0), x, True)["params"])()
   # The chunked module keeps one FeedForward's parameters (shared by the chunks): map them onto the plain one.
   whole_params = {"norm": params["norm"], "ff": params["chunks"]["ff"]}
   # Equal up to the order of the sums: XLA may tile a chunk's matmuls (B·C rows) otherwise than the whole's (B·L),
   # and the weight gradients add 4 chunks' partial sums instead of one sum over the B·L rows. Forward: the
   # LayerNorm's statistics over D, the matmuls over D and d_ff; backward: the same sums again, then the rows.
   forward = 2 * D + 64
-  assert_close_sums(
-    chunked.apply({"params": params}, x, True), whole.apply({"params": whole_params}, x, True), n_terms=forward
-  )
-  grad = lambda module, p: jax.grad(lambda p, x: (module.apply({"params": p}, x, True) ** 2).sum(), argnums=(0, 1))(
-    p, x
-  )
-  (gp_c, gx_c), (gp_w, gx_w) = grad(chunked, params), grad(whole, whole_params)
+
+  @jax.jit  # one program: both modules' outputs and gradients
+  def outputs_and_grads(params, whole_params):
+    def one(module, p):
+      y, vjp = jax.vjp(lambda p, x: module.apply({"params": p}, x, True), p, x)
+      return y, vjp(2 * y)  # the gradients of (y ** 2).sum()
+
+    return one(chunked, params), one(whole, whole_params)
+
+  (y_c, (gp_c, gx_c)), (y_w, (gp_w, gx_w)) = outputs_and_grads(params, whole_params)
+  assert_close_sums(y_c, y_w, n_terms=forward)
   assert_close_sums(gx_c, gx_w, n_terms=2 * forward)
   jax.tree.map(
     lambda a, b: assert_close_sums(a, b, n_terms=2 * forward + B * L),
