@@ -179,6 +179,17 @@ def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
 
   app.define_help_flags()  # app.run defines them on its first call only: keep them among the flags kept
+  # Flags an efftx module defined when a test imported it: set aside while the module runs as __main__ and defines
+  # them again (absl refuses a second definition), put back afterwards.
+  imported = [
+    (module, flag)
+    for module, module_flags in flags.FLAGS.flags_by_module_dict().items()
+    if module.startswith("efftx.")
+    for flag in module_flags
+  ]
+  for _, flag in imported:
+    if flag.name in flags.FLAGS:
+      delattr(flags.FLAGS, flag.name)
   absl_logging.use_absl_handler()  # as app.run's first call does, resetting the log levels, before they are saved
   levels = [(logger, logger.level) for logger in (logging.root, logging.getLogger("absl"))]
   defined, argv, cwd = set(flags.FLAGS), sys.argv, os.getcwd()
@@ -198,7 +209,12 @@ def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
     sys.argv = argv
     os.chdir(cwd)
     for name in set(flags.FLAGS) - defined:
-      delattr(flags.FLAGS, name)
+      if name in flags.FLAGS:
+        delattr(flags.FLAGS, name)
+    for module, flag in imported:
+      if flag.name not in flags.FLAGS:
+        flags.FLAGS[flag.name] = flag
+      flags.FLAGS.register_flag_by_module(module, flag)
     flags.FLAGS.unparse_flags()
     for logger, level in levels:  # as they were (unparsing --verbosity sets them), for caplog.set_level
       logger.setLevel(level)
