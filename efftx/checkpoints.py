@@ -24,6 +24,7 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 import orbax.checkpoint as ocp
+from orbax.checkpoint._src.metadata import array_metadata_store
 
 from efftx import saved_configs
 from efftx import sharding
@@ -116,6 +117,21 @@ class WorkdirLock:
       if self._created and self._workdir.is_dir() and not any(self._workdir.iterdir()):
         self._workdir.rmdir()  # the run failed before writing anything: leave no trace
       os.close(self._fd)
+
+
+# orbax writes a replicated array in slices, one per replica, each copied to the host by a small program of its
+# own (compiled once per array shape). Below this size one replica writes the whole array: for the small arrays
+# (norms, biases, a small model's every parameter) the slicing cost more than it saved (experiments/performance/
+# DECISIONS.md: checkpoint-replica-parallel-min-bytes). Larger arrays are still written in parallel slices. The
+# handler is orbax's default for jax.Array (with its array metadata store), this one option changed.
+REPLICA_PARALLEL_MIN_BYTES = 1 << 20
+ocp.type_handlers.register_type_handler(
+  jax.Array,
+  ocp.type_handlers.ArrayHandler(
+    array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES
+  ),
+  override=True,
+)
 
 
 def manager(workdir: epath.PathLike, keep: int) -> ocp.CheckpointManager:
