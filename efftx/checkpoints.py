@@ -125,13 +125,19 @@ class WorkdirLock:
 # DECISIONS.md: checkpoint-replica-parallel-min-bytes). Larger arrays are still written in parallel slices. The
 # handler is orbax's default for jax.Array (with its array metadata store), this one option changed.
 REPLICA_PARALLEL_MIN_BYTES = 1 << 20
-ocp.type_handlers.register_type_handler(
-  jax.Array,
-  ocp.type_handlers.ArrayHandler(
-    array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES
-  ),
-  override=True,
-)
+_absl_logger = logging_std.getLogger("absl")
+_level = _absl_logger.level
+_absl_logger.setLevel(logging_std.ERROR)  # orbax warns of every override: not a line for the user's terminal
+try:
+  ocp.type_handlers.register_type_handler(
+    jax.Array,
+    ocp.type_handlers.ArrayHandler(
+      array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES
+    ),
+    override=True,
+  )
+finally:
+  _absl_logger.setLevel(_level)
 
 
 def manager(workdir: epath.PathLike, keep: int) -> ocp.CheckpointManager:
