@@ -10,6 +10,10 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # keeps floating point semantics at every level (no fast math).
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# XLA's older (elemental) emitters for fusions: the same operations and floating point semantics, compiled in about
+# two thirds of the time (experiments/performance/DECISIONS.md: tests-cpu-legacy-fusion-emitters).
+if "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA's compiled programs are cached on disk for the session, shared with the processes the tests start: dozens
 # of real runs compile the same smoke model (~6 of the ~10 s one takes), and in-process tests rebuild it too.
@@ -159,6 +163,13 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
+
+
+def xla_flags(devices: int | None) -> str:
+  """The session's XLA_FLAGS (the compile settings above) for a process the test starts, with `devices` fake CPU
+  devices, or none forced (XLA's default) if None."""
+  flags = [f for f in os.environ["XLA_FLAGS"].split() if "xla_force_host_platform_device_count" not in f]
+  return " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices else []))
 
 
 def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:

@@ -3,6 +3,8 @@
 The causal tests with keys spanning ~1e3 are issue 10: each row must be normalised by the keys it can see.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -402,14 +404,30 @@ def test_decoding_equals_the_causal_forward_pass_with_keys_spanning_a_thousand(n
 # prefix maximum) and "auto" (global when the keys' spread plus the bias range is within Δ(L), else stable). Which
 # branch "auto" took shows as bit-for-bit equality with that setting's output; the two settings' outputs differ in
 # their last bits wherever rows mix several terms, which each test checks so that the comparison can fail.
+# Those programs are compiled with XLA's fusion emitters (its default on a CPU, which the suite turns off to
+# compile faster: conftest.py): with the older emitters a branch of auto's jax.lax.cond rounds otherwise than the
+# same computation compiled alone, and bit-for-bit equality no longer tells which branch ran.
+_FUSION_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
+
+
+def _with_fusion_emitters(fn, *args):
+  """fn(*args), jitted and compiled with XLA's fusion emitters."""
+  return jax.jit(fn).lower(*args).compile(_FUSION_EMITTERS)(*args)
 
 
 def _outputs_and_grads(module, variables, x, mask):
-  """{setting: (output, gradients)} for the three causal_sums settings."""
+  """{setting: (output, gradients)} for the three causal_sums settings (_grads' weighted sum), one program each."""
+  weights = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
+
+  def output_and_grads(module, params, x, mask):
+    loss = lambda p, x: (module.apply({"params": p}, x, mask=mask).astype(jnp.float32) * weights).sum()
+    return module.apply({"params": params}, x, mask=mask), jax.grad(loss, argnums=(0, 1))(params, x)
+
   return {
-    s: (
-      _apply(module.clone(causal_sums=s), variables, x, mask),
-      _grads(module.clone(causal_sums=s), variables, x, mask),
+    s: jax.device_get(
+      _with_fusion_emitters(
+        functools.partial(output_and_grads, module.clone(causal_sums=s)), variables["params"], x, mask
+      )
     )
     for s in ("auto", "global", "stable")
   }
@@ -434,7 +452,10 @@ def test_causal_auto_takes_the_global_path_for_ordinary_keys_and_the_stable_one_
   want = _reference(name, x, mask, ordinary["params"], causal=True, window=window)
   np.testing.assert_allclose(runs["auto"][0][mask], want[mask], rtol=1e-4, atol=1e-5)
   x16 = jnp.asarray(x, jnp.bfloat16)
-  auto16, global16 = (compiled(module.clone(causal_sums=s)).apply(ordinary, x16, mask=mask) for s in ("auto", "global"))
+  auto16, global16 = (
+    _with_fusion_emitters(lambda v, x: module.clone(causal_sums=s).apply(v, x, mask=mask), ordinary, x16)
+    for s in ("auto", "global")
+  )
   assert auto16.dtype == jnp.bfloat16
   assert np.array_equal(np.asarray(auto16, np.float32), np.asarray(global16, np.float32))
   np.testing.assert_allclose(np.asarray(auto16, np.float32)[mask], want[mask], rtol=0.05, atol=0.05)

@@ -22,6 +22,7 @@ from conftest import logged_step
 from conftest import metrics_rows
 from conftest import mixer_config
 from conftest import summation_atol
+from conftest import xla_flags
 from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import evaluate
@@ -345,7 +346,7 @@ def test_a_checkpoint_of_8_devices_resumes_on_4_devices_and_on_another_split(str
     capture_output=True,
     text=True,
     timeout=300,
-    env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    env={**os.environ, "XLA_FLAGS": xla_flags(4)},
   )
   assert proc.returncode == 0, proc.stderr
   assert "4 devices (data 4 × fsdp 1)" in proc.stderr and "at step 12" in proc.stderr
@@ -369,7 +370,7 @@ def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, 
   nothing."""
   config = smoke_config()
   config.total_steps = 2
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = {**os.environ, "XLA_FLAGS": xla_flags(None)}
   proc = subprocess.run(
     _train_command(tmp_path / "run", config, **{"data.batch_size": 6}),
     cwd=REPO,
@@ -392,7 +393,7 @@ def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, 
     capture_output=True,
     text=True,
     timeout=120,
-    env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"},
+    env={**env, "XLA_FLAGS": xla_flags(3)},
   )
   assert chosen.stdout.split() == ["3", "3", "None"], chosen.stderr
   default = subprocess.run(
@@ -435,7 +436,7 @@ def _train_command(workdir, config, **overrides):
 def _two_processes(command):
   """Two processes × 4 CPU devices of one JAX run (jax.distributed over loopback)."""
   port = free_port()
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  env = {**os.environ, "XLA_FLAGS": xla_flags(4)}
   return [
     subprocess.Popen(
       command + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
