@@ -19,7 +19,7 @@ bytes. Compiled sizes are deterministic; timings are ratios within one run, on o
 Each row also gives the step's FLOPs per token (`flops_per_token`: the dense matmuls and the mixer's own count,
 MixerSpec.flops) and its MFU: achieved FLOP/s over the matmul peak of the same devices, measured once per device
 count before its first row is printed (a jitted 2048³ matmul in the run's dtype on each device at once, as that
-comparison measures it in float32).
+comparison measures it in float32; --peak_matmul sets its size).
 "pipeline" mode reads each task through the real grain pipeline (config.data.read_threads) and times, at the
 quickstart model size (attention, width 64, 2 layers, batch 32): the pipeline alone, the train step alone on one
 cached batch, and the two together as train.py runs them; "loop/step" near 1 means the pipeline is not the
@@ -78,6 +78,9 @@ _DATA_PARALLEL = flags.DEFINE_bool(
   True,
   "mixers mode: split each step's batch over the devices as efftx.train does (on a CPU one "
   "device per core); false: one device.",
+)
+_PEAK_MATMUL = flags.DEFINE_integer(
+  "peak_matmul", 2048, "mixers mode: n of the n×n by n×n matmul whose rate is the MFU denominator."
 )
 _DEPTHS = flags.DEFINE_list("depths", ["2", "8", "24", "48"], "reversible mode: numbers of layers.")
 _PLOT = flags.DEFINE_string("plot", None, "reversible mode: write the memory-vs-depth plot (PNG) here.")
@@ -186,7 +189,8 @@ def measure_step(config: ml_collections.ConfigDict, batch: int, min_seconds: flo
     },
     sharding.batch(mesh),
   )
-  state = jax.device_put(trainer.create_state(model, tx, jax.random.key(0)), sharding.replicated(mesh))
+  # One program, not op by op (each op of an eager init compiles on its own).
+  state = jax.jit(lambda: trainer.create_state(model, tx, jax.random.key(0)), out_shardings=sharding.replicated(mesh))()
   step = trainer.make_train_step(model, objectives.OBJECTIVES["lm"], tx, schedule, jax.random.key(2))
   compiled = (
     jax.jit(
@@ -239,7 +243,7 @@ def _mixers_table() -> list[dict]:
     f"{'as many as divide the batch' if _DATA_PARALLEL.value else 'one'}, d=256, 4 layers, dtype {_DTYPE.value}, "
     f"causal={_CAUSAL.value}"
     + (f"; set {','.join(_OVERRIDES.value)}" if _OVERRIDES.value else "")
-    + ("; MFU against the 2048³ matmul peak of the row's devices" if _SECONDS.value else "")
+    + (f"; MFU against the {_PEAK_MATMUL.value}³ matmul peak of the row's devices" if _SECONDS.value else "")
   )
   print(
     f"{'mixer':<12}{'length':>8}{'devices':>8}{'tokens/s':>11}{'step ms':>10}{'GFLOP/tok':>10}{'MFU %':>7}"
@@ -257,7 +261,7 @@ def _mixers_table() -> list[dict]:
       row = {"mixer": mixer, "length": length, **measure_step(config, batch, _SECONDS.value, devices)}
       if _SECONDS.value:
         if len(devices) not in peaks:
-          peaks[len(devices)] = matmul_peak_gflops(_DTYPE.value, devices=devices)
+          peaks[len(devices)] = matmul_peak_gflops(_DTYPE.value, _PEAK_MATMUL.value, devices=devices)
           print(
             f"{_DTYPE.value} matmul peak of {len(devices)} device(s): {peaks[len(devices)]:.0f} GFLOP/s", flush=True
           )
@@ -424,7 +428,7 @@ def _pipeline_table() -> list[dict]:
 
     parts = trainer.parts(config)
     tx, schedule = trainer.make_optimizer(config)
-    holder = {"state": trainer.create_state(parts.model, tx, jax.random.key(0))}
+    holder = {"state": jax.jit(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))()}
     step = jax.jit(
       trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(0)), donate_argnums=0
     )
