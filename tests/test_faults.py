@@ -43,6 +43,11 @@ def _steps(workdir):
   return sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
 
 
+def _steps_of(folders) -> set[int]:
+  """The steps of checkpoint folders, complete ("10") or being written ("10.orbax-checkpoint-tmp-...")."""
+  return {int(n.split(".")[0]) for n in folders}
+
+
 def _start(command):
   return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -85,10 +90,12 @@ def _assert_same_run(got_dir, want_dir, step):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("faults_straight")
-def test_one_run_per_workdir_kill_9_at_two_steps_and_mid_save_then_sigterm_resume_bitwise(straight, tmp_path, caplog):
+def test_one_run_per_workdir_kill_9_before_a_checkpoint_and_mid_save_then_sigterm_resumes_bitwise(
+  straight, tmp_path, caplog
+):
   """A second run on a workdir in use is refused in one line naming the holder; kill -9 (before the first
-  checkpoint, between two, mid-save) leaves running.json behind but the kernel releases the lock, so the same
-  command resumes from the last complete checkpoint; SIGTERM saves where it stops; the resumed run equals the
+  checkpoint, and mid-save after a complete one) leaves running.json behind but the kernel releases the lock, so the
+  same command resumes from the last complete checkpoint; SIGTERM saves where it stops; the resumed run equals the
   straight one bit for bit, and once finished the command trains nothing more."""
   config, straight = straight
   workdir = str(tmp_path / "faulty")
@@ -99,32 +106,29 @@ def test_one_run_per_workdir_kill_9_at_two_steps_and_mid_save_then_sigterm_resum
   # A killed run leaves rows logged after its last checkpoint (and maybe a half-written checkpoint) behind until the
   # next run starts: each wait below asks for progress beyond them.
 
-  # kill -9 at two steps, before the first checkpoint and between two (every 5): each time the same command starts
-  # (the dead run's lock does not block it) and resumes from the last checkpoint.
-  killed_at = []
-  for target in (2, 12):
-    proc = _start(command)
-    if not killed_at:  # while the first holds the workdir, the same command is refused
-      _wait_for(lambda: os.path.exists(running), proc)
-      code, _, stderr = run_in_process("efftx.train", command[3:])
-      lines = stderr.strip().splitlines()
-      assert code == 2 and len(lines) == 1, stderr
-      assert f"is in use by another run (pid {proc.pid} on {socket.gethostname()}" in lines[0]
-    _wait_for(lambda: logged_step(workdir) >= target, proc)
-    before = sorted(os.listdir(workdir))
-    proc.kill()  # no chance to clean up; the kernel releases the lock
-    proc.wait()
-    assert "running.json" in before and sorted(os.listdir(workdir)) == before  # running.json stays behind, stale
-    killed_at.append(logged_step(workdir))
-  print("killed after logging steps", killed_at, "; complete checkpoints then:", _steps(workdir))
+  # kill -9 before the first checkpoint: the same command starts (the dead run's lock does not block it).
+  proc = _start(command)
+  _wait_for(lambda: os.path.exists(running), proc)  # while it holds the workdir, the same command is refused
+  code, _, stderr = run_in_process("efftx.train", command[3:])
+  lines = stderr.strip().splitlines()
+  assert code == 2 and len(lines) == 1, stderr
+  assert f"is in use by another run (pid {proc.pid} on {socket.gethostname()}" in lines[0]
+  _wait_for(lambda: logged_step(workdir) >= 2, proc)
+  before = sorted(os.listdir(workdir))
+  proc.kill()  # no chance to clean up; the kernel releases the lock
+  proc.wait()
+  assert "running.json" in before and sorted(os.listdir(workdir)) == before  # running.json stays behind, stale
+  print("killed after logging step", logged_step(workdir), "; complete checkpoints then:", _steps(workdir))
 
-  # kill -9 while a checkpoint is being written (orbax writes it into a temporary folder, then renames it): the
-  # checkpoints complete before it stay as they were. (Retried if the save completed between seeing the
+  # kill -9 while a checkpoint after the first (step 5) is being written (orbax writes it into a temporary folder,
+  # then renames it), with rows logged beyond the last complete one: the checkpoints complete before it stay as
+  # they were, and the next run resumes from the last of them. (Retried if the save completed between seeing the
   # temporary folder and the kill.)
   for _ in range(3):
     stale_rows, stale_temporary = logged_step(workdir), temporary()
     proc = _start(command)
-    _wait_for(lambda: logged_step(workdir) > stale_rows and temporary() - stale_temporary, proc)
+    saving_after_5 = lambda: max(_steps_of(temporary() - stale_temporary), default=0) > 5
+    _wait_for(lambda: logged_step(workdir) > stale_rows and saving_after_5(), proc)
     complete = _steps(workdir)
     proc.kill()
     proc.wait()
@@ -132,6 +136,7 @@ def test_one_run_per_workdir_kill_9_at_two_steps_and_mid_save_then_sigterm_resum
       break
   else:
     pytest.fail("three kills came after the save had completed")
+  assert complete, "the kill came before a checkpoint was complete"
   print("killed while saving; complete checkpoints:", complete, "; being written:", sorted(temporary()))
 
   # SIGTERM: a checkpoint at the step it stops at.

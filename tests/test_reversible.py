@@ -91,13 +91,13 @@ def _train_step_temp_bytes(num_layers, reversible_, ff_chunk_size=0, length=256,
 
 def test_reversible_memory_does_not_grow_with_depth():
   """The compiled train step's temp memory: reversible, 12 layers within 25% of 2 (its layers are a scan, so 12
-  compile as fast as 2); plain, growing with the stored activations, roughly linearly in depth (6 layers more than
-  half of 3 times 2's: the plain layers are unrolled, 6 compile faster than 12)."""
+  compile as fast as 2); plain, growing with the stored activations, roughly linearly in depth (4 layers more than
+  three quarters of twice 2's: the plain layers are unrolled, 4 compile faster than 12)."""
   rev = {n: _train_step_temp_bytes(n, True) for n in (2, 12)}
-  plain = {n: _train_step_temp_bytes(n, False) for n in (2, 6)}
+  plain = {n: _train_step_temp_bytes(n, False) for n in (2, 4)}
   print("compiled temp bytes, reversible:", rev, "plain:", plain)
   assert rev[12] <= 1.25 * rev[2], rev
-  assert plain[6] > 1.5 * plain[2], plain
+  assert plain[4] > 1.5 * plain[2], plain
 
 
 def test_chunked_feed_forward_same_outputs_and_gradients():
