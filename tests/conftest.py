@@ -37,6 +37,12 @@ def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argumen
     shutil.rmtree(_XLA_CACHE, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(items):
+  """The tests that start processes (marked slow, the longest) first: with two workers, a long one then does not
+  start last on one worker while the other has nothing left to run."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> str:
   """A TFDS data dir shared by the session's tests; datasets are prepared into it on first use."""
