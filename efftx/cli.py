@@ -142,15 +142,26 @@ def _names_efftx(pyproject: str) -> bool:
 
 def quiet_library_logs() -> None:
   """Orbax logs every step of every save and restore at INFO (and warns that a manager opened read-only to read a
-  run's parameters is read-only), TFDS every dataset it opens: keep the entry points' own lines readable."""
+  run's parameters is read-only), TFDS every dataset it opens (and that a dataset not yet prepared has no
+  dataset_info.json), JAX each backend it probes and does not find (libtpu on a machine without a TPU): keep the
+  entry points' own lines readable."""
   from absl import logging  # pylint: disable=g-import-not-at-top
 
-  logging.get_absl_handler().addFilter(
-    lambda record: (
-      not any(f"/{lib}/" in record.pathname for lib in ("orbax", "tensorflow_datasets"))
-      or (record.levelno >= 30 and "read only" not in record.getMessage().replace("_", " "))
+  logging.get_absl_handler().addFilter(keep_log_record)
+
+
+def keep_log_record(record) -> bool:
+  """Whether quiet_library_logs lets a log record through."""
+  path, message = record.pathname.replace(os.sep, "/"), record.getMessage()
+  if path.endswith("/jax/_src/xla_bridge.py"):
+    return record.levelno >= 30
+  if any(f"/{lib}/" in path for lib in ("orbax", "tensorflow_datasets")):
+    return (
+      record.levelno >= 30
+      and "read only" not in message.replace("_", " ")
+      and "has no dataset_info.json" not in message
     )
-  )
+  return True
 
 
 def exit_with(prog: str, message: str) -> None:

@@ -95,6 +95,7 @@ def _train(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epa
   checkpoints = checkpoints_lib.manager(workdir, config.keep_checkpoints)
   state, start_step = _restore_or_init(config, checkpoints, parts, tx, init_key, abstract_state, state_sharding)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  logging.info("data: %s (%s) in %s", config.data.task, config.data.variant, pipeline.data_dir(config))
   logging.info(
     "model: %s mixer, %d parameters; %d devices (data %d × fsdp %d)",
     config.model.mixer,

@@ -397,3 +397,29 @@ def test_a_configs_folder_beside_an_installed_efftx_is_not_taken_for_its_own(tmp
   assert cli.default_config_file() is None
   (tmp_path / "pyproject.toml").write_text('[project]\nname = "efftx"\n')
   assert cli.default_config_file() == str(tmp_path / "configs" / "quickstart.py")
+
+
+def test_library_logs_keep_warnings_and_drop_the_noise():
+  """cli.quiet_library_logs' filter: JAX's note of a backend it could not start (libtpu on a machine without a
+  TPU), orbax's and TFDS's INFO lines and TFDS's warning that a dataset not yet prepared has no dataset_info.json
+  are dropped; their other warnings and every other library's lines are kept."""
+  import logging  # pylint: disable=g-import-not-at-top
+
+  from efftx import cli  # pylint: disable=g-import-not-at-top
+
+  def record(path, level, message):
+    return logging.LogRecord("absl", level, path, 1, message, None, None)
+
+  site = "/usr/lib/python3.11/site-packages"
+  dropped = [
+    record(f"{site}/jax/_src/xla_bridge.py", logging.INFO, "Unable to initialize backend 'tpu': libtpu.so"),
+    record(f"{site}/orbax/checkpoint/manager.py", logging.INFO, "Saving checkpoint at step 2"),
+    record(f"{site}/tensorflow_datasets/core/read_only_builder.py", logging.WARNING, "x has no dataset_info.json"),
+  ]
+  kept = [
+    record(f"{site}/jax/_src/xla_bridge.py", logging.WARNING, "An NVIDIA GPU may be present but is not used"),
+    record(f"{site}/orbax/checkpoint/manager.py", logging.WARNING, "Checkpoint 4 is incomplete"),
+    record(f"{REPO}/efftx/train.py", logging.INFO, "data: listops (tiny) in /data"),
+    record(f"{site}/grain/_src/python/data_loader.py", logging.INFO, "Starting workers"),
+  ]
+  assert [cli.keep_log_record(r) for r in dropped + kept] == [False] * len(dropped) + [True] * len(kept)

@@ -13,6 +13,7 @@ import fcntl
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 import urllib.parse
@@ -60,7 +61,10 @@ def _prepare(config: ml_collections.ConfigDict) -> None:
   `tfds build <name> --file_format=array_record` ran): when none of the dataset's download hosts answers within
   PROBE_S, it stops at once with the command that prepares it (TFDS's own retries would take minutes to fail).
   Call it on process 0 only (train.py does, then synchronises): data_dir must be shared storage on several hosts.
+  TFDS's progress bars show on a terminal only, as efftx's own do.
   """
+  if not sys.stderr.isatty():
+    tfds.disable_progress_bar()
   task = TASKS[config.data.task]
   name = task.tfds_name(config.data.variant)
   if not task.local:
