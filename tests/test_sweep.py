@@ -582,3 +582,22 @@ def test_every_committed_study_builds_a_valid_config_for_every_point(scale):
       config_lib.validate(config, num_devices=1)
       checked += 1
   assert checked > 100
+
+
+def test_the_dry_run_counts_the_whole_grid_and_estimates_the_time_left(tmp_path):
+  """A dry run's last line: the points by what a run would do, an adaptive grid's later points (mqar's learning-rate
+  search: 24 now, 22 once the searches finish, as its published study has 46), and the time left at the mean of
+  the points done so far (their records' total_seconds), `parallel` at a time."""
+  proc = _sweep(os.path.join(REPO, "experiments", "mqar", "sweep.py"), f"--workdir={tmp_path / 'mqar'}", "--dry_run")
+  assert proc.returncode == 0, proc.stderr
+  assert (
+    proc.stdout.splitlines()[-1] == "grid: 24 points: 0 done, 24 to run; 22 more once their searches finish (46 in all)"
+  )
+  for name, seconds in (("a", 100.0), ("b", 300.0)):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / points_lib.POINT_FILE).write_text(json.dumps({"status": "done", "total_seconds": seconds}))
+  verbs = {"a": "skip (done)", "b": "skip (done)", "c": "run", "d": "resume", "e": "retry", "f": "run"}
+  assert launchers.grid_summary(str(tmp_path), verbs, parallel=2, later=2) == (
+    "grid: 6 points: 2 done, 4 to run (1 to resume, 1 to retry); 2 more once their searches finish (8 in all); "
+    "about 0:10:00 left at 2 at a time (the 2 done points' mean, 0:03:20)"
+  )

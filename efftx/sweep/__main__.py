@@ -103,7 +103,11 @@ def main(argv: list[str]) -> None:
     if _REUSE_PUBLISHED.value:
       study, reused = _reuse(study, argv[1], workdir)
     if not _REPORT.value:
-      states = run(study, workdir, launch, dry_run=_DRY_RUN.value, reused=reused)
+      # An adaptive grid's later points (the seeds after a search), counted in the summary line.
+      later = (
+        len(load(argv[1], _SCALE.value, every_point_done=True).points) - len(study.points) if study.adaptive else 0
+      )
+      states = run(study, workdir, launch, dry_run=_DRY_RUN.value, reused=reused, later=later)
       while not _DRY_RUN.value and study.adaptive:  # a grid that grows as its points finish (best_then_seeds)
         grown = _grown(study, argv[1], workdir)
         if grown is None:
@@ -114,7 +118,8 @@ def main(argv: list[str]) -> None:
           flush=True,
         )
         study = _reuse(grown, argv[1], workdir)[0] if _REUSE_PUBLISHED.value else grown
-        states = run(study, workdir, launch)
+        later = len(load(argv[1], _SCALE.value, every_point_done=True).points) - len(study.points)
+        states = run(study, workdir, launch, later=later)
       if _DRY_RUN.value:
         return
       unfinished = [n for n, s in states.items() if s != "done"]

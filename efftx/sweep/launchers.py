@@ -164,23 +164,59 @@ class _Status:
       self._last = line
 
 
+def grid_summary(workdir: str, verbs: dict[str, str], parallel: int, later: int = 0) -> str:
+  """One line: the grid's points by what this run does with them, the points an adaptive grid adds later, and the
+  time the runs left would take at `parallel` at a time, at the mean time of the points done so far."""
+  count = lambda verb: sum(v == verb for v in verbs.values())
+  left = count("run") + count("resume") + count("retry")
+  line = f"grid: {len(verbs)} points: {count('skip (done)')} done, {left} to run"
+  extra = [f"{count(v)} to {v}" for v in ("resume", "retry") if count(v)] + [f"{count('reuse')} reused"] * bool(
+    count("reuse")
+  )
+  line += f" ({', '.join(extra)})" if extra else ""
+  if later:
+    line += f"; {later} more once their searches finish ({len(verbs) + later} in all)"
+  seconds = [
+    (read_json(epath.Path(workdir) / name / POINT_FILE) or {}).get("total_seconds")
+    for name, verb in verbs.items()
+    if verb == "skip (done)"
+  ]
+  seconds = [s for s in seconds if s]
+  if seconds and left + later:
+    mean = sum(seconds) / len(seconds)
+    eta = mean * (left + later) / max(1, min(parallel, left + later))
+    line += (
+      f"; about {datetime.timedelta(seconds=round(eta))} left at {parallel} at a time (the "
+      f"{len(seconds)} done points' mean, {datetime.timedelta(seconds=round(mean))})"
+    )
+  return line
+
+
 def run(
-  study: Study, workdir: str, launch: Launch, dry_run: bool = False, reused: set[str] = frozenset()
+  study: Study,
+  workdir: str,
+  launch: Launch,
+  dry_run: bool = False,
+  reused: set[str] = frozenset(),
+  later: int = 0,
 ) -> dict[str, str]:
   """Runs every point that is not done; returns {point: state} at the end. `reused`: points a dry run would take
-  from their published records (printed as such, not as runs)."""
+  from their published records (printed as such, not as runs); `later`: points an adaptive grid adds once its
+  searches finish (counted in the summary line)."""
   commands = _commands(study, workdir, launch)
   states = {name: state(epath.Path(workdir) / name) for name in commands}
   todo = [n for n in commands if states[n] != "done"]
+  verbs = {}
   for name, command in commands.items():
-    verb = (
+    verbs[name] = (
       "skip (done)"
       if states[name] == "done"
       else "reuse"
       if name in reused
       else {"unfinished": "resume", "failed": "retry"}.get(states[name], "run")
     )
-    print(f"{verb:12s} {name}: {shlex.join(command)}", flush=True)
+    print(f"{verbs[name]:12s} {name}: {shlex.join(command)}", flush=True)
+  print(grid_summary(workdir, verbs, launch.parallel if launch.launcher == "local" else len(todo), later), flush=True)
   if launch.launcher == "slurm":
     print(
       f"             (each submitted through submitit with {launch.slurm or 'default parameters'}; logs in "

@@ -221,9 +221,10 @@ NAMES = {
 _IN_PLOT = {"X": "x", "SERIES": "series", "XSCALE": "xscale", "CHANCE": "chance", "PANEL": "panel"}
 
 
-def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
+def load(path: str, scale: str = "cpu", workdir: str | None = None, every_point_done: bool = False) -> Study:
   """Reads a sweep file's NAMES and builds its grid at `scale` (an adaptive grid, points(scale, finished), from
-  the points finished in workdir), with one clear error for what is missing or wrong."""
+  the points finished in workdir, or as if every point were done: its whole size), with one clear error for what
+  is missing or wrong."""
   if not os.path.exists(path):
     raise UserError(f"{path}: no such sweep file")
   try:
@@ -245,7 +246,8 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None) -> Study:
     raise UserError(f"{path}: GOAL is '{given['GOAL']}', not 'min' or 'max'")
   adaptive = len(inspect.signature(given["points"]).parameters) > 1
   if adaptive:
-    points = given["points"](scale, _finished(workdir, given["METRIC"]))
+    finished = (lambda point: 0.0) if every_point_done else _finished(workdir, given["METRIC"])
+    points = given["points"](scale, finished)
   else:
     points = given["points"](scale)
   if not points:
