@@ -388,11 +388,19 @@ def test_aft_simple_decodes_in_constant_memory():
 
 
 def test_readme_shows_the_registry_table():
-  """README's mixer table is `python -m efftx.mixers`, so it cannot drift from the declared specs."""
+  """README's mixer table is `python -m efftx.mixers --markdown`, so it cannot drift from the declared specs; the
+  plain-text listing (the command without the flag) names every mixer and option with its default, no markup."""
   from efftx.mixers.__main__ import table  # pylint: disable=g-import-not-at-top
+  from efftx.mixers.__main__ import text  # pylint: disable=g-import-not-at-top
 
   with open(os.path.join(REPO, "README.md")) as f:
-    assert table() in f.read(), "README.md: paste the output of `python -m efftx.mixers`"
+    assert table() in f.read(), "README.md: paste the output of `python -m efftx.mixers --markdown`"
+  listing = " ".join(text().split())  # lines joined where they wrap
+  assert "<br>" not in listing and "|" not in listing.replace("|t − t'|", "")
+  for name, spec in MIXERS.items():
+    assert f"{name}: {' '.join(spec.summary.split())}" in listing
+    for option, value in spec.defaults().items():
+      assert f"--config.mixer.{option} (default {value!r}):" in listing, (name, option)
 
 
 @pytest.mark.parametrize("causal", [False, True])
