@@ -423,3 +423,20 @@ def test_library_logs_keep_warnings_and_drop_the_noise():
     record(f"{site}/grain/_src/python/data_loader.py", logging.INFO, "Starting workers"),
   ]
   assert [cli.keep_log_record(r) for r in dropped + kept] == [False] * len(dropped) + [True] * len(kept)
+
+
+def test_a_failed_preparation_leaves_no_data_dir_behind(tmp_path):
+  """A corpus folder that is missing stops the run in one line and leaves nothing behind: not the data_dir it would
+  have prepared into, nor its lock file; in a data_dir that existed, the lock file it created is removed."""
+  existing = tmp_path / "existing"
+  existing.mkdir()
+  for data_dir in (tmp_path / "new", existing):
+    args = [
+      "--config=configs/lm_bytes.py:smoke",
+      f"--config.data.corpus_dir={tmp_path / 'nowhere'}",
+      f"--config.data.data_dir={data_dir}",
+      f"--workdir={tmp_path / 'run'}",
+    ]
+    code, _, stderr = run_in_process("efftx.train", args)
+    assert code == 2 and "nowhere is missing or empty" in stderr, stderr
+  assert sorted(os.listdir(tmp_path)) == ["existing"] and os.listdir(existing) == []

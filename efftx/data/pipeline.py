@@ -8,6 +8,7 @@ for any number of processes; train.py assembles them from the process-local ones
 from __future__ import annotations
 
 from collections.abc import Iterator
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -41,16 +42,29 @@ def data_dir(config: ml_collections.ConfigDict) -> str:
 
 def prepare(config: ml_collections.ConfigDict) -> None:
   """`_prepare` under an exclusive lock on data_dir (data_dir/.efftx_prepare.lock, flock): runs started together
-  on one data_dir (a sweep's points) prepare a dataset once; the others wait, then find it prepared."""
+  on one data_dir (a sweep's points) prepare a dataset once; the others wait, then find it prepared. When
+  preparing fails (a missing corpus folder, no network), the lock file and data_dir are removed again if this call
+  created them."""
+  folder = data_dir(config)
+  path = os.path.join(folder, ".efftx_prepare.lock")
+  created = [p for p in (folder, path) if not os.path.exists(p)]
   try:
-    os.makedirs(data_dir(config), exist_ok=True)
-    lock = open(os.path.join(data_dir(config), ".efftx_prepare.lock"), "a")
+    os.makedirs(folder, exist_ok=True)
+    lock = open(path, "a")
   except OSError:  # a data_dir this run cannot write: only reading a prepared dataset can work (_prepare says)
     _prepare(config)
     return
-  with lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the holder dies
-    _prepare(config)
+  try:
+    with lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the holder dies
+      _prepare(config)
+  except BaseException:
+    with contextlib.suppress(OSError):  # a data_dir that now holds something else stays
+      if path in created:
+        os.remove(path)
+      if folder in created:
+        os.rmdir(folder)
+    raise
 
 
 def _prepare(config: ml_collections.ConfigDict) -> None:
