@@ -298,6 +298,28 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     )
 
 
+def schedule_warning(config: ml_collections.ConfigDict) -> str | None:
+  """One line naming what the config's schedule asks for that a run of config.total_steps steps cannot do, or None:
+  a warmup that does not end before the last step (the peak learning rate is never reached and nothing decays),
+  and log, eval or checkpoint intervals longer than the run (each then fires only at the last step). efftx.train
+  logs it as a warning at start."""
+  total, o = config.total_steps, config.optim
+  problems = []
+  if o.warmup_steps >= total:
+    last = o.learning_rate * (total - 1) / o.warmup_steps  # the linear warmup at the last step (steps count from 0)
+    problems.append(
+      f"config.optim.warmup_steps={o.warmup_steps} ≥ config.total_steps={total}: the run ends in warmup, its last "
+      f"step at learning rate {last:.2g} of the peak config.optim.learning_rate={o.learning_rate:g}"
+    )
+  late = [
+    f"config.{name}={config[name]}" for name in ("log_every", "eval_every", "checkpoint_every") if config[name] > total
+  ]
+  if late:
+    fires = "each fires" if len(late) > 1 else "fires"
+    problems.append(f"{', '.join(late)} > config.total_steps={total}: {fires} only at the last step")
+  return "; ".join(problems) or None
+
+
 def _built_for(mixer_config: ml_collections.ConfigDict) -> tuple[str, ...] | None:
   """The mixers whose options config.mixer holds: its sections' names, or the one mixer whose declared options
   are exactly its keys (None where that is not decidable: several mixers declare the same options)."""

@@ -230,3 +230,25 @@ def test_python_m_efftx_config_lists_every_declared_field_and_mixer_option():
     err.strip()
     == "efftx.config: error: unexpected arguments: --sections=optim (usage: python -m efftx.config [--help])"
   )
+
+
+def test_a_schedule_longer_than_the_run_is_one_warning_line():
+  """quickstart with --config.total_steps=20: warmup (100 steps) never ends, and the log, eval and checkpoint
+  intervals never come before the last step; one line says so, with the learning rate the optimizer's own
+  schedule gives the last step. A run its schedule fits gets none."""
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+
+  config = quickstart.get_config()
+  assert config_lib.schedule_warning(config) is None
+  config.total_steps = 20
+  _, schedule = trainer.make_optimizer(config)
+  line = config_lib.schedule_warning(config)
+  assert line == (
+    "config.optim.warmup_steps=100 ≥ config.total_steps=20: the run ends in warmup, its last step at learning rate "
+    f"{float(schedule(19)):.2g} of the peak config.optim.learning_rate=0.001; config.log_every=50, "
+    "config.eval_every=500, config.checkpoint_every=500 > config.total_steps=20: each fires only at the last step"
+  )
+  config.update(total_steps=101, log_every=101)  # warmup ends at step 100; the one log row is the last step's
+  assert config_lib.schedule_warning(config) == (
+    "config.eval_every=500, config.checkpoint_every=500 > config.total_steps=101: each fires only at the last step"
+  )
