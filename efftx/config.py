@@ -1,23 +1,103 @@
 """The config vocabulary shared by every file under configs/, its argument parser, and its checks.
 
 Every config starts from `default_config(mixer)`: one vocabulary of fields for all configs, each with its meaning
-and unit (`config.model`'s declared in efftx/model.py: CONFIG_FIELDS; the others commented here), plus
+and unit (`config.model`'s declared in efftx/model.py: CONFIG_FIELDS; the others here: RUN_FIELDS, ...), plus
 `config.mixer`: the options the chosen mixer declares (efftx/mixers/spec.py), and only those. A config file's
 `get_config(arg)` parses its argument string with `parse_arg` and overrides what it needs. `validate` runs every
 declared check (the model fields', the mixer options', the objective's rules, the task's limits) before a run
 writes anything. Reading a run's config.json: efftx/saved_configs.py; the command line's plumbing: efftx/cli.py.
 
-    python -m efftx.config    # config.model's fields: default, allowed values, meaning
+    python -m efftx.config    # every section's fields and every mixer's options: default, allowed values, meaning
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
+from efftx import cli
 from efftx import model as model_lib
 from efftx import patterns
 from efftx.errors import UserError
+from efftx.fields import Field
 from efftx.mixers import MIXERS
+
+# The fields outside config.model and config.mixer, by section, each declared once: its default, meaning and
+# allowed values (efftx/fields.py). default_config builds the sections from them, validate checks every value
+# against them, and `python -m efftx.config` lists them. Relations between fields (a batch split over the devices,
+# a task's variants) are validate's own checks.
+RUN_FIELDS: dict[str, Field] = {  # the top level: config.total_steps, ...
+  "total_steps": Field("training steps", 1_000, at_least=1),
+  "log_every": Field(
+    "steps between train-metric rows in metrics.jsonl / TensorBoard (and at the last step)", 50, at_least=1
+  ),
+  "eval_every": Field("steps between validation passes (and at the last step)", 250, at_least=1),
+  "checkpoint_every": Field("steps between checkpoints (and at the last step)", 250, at_least=1),
+  "keep_checkpoints": Field("checkpoints kept in workdir/checkpoints", 2, at_least=1),
+  "seed": Field("seeds parameters, dropout and the data order", 0),
+  "init_from": Field(
+    "fine-tune: a workdir (or workdir/checkpoints/<step>), or a Hugging Face BERT / FNet folder (efftx/hf.py), to "
+    "load the encoder from; the head is new (a checkpoint's pooler is kept); \"\" = train from scratch",
+    "",
+  ),
+}
+OPTIM_FIELDS: dict[str, Field] = {
+  "learning_rate": Field("peak learning rate of AdamW, reached after warmup", 1e-3, above=0),
+  "warmup_steps": Field("linear warmup from 0 (steps); cosine decay to 0 at total_steps afterwards", 100, at_least=0),
+  "weight_decay": Field("decoupled AdamW weight decay (not applied to biases and norms)", 0.01, at_least=0),
+  "grad_clip": Field("clip gradients to this global norm (0 disables)", 1.0, at_least=0),
+}
+DATA_FIELDS: dict[str, Field] = {
+  "task": Field("the task: a key of efftx.data.TASKS", "listops"),  # choices: `sections()` adds TASKS' names
+  "variant": Field("the task's dataset variant (ListOps: full, small, tiny; MQAR: 256x16; GLUE: sst2, ...)", "small"),
+  "objective": Field(
+    '"" = the task\'s own ("classify" or "lm"); "mlm" = masked-LM on a text task (efftx.objectives.OBJECTIVES)', ""
+  ),
+  "truncate": Field("cut examples longer than max_len (LRA text does); False: refuse them", False),
+  "batch_size": Field(
+    "global batch (examples per step, all processes together); a multiple of the devices", 32, at_least=1
+  ),
+  "data_dir": Field('where TFDS data is prepared and read; "" = ~/tensorflow_datasets', ""),
+  "corpus_dir": Field('tasks read from local files: their folder (bytes "files", fashion_mnist)', ""),
+  "worker_count": Field("grain worker processes (0: read in the training process)", 0, at_least=0),
+  "read_threads": Field("grain reader threads per process", 2, at_least=0),
+  "tokenizer": Field(
+    "text tasks: a checkpoint's tokenizer (folder with tokenizer.json, a SentencePiece .model or vocab.txt; "
+    'efftx/data/tokenizer.py) encodes the text as [CLS] a [SEP] b [SEP] with token types; "" = bytes',
+    "",
+  ),
+  "vocab_size": Field(
+    "embedding rows; 0 = the task's (or the tokenizer's) vocabulary. A checkpoint whose embeddings hold more rows "
+    "than its tokenizer has tokens needs its count",
+    0,
+    at_least=0,
+  ),
+  "eval_examples": Field(
+    "validation passes during training read the split's first N examples (0: all of it; a cheaper, fixed subset "
+    "for short runs); efftx.evaluate reads all",
+    0,
+    at_least=0,
+  ),
+}
+MESH_FIELDS: dict[str, Field] = {
+  "fsdp": Field(
+    "devices along the mesh's fsdp axis, over which parameters and AdamW state are split (efftx/sharding.py); the "
+    "other devices form the data axis. 1: plain data parallelism. Must divide the devices; free to change on resume",
+    1,
+    at_least=1,
+  ),
+}
+
+
+def sections() -> dict[str, dict[str, Field]]:
+  """Every declared field by section, in the listing's order: "" (the top level), optim, data, mesh and model
+  (efftx/model.py: CONFIG_FIELDS); config.data.task's choices are the names in efftx.data.TASKS. config.mixer's
+  options are the mixers' own (efftx/mixers/<file>.py: SPEC)."""
+  from efftx.data import TASKS  # pylint: disable=g-import-not-at-top  (TFDS: imported where it is needed)
+
+  data = {**DATA_FIELDS, "task": dataclasses.replace(DATA_FIELDS["task"], choices=tuple(TASKS))}
+  return {"": RUN_FIELDS, "optim": OPTIM_FIELDS, "data": data, "mesh": MESH_FIELDS, "model": model_lib.CONFIG_FIELDS}
 
 
 def default_config(mixer: str = model_lib.CONFIG_FIELDS["mixer"].default) -> ml_collections.ConfigDict:
@@ -33,44 +113,11 @@ def default_config(mixer: str = model_lib.CONFIG_FIELDS["mixer"].default) -> ml_
   # lists them all). Only the chosen mixer's options are here: setting another is an error, never ignored.
   c.mixer = mixer_options(mixer)
 
-  c.data = ml_collections.ConfigDict()
-  c.data.task = "listops"  # a key of efftx.data.TASKS
-  c.data.variant = "small"  # the task's dataset variant (ListOps: full, small, tiny; MQAR: 256x16; ...)
-  c.data.objective = ""  # "" = the task's own ("classify" or "lm"); "mlm" = masked-LM on a text task
-  c.data.truncate = False  # cut examples longer than max_len (LRA text does); False: refuse them
-  c.data.batch_size = 32  # global batch (examples per step, all processes together)
-  c.data.data_dir = ""  # where TFDS data is prepared and read; "" = ~/tensorflow_datasets
-  c.data.corpus_dir = ""  # tasks read from local files: their folder (bytes "files", fashion_mnist)
-  c.data.worker_count = 0  # grain worker processes (0: read in the training process)
-  c.data.read_threads = 2  # grain reader threads per process
-  c.data.tokenizer = ""  # text tasks: a checkpoint's tokenizer (folder with tokenizer.json, a SentencePiece
-  # .model or vocab.txt; efftx/data/tokenizer.py) encodes the text as [CLS] a [SEP]
-  # b [SEP] with token types; "" = bytes
-  c.data.vocab_size = 0  # embedding rows; 0 = the task's (or the tokenizer's) vocabulary. A checkpoint
-  # whose embeddings hold more rows than its tokenizer has tokens needs its count
-  c.data.eval_examples = 0  # validation passes during training read the split's first N examples (0: all
-  # of it; a cheaper, fixed subset for short runs); efftx.evaluate reads all
-
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.fsdp = 1  # devices along the mesh's fsdp axis, over which parameters and AdamW state are
-  # split (efftx/sharding.py); the other devices form the data axis. 1: plain
-  # data parallelism (every device holds everything). Free to change on resume
-
-  c.optim = ml_collections.ConfigDict()
-  c.optim.learning_rate = 1e-3  # peak learning rate of AdamW, reached after warmup
-  c.optim.warmup_steps = 100  # linear warmup from 0 (steps); cosine decay to 0 afterwards
-  c.optim.weight_decay = 0.01  # decoupled AdamW weight decay (not applied to biases and norms)
-  c.optim.grad_clip = 1.0  # clip gradients to this global norm (0 disables)
-
-  c.init_from = ""  # fine-tune: a workdir (or workdir/checkpoints/<step>), or a Hugging Face BERT /
-  # FNet folder (efftx/hf.py), to load the encoder from; the head is new (a
-  # checkpoint's pooler is kept). "" = train from scratch
-  c.seed = 0  # seeds parameters, dropout and the data order
-  c.total_steps = 1_000  # training steps
-  c.log_every = 50  # steps between train-metric rows in metrics.jsonl / TensorBoard
-  c.eval_every = 250  # steps between validation passes (and at the last step)
-  c.checkpoint_every = 250  # steps between checkpoints (and at the last step)
-  c.keep_checkpoints = 2  # checkpoints kept in workdir/checkpoints
+  # The other sections and the top-level fields, declared above (DATA_FIELDS, MESH_FIELDS, OPTIM_FIELDS, RUN_FIELDS).
+  c.data = ml_collections.ConfigDict({name: field.default for name, field in DATA_FIELDS.items()})
+  c.mesh = ml_collections.ConfigDict({name: field.default for name, field in MESH_FIELDS.items()})
+  c.optim = ml_collections.ConfigDict({name: field.default for name, field in OPTIM_FIELDS.items()})
+  c.update({name: field.default for name, field in RUN_FIELDS.items()})
   return c
 
 
@@ -156,9 +203,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   from efftx import objectives  # pylint: disable=g-import-not-at-top
   from efftx.data import TASKS  # pylint: disable=g-import-not-at-top
 
-  m, d, o = config.model, config.data, config.optim
-  for name, field in model_lib.CONFIG_FIELDS.items():  # each field's declared values (efftx/model.py)
-    field.check(f"config.model.{name}", m[name])
+  m, d = config.model, config.data
+  for section, fields in sections().items():  # every declared field's allowed values
+    values = config[section] if section else config
+    for name, field in fields.items():
+      field.check(f"config.{section + '.' if section else ''}{name}", values[name])
   if "mixer" not in config:
     raise UserError("the config has no config.mixer section: build it with config_lib.default_config(mixer)")
   names = patterns.mixer_names(m.mixer)  # raises for a pattern that does not parse
@@ -170,8 +219,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
       f"mixer in the config argument (--config=FILE:mixer={m.mixer}), which fills config.mixer with "
       "its options"
     )
-  if d.task not in TASKS:
-    raise UserError(f"config.data.task='{d.task}' is not a task; choose from: {', '.join(TASKS)}")
   if "://" in (d.data_dir or ""):  # google/array_record#120: its reader is riegeli's FdReader
     raise UserError(
       f"config.data.data_dir='{d.data_dir}': array_record, the format efftx reads, opens local "
@@ -242,20 +289,35 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     )
   if reads_folder and not d.corpus_dir and not getattr(task.dataset, "DEFAULT_MANUAL_DIR", None):
     raise UserError(f"task '{d.task}' ({d.variant}) reads a folder: set config.data.corpus_dir")
-  if config.mesh.fsdp < 1 or num_devices % config.mesh.fsdp:
+  if num_devices % config.mesh.fsdp:
     raise UserError(f"config.mesh.fsdp={config.mesh.fsdp} must divide the {num_devices} devices")
-  if d.batch_size < 1 or d.batch_size % num_devices:
+  if d.batch_size % num_devices:
     raise UserError(
       f"config.data.batch_size={d.batch_size} must be a positive multiple of the "
       f"{num_devices} devices it is sharded over"
     )
-  if d.eval_examples < 0:
-    raise UserError(f"config.data.eval_examples={d.eval_examples} must be >= 0 (0: the whole split)")
-  if o.learning_rate <= 0 or o.warmup_steps < 0 or o.weight_decay < 0 or o.grad_clip < 0:
-    raise UserError("config.optim: learning_rate must be > 0; warmup_steps, weight_decay, grad_clip >= 0")
-  for name in ("total_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
-    if config[name] < 1:
-      raise UserError(f"config.{name}={config[name]} must be a positive integer")
+
+
+def schedule_warning(config: ml_collections.ConfigDict) -> str | None:
+  """One line naming what the config's schedule asks for that a run of config.total_steps steps cannot do, or None:
+  a warmup that does not end before the last step (the peak learning rate is never reached and nothing decays),
+  and log, eval or checkpoint intervals longer than the run (each then fires only at the last step). efftx.train
+  logs it as a warning at start."""
+  total, o = config.total_steps, config.optim
+  problems = []
+  if o.warmup_steps >= total:
+    last = o.learning_rate * (total - 1) / o.warmup_steps  # the linear warmup at the last step (steps count from 0)
+    problems.append(
+      f"config.optim.warmup_steps={o.warmup_steps} ≥ config.total_steps={total}: the run ends in warmup, its last "
+      f"step at learning rate {last:.2g} of the peak config.optim.learning_rate={o.learning_rate:g}"
+    )
+  late = [
+    f"config.{name}={config[name]}" for name in ("log_every", "eval_every", "checkpoint_every") if config[name] > total
+  ]
+  if late:
+    fires = "each fires" if len(late) > 1 else "fires"
+    problems.append(f"{', '.join(late)} > config.total_steps={total}: {fires} only at the last step")
+  return "; ".join(problems) or None
 
 
 def _built_for(mixer_config: ml_collections.ConfigDict) -> tuple[str, ...] | None:
@@ -268,18 +330,51 @@ def _built_for(mixer_config: ml_collections.ConfigDict) -> tuple[str, ...] | Non
   return (matches[0],) if len(matches) == 1 else None
 
 
-def describe_model_fields() -> str:
-  """config.model's fields, two lines each: `name = default  (allowed values)`, then the meaning."""
-  lines = ["config.model (declared in efftx/model.py: CONFIG_FIELDS)"]
-  for name, field in model_lib.CONFIG_FIELDS.items():
-    allowed = field.allowed()
-    lines += [f"  {name} = {field.default!r}" + (f"  ({allowed})" if allowed else ""), f"      {field.help}"]
+def describe() -> str:
+  """Every field of the config, section by section, from the declarations `sections()` and the mixers' SPECs:
+  two lines each, `name = default  (allowed values)`, then the meaning."""
+  lines = ["Defaults as default_config sets them; a config file (configs/*.py) sets some of its own."]
+
+  def field_lines(fields: dict[str, Field], defaults: dict, indent: str) -> None:
+    for name, field in fields.items():
+      allowed = field.allowed()
+      lines.append(f"{indent}{name} = {defaults[name]!r}" + (f"  ({allowed})" if allowed else ""))
+      lines.append(f"{indent}    {field.help}")
+
+  for section, fields in sections().items():
+    declared = (
+      "efftx/model.py: CONFIG_FIELDS" if section == "model" else f"efftx/config.py: {section.upper() or 'RUN'}_FIELDS"
+    )
+    lines.append(f"config{'.' + section if section else ' (the top level)'}  [{declared}]")
+    field_lines(fields, {name: field.default for name, field in fields.items()}, "  ")
   lines.append(
-    "config.mixer: the chosen mixer's options (python -m efftx.mixers); config.data, config.optim, "
-    "config.mesh and the top-level fields: efftx/config.py, default_config"
+    "config.mixer  [each mixer's SPEC, efftx/mixers/]: the options of config.model.mixer's mixer, set as "
+    "config.mixer.OPTION; for a layer pattern of several mixers, config.mixer.MIXER.OPTION"
   )
+  for name, spec in MIXERS.items():
+    lines.append(f"  {name}: {spec.summary}" + ("" if spec.options else " (no options)"))
+    field_lines(spec.options, spec.defaults(), "    ")
   return "\n".join(lines)
 
 
+USAGE = """usage: python -m efftx.config [--help]
+
+Lists every field of a run's config: each section's fields with their default, allowed values and meaning, and
+each mixer's options. Set a field on the command line of efftx.train (and the other programs that take --config)
+as --config.SECTION.FIELD=VALUE, e.g. --config.optim.warmup_steps=10 or --config.total_steps=200."""
+
+
+def main(argv: list[str]) -> None:
+  """`python -m efftx.config`: the listing; --help (or -h): the usage; any other argument: a one-line error."""
+  if argv and argv[0] in ("--help", "-h"):
+    print(USAGE)
+    return
+  if argv:
+    cli.exit_with("efftx.config", f"unexpected arguments: {' '.join(argv)} (usage: python -m efftx.config [--help])")
+  print(describe())
+
+
 if __name__ == "__main__":
-  print(describe_model_fields())
+  import sys  # pylint: disable=g-import-not-at-top
+
+  main(sys.argv[1:])

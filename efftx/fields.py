@@ -1,7 +1,8 @@
-"""A declared config field: its meaning, allowed values and (for config.model's) default, stated once.
+"""A declared config field: its meaning, allowed values and (except for a mixer option) default, stated once.
 
-A mixer's options (`MixerSpec.options`, efftx/mixers/spec.py) and config.model's fields (`CONFIG_FIELDS`,
-efftx/model.py) are `Field`s; `check` raises UserError naming the config path, the value and what is allowed.
+A mixer's options (`MixerSpec.options`, efftx/mixers/spec.py), config.model's fields (`CONFIG_FIELDS`,
+efftx/model.py) and the other sections' (efftx/config.py) are `Field`s; `check` raises UserError naming the config
+path, the value and what is allowed; `python -m efftx.config` lists them all.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ class Field:
   """One field: its one-line meaning, default (a mixer option's is its module field's) and allowed values."""
 
   help: str  # one line: meaning and unit
-  default: Any = None  # config.model's default; None for a mixer option (its module field's)
+  default: Any = None  # the config field's default; None for a mixer option (its module field's)
   choices: tuple[Any, ...] | None = None  # allowed values, if a fixed set
   at_least: float | None = None  # smallest allowed value
   above: float | None = None  # values must be strictly larger

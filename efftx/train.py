@@ -72,6 +72,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def _train(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epath.Path) -> dict[str, float]:
   resuming = checkpoints_lib.has_checkpoint(workdir)
   _set_up_workdir(config, parts, workdir, resuming)
+  # A schedule the run is too short for (a warmup past its end, an eval interval that never comes) is allowed, and
+  # said once, in one line.
+  warning = config_lib.schedule_warning(config)
+  if warning and jax.process_index() == 0:
+    logging.warning("%s", warning)
 
   # --------------------------------------------------------------------------------------------------- Mesh
   # ("data", "fsdp") over every device of every process: the batch is split over both axes, parameters and

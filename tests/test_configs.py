@@ -4,6 +4,7 @@ evaluation steps; the quickstart trains a step end to end."""
 import contextlib
 import glob
 import os
+import re
 import runpy
 
 import jax
@@ -12,6 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import REPO
+from conftest import run_in_process
 from conftest import write_idx
 from efftx import config as config_lib
 from efftx import model as model_lib
@@ -108,7 +110,7 @@ def test_each_model_field_is_declared_once_and_reaches_the_model():
     **{name: field.default for name, field in model_lib.CONFIG_FIELDS.items()},
     "mixer": "fnet",
   }
-  described = config_lib.describe_model_fields()
+  described = config_lib.describe()
   config = config_lib.default_config("attention")
   for name, field in model_lib.CONFIG_FIELDS.items():
     assert f"  {name} = {field.default!r}" in described and field.help in described
@@ -149,19 +151,26 @@ def test_norm_eps_reaches_every_layer_norm(reversible, layout):
 
 
 @pytest.mark.parametrize(
-  "name,value,message",
+  "path,value,message",
   [
-    ("d_model", 0, "config.model.d_model=0 must be a positive integer"),
-    ("dropout", 1.0, "config.model.dropout=1.0 must be in [0, 1)"),
-    ("norm_eps", 0.0, "config.model.norm_eps=0.0 must be in (0, 1)"),
-    ("init_std", -0.02, "config.model.init_std=-0.02 must be ≥ 0"),
-    ("block_layout", "post", "config.model.block_layout='post' must be one of pre_ln, post_ln"),
-    ("mixer", "fnett", "config.model.mixer='fnett': 'fnett' is not a mixer; choose from: attention, fnet, "),
+    ("model.d_model", 0, "config.model.d_model=0 must be a positive integer"),
+    ("model.dropout", 1.0, "config.model.dropout=1.0 must be in [0, 1)"),
+    ("model.norm_eps", 0.0, "config.model.norm_eps=0.0 must be in (0, 1)"),
+    ("model.init_std", -0.02, "config.model.init_std=-0.02 must be ≥ 0"),
+    ("model.block_layout", "post", "config.model.block_layout='post' must be one of pre_ln, post_ln"),
+    ("model.mixer", "fnett", "config.model.mixer='fnett': 'fnett' is not a mixer; choose from: attention, fnet, "),
+    ("optim.warmup_steps", -1, "config.optim.warmup_steps=-1 must be ≥ 0"),
+    ("optim.learning_rate", 0.0, "config.optim.learning_rate=0.0 must be > 0"),
+    ("data.task", "listopz", "config.data.task='listopz' must be one of listops, listops_alphanumeric, "),
+    ("data.read_threads", -1, "config.data.read_threads=-1 must be ≥ 0"),
+    ("mesh.fsdp", 0, "config.mesh.fsdp=0 must be a positive integer"),
+    ("eval_every", 0, "config.eval_every=0 must be a positive integer"),
   ],
 )
-def test_a_model_field_out_of_its_declared_range_is_refused_in_one_line(name, value, message):
+def test_a_field_out_of_its_declared_range_is_refused_in_one_line(path, value, message):
   config = config_lib.default_config()
-  config.model[name] = value
+  *section, name = path.split(".")
+  (config[section[0]] if section else config)[name] = value
   with pytest.raises(config_lib.UserError) as error:
     config_lib.validate(config, 8)
   assert str(error.value).startswith(message) and "\n" not in str(error.value)
@@ -185,3 +194,61 @@ def test_glue_fine_tunes_the_encoder_mlm_bytes_pre_trains():
   a, b = glue["get_config"](), mlm["get_config"]()
   assert all(a.model[k] == b.model[k] for k in ("mixer", "d_model", "num_layers", "d_ff"))
   assert a.mixer.to_dict() == b.mixer.to_dict()
+
+
+def test_python_m_efftx_config_lists_every_declared_field_and_mixer_option():
+  """The listing is the declarations: every section's fields, then every mixer's options, in order, each as
+  `name = default  (allowed values)` — the default a config built by default_config holds — and its meaning on the
+  next line; --help prints the usage (exit 0); any other argument is a one-line error (exit 2)."""
+  want = []
+  for section, fields in config_lib.sections().items():
+    config = config_lib.default_config()
+    holds = config[section] if section else config
+    want += [(name, holds[name], field) for name, field in fields.items()]
+  for mixer, spec in MIXERS.items():
+    holds = config_lib.default_config(mixer).mixer
+    want += [(name, holds[name], field) for name, field in spec.options.items()]
+  want = [(f"{n} = {v!r}" + (f"  ({f.allowed()})" if f.allowed() else ""), f.help) for n, v, f in want]
+  assert {"total_steps", "log_every", "eval_every", "checkpoint_every", "seed"} <= set(config_lib.RUN_FIELDS)
+  assert any(line.startswith("warmup_steps = 100") for line, _ in want)
+
+  code, out, err = run_in_process("efftx.config", [])
+  assert code == 0, err
+  lines = out.splitlines()
+  # A field's line is indented 2 (a section's) or 4 (a mixer's option) spaces, its meaning 4 more.
+  listed = [
+    (line.strip(), lines[i + 1].strip()) for i, line in enumerate(lines) if re.match(r"^ {2}( {2})?\w+ = ", line)
+  ]
+  assert listed == want
+  assert all(f"  {mixer}: {spec.summary}" in out for mixer, spec in MIXERS.items())
+
+  code, out, err = run_in_process("efftx.config", ["--help"])
+  assert code == 0 and out.startswith("usage: python -m efftx.config") and not err
+  code, out, err = run_in_process("efftx.config", ["--sections=optim"])
+  assert code == 2 and not out
+  assert (
+    err.strip()
+    == "efftx.config: error: unexpected arguments: --sections=optim (usage: python -m efftx.config [--help])"
+  )
+
+
+def test_a_schedule_longer_than_the_run_is_one_warning_line():
+  """quickstart with --config.total_steps=20: warmup (100 steps) never ends, and the log, eval and checkpoint
+  intervals never come before the last step; one line says so, with the learning rate the optimizer's own
+  schedule gives the last step. A run its schedule fits gets none."""
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+
+  config = quickstart.get_config()
+  assert config_lib.schedule_warning(config) is None
+  config.total_steps = 20
+  _, schedule = trainer.make_optimizer(config)
+  line = config_lib.schedule_warning(config)
+  assert line == (
+    "config.optim.warmup_steps=100 ≥ config.total_steps=20: the run ends in warmup, its last step at learning rate "
+    f"{float(schedule(19)):.2g} of the peak config.optim.learning_rate=0.001; config.log_every=50, "
+    "config.eval_every=500, config.checkpoint_every=500 > config.total_steps=20: each fires only at the last step"
+  )
+  config.update(total_steps=101, log_every=101)  # warmup ends at step 100; the one log row is the last step's
+  assert config_lib.schedule_warning(config) == (
+    "config.eval_every=500, config.checkpoint_every=500 > config.total_steps=101: each fires only at the last step"
+  )

@@ -16,6 +16,7 @@ from typing import Any
 
 from etils import epath
 
+from efftx import plot
 from efftx.sweep import stats
 from efftx.sweep.points import POINT_FILE
 from efftx.sweep.points import final_value
@@ -415,37 +416,10 @@ def curve_panels(study: Study, group_curves: dict[str, list]) -> dict[str, dict[
 
 def _plot_curves(study: Study, group_curves: dict[str, list], path: epath.Path) -> None:
   """METRIC against step, one line per group (the mean over its seeds at the steps they all logged) with the band
-  from the lowest to the highest seed; one panel per plot.panel value, the legend beside it; past ten lines in a panel
-  the colours repeat dashed."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  panels = curve_panels(study, group_curves)
-  fig, axes = plt.subplots(max(len(panels), 1), 1, figsize=(11, 0.5 + 4.0 * max(len(panels), 1)), squeeze=False)
-  colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-  for ax, (title, lines) in zip(axes[:, 0], panels.items()):
-    for i, (label, seeds) in enumerate(lines.items()):
-      steps = sorted(set.intersection(*(set(s for s, _ in curve) for curve in seeds)))
-      if not steps:
-        continue
-      values = [[dict(curve)[s] for s in steps] for curve in seeds]
-      mean = [sum(column) / len(column) for column in zip(*values)]
-      colour = colours[i % len(colours)]
-      ax.plot(steps, mean, label=label, color=colour, linestyle="-" if i < len(colours) else "--")
-      if len(seeds) > 1:
-        ax.fill_between(steps, [min(c) for c in zip(*values)], [max(c) for c in zip(*values)], color=colour, alpha=0.15)
-    ax.set_xlabel("step")
-    ax.set_ylabel(study.metric)
-    ax.set_title(f"{study.name}{': ' + title if title else ''}: learning curves (band: lowest to highest seed)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-  fig.tight_layout()
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format="png", dpi=120)
-  plt.close(fig)
-  path.write_bytes(buffer.getvalue())
+  from the lowest to the highest seed; one panel per plot.panel value, the legend beside it (efftx.plot draws it)."""
+  name = lambda title: f"{study.name}{': ' + title if title else ''}: learning curves (band: lowest to highest seed)"
+  panels = [(name(title), study.metric, lines) for title, lines in curve_panels(study, group_curves).items()]
+  plot.write_png(plot.curves_figure(panels), path)
 
 
 def _spread(value: dict) -> tuple[float, float]:
