@@ -21,6 +21,7 @@ several; every layer that uses a mixer uses the same options.
 
 from __future__ import annotations
 
+import difflib
 import re
 
 from efftx.errors import UserError
@@ -57,7 +58,12 @@ def _items(body: str, pattern: str) -> list[tuple[str, int]]:
       )
     name, count = match.group(1), int(match.group(2) or 1)
     if name not in MIXERS:
-      raise UserError(f"config.model.mixer='{pattern}': '{name}' is not a mixer; choose from: {', '.join(MIXERS)}")
+      guess = difflib.get_close_matches(name, list(MIXERS) + list(PATTERNS), n=1)
+      hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+      raise UserError(
+        f"config.model.mixer='{pattern}': '{name}' is not a mixer{hint}; choose from: {', '.join(MIXERS)}, or a "
+        f"named pattern: {', '.join(PATTERNS)}"
+      )
     if count < 1:
       raise UserError(f"config.model.mixer='{pattern}': {text} repeats a mixer 0 times")
     items.append((name, count))

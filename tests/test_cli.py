@@ -15,7 +15,7 @@ from conftest import run_in_process
 TRAIN_CASES = [
   # (extra arguments, words the one line must contain)
   (["--config.model.mixerr=fnet"], ["mixerr", "did you mean 'mixer'", "d_model"]),
-  (["--config.model.mixer=fnett"], ["fnett", "attention, fnet"]),
+  (["--config.model.mixer=fnett"], ["fnett", "did you mean 'fnet'", "attention, fnet"]),
   (["--config.data.task=listopz"], ["listopz", "listops"]),
   (["--config.model.d_model=abc"], ["d_model", "abc"]),
   (["--config.model.dropout=1.5"], ["dropout", "[0, 1)"]),

@@ -158,7 +158,7 @@ def test_norm_eps_reaches_every_layer_norm(reversible, layout):
     ("model.norm_eps", 0.0, "config.model.norm_eps=0.0 must be in (0, 1)"),
     ("model.init_std", -0.02, "config.model.init_std=-0.02 must be ≥ 0"),
     ("model.block_layout", "post", "config.model.block_layout='post' must be one of pre_ln, post_ln"),
-    ("model.mixer", "fnett", "config.model.mixer='fnett': 'fnett' is not a mixer; choose from: attention, fnet, "),
+    ("model.mixer", "fnett", "config.model.mixer='fnett': 'fnett' is not a mixer (did you mean 'fnet'?); choose"),
     ("optim.warmup_steps", -1, "config.optim.warmup_steps=-1 must be ≥ 0"),
     ("optim.learning_rate", 0.0, "config.optim.learning_rate=0.0 must be > 0"),
     ("data.task", "listopz", "config.data.task='listopz' must be one of listops, listops_alphanumeric, "),

@@ -61,7 +61,7 @@ def test_periods_repeat_to_fill_the_model_and_named_patterns_expand():
     ("fnet+attention*8@mixed", 12, "FNet's mixed layout places 12 attention layers, not 8"),
     ("fnet+attention*3@top", 2, "3 attention layers in a model of 2"),
     ("fnet+attention*2@side", 4, "a hybrid is BASE+OTHER*k@LAYOUT"),
-    ("fnet+atention", 2, "'atention' is not a mixer; choose from: attention, fnet"),
+    ("fnet+atention", 2, "'atention' is not a mixer (did you mean 'attention'?); choose from: attention, fnet"),
     ("fnet+attention*0", 2, "repeats a mixer 0 times"),
     ("fnet,attention", 2, "is not a mixer name or NAME*COUNT"),
   ],
