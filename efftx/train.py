@@ -101,9 +101,11 @@ def _train(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epa
   state, start_step = _restore_or_init(config, checkpoints, parts, tx, init_key, abstract_state, state_sharding)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("data: %s (%s) in %s", config.data.task, config.data.variant, pipeline.data_dir(config))
+  layers = patterns.layer_mixers(config.model.mixer, config.model.num_layers)
   logging.info(
-    "model: %s mixer, %d parameters; %d devices (data %d × fsdp %d)",
+    "model: %s mixer%s, %d parameters; %d devices (data %d × fsdp %d)",
     config.model.mixer,
+    "" if len(set(layers)) == 1 else f" (layers from the input up: {', '.join(layers)})",
     num_params,
     jax.device_count(),
     mesh.shape["data"],

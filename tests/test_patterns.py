@@ -202,16 +202,24 @@ def test_flops_of_a_pattern_are_the_sum_of_its_layers_mixers():
   assert bench.flops_per_token(config, params) == pytest.approx(dense + 2 * fnet + 2 * attention)
 
 
-def test_a_pattern_trains_on_8_devices_from_a_config_argument(smoke_config, tmp_path):
-  """The pattern goes where a mixer name goes (the config argument), its config.mixer sections are saved with the
-  run, and a 3-layer FNet/Linear hybrid with fsdp-sharded parameters trains to finite metrics."""
+def test_a_pattern_trains_on_8_devices_from_a_config_argument(smoke_config, tmp_path, caplog):
+  """The pattern goes where a mixer name goes (the config argument), the log says which layer has which mixer, its
+  config.mixer sections are saved with the run, and a 3-layer FNet/Linear hybrid with fsdp-sharded parameters
+  trains to finite metrics."""
+  import logging  # pylint: disable=g-import-not-at-top
+
   from efftx import train  # pylint: disable=g-import-not-at-top
 
   config = smoke_config("smoke,mixer=fnet+linear_mixing*1@top")
   config.model.num_layers = 3
   config.mesh.fsdp = 2
+  caplog.set_level(logging.INFO, logger="absl")
   metrics = train.train_and_evaluate(config, str(tmp_path))
   assert np.isfinite(metrics["eval_loss"])
+  assert any(
+    "fnet+linear_mixing*1@top mixer (layers from the input up: fnet, fnet, linear_mixing)" in r.getMessage()
+    for r in caplog.records
+  )
   saved = saved_configs.from_saved(json.loads((tmp_path / "config.json").read_text()))
   assert saved.model.mixer == "fnet+linear_mixing*1@top"
   assert saved.mixer.to_dict() == {"fnet": dict(config.mixer.fnet), "linear_mixing": dict(config.mixer.linear_mixing)}
