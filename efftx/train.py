@@ -442,9 +442,19 @@ def main(argv: list[str]) -> None:
     sharding.use_cpu_cores(_CONFIG.value.data.batch_size)  # on a CPU: one device per core
     result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   if jax.process_index() == 0:
-    row = {k: v for k, v in result.items() if k != "step"}
-    print(f"step {result['step']}: " + (metrics_lib.fmt(row) or "nothing to do"))
+    print(final_line(result, _CONFIG.value.total_steps))
     print(f"outputs in {checkpoints_lib.run_folder(_WORKDIR.value)}")
+
+
+def final_line(result: dict, total_steps: int) -> str:
+  """What train prints last: the step and its metrics; or, where none were logged, whether the run was already
+  trained or was stopped (a signal during compilation) before its first logged step."""
+  row = {k: v for k, v in result.items() if k != "step"}
+  if row:
+    return f"step {result['step']}: {metrics_lib.fmt(row)}"
+  if result["step"] >= total_steps:
+    return f"step {result['step']}: nothing to do (already trained to config.total_steps={total_steps})"
+  return f"step {result['step']}: stopped before its first logged step; re-run the same command to resume"
 
 
 if __name__ == "__main__":

@@ -252,3 +252,13 @@ def test_a_workdir_from_before_mixer_options_resumes_exactly(smoke_run, tmp_path
     for key in ("loss", "eval_loss"):
       if key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-6), (got["step"], key)
+
+
+def test_the_last_line_says_why_no_metrics_were_logged():
+  """train's last line: the final metrics; with none logged, "nothing to do" only for a run already trained, and
+  for one a signal stopped before its first logged step (Ctrl-C while compiling), that it stopped."""
+  assert train.final_line({"step": 20, "loss": 1.5}, 20) == "step 20: loss=1.5"
+  assert train.final_line({"step": 20}, 20) == "step 20: nothing to do (already trained to config.total_steps=20)"
+  assert train.final_line({"step": 1}, 20) == (
+    "step 1: stopped before its first logged step; re-run the same command to resume"
+  )
