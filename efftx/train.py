@@ -167,22 +167,28 @@ def build_train_step(
   )
 
 
+def expected_kernels(config: ml_collections.ConfigDict, platform: str) -> dict[str, str | None]:
+  """{mixer: the kernel (a name in efftx.platform.KERNELS) its training step should call on `platform`, or None
+  for XLA's own code}, for each mixer of the model that declares one (MixerSpec.kernel)."""
+  m = config.model
+  options = {
+    name: {**MIXERS[name].defaults(), **section} for name, section in patterns.sections(m.mixer, config.mixer).items()
+  }
+  dropout = any(options[name].get("attention_dropout", 0) > 0 for name in options)
+  return {
+    name: MIXERS[name].kernel(options[name], m.max_len, jnp.dtype(m.dtype), platform, dropout)
+    for name in options
+    if MIXERS[name].kernel
+  }
+
+
 def report_kernels(config: ml_collections.ConfigDict, program_text: str, platform: str | None = None) -> list[str]:
   """Logs which kernels beyond XLA's own code the compiled step calls (efftx.platform.KERNELS), and warns for each
   mixer of the model whose expected kernel on `platform` (default: this backend) is missing, e.g. attention in
   bfloat16 on a GPU whose cuDNN refused the shape and fell back to XLA's attention. Returns the warnings."""
   platform = platform or jax.default_backend()
   found = platform_lib.kernels(program_text)
-  m = config.model
-  options = {
-    name: {**MIXERS[name].defaults(), **section} for name, section in patterns.sections(m.mixer, config.mixer).items()
-  }
-  dropout = any(options[name].get("attention_dropout", 0) > 0 for name in options)
-  expected = {
-    name: MIXERS[name].kernel(options[name], m.max_len, jnp.dtype(m.dtype), platform, dropout)
-    for name in options
-    if MIXERS[name].kernel
-  }
+  expected = expected_kernels(config, platform)
   paths = ", ".join(f"{name} → {kernel or 'XLA'}" for name, kernel in expected.items())
   logging.info(
     "compiled train step (%s): kernels %s%s",

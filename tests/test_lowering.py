@@ -11,6 +11,7 @@ import pytest
 
 from efftx import config as config_lib
 from efftx import platform
+from efftx import train
 from efftx.mixers import MIXERS
 from efftx.mixers import fourier
 from efftx.perf import lowering
@@ -140,3 +141,24 @@ def test_the_training_log_names_the_kernels_and_warns_when_an_expected_one_is_mi
   # Attention dropout: the chunked (or plain) path, nothing expected of attention.
   config.mixer.attention.attention_dropout = 0.1
   assert train.report_kernels(config, "fft(", "tpu") == []
+
+
+def test_a_row_names_the_expected_kernels_the_lowered_text_cannot_show_and_a_platform_typo_is_a_flag_error():
+  """efftx.lowering's line: the kernels found, each mixer's expected path on the platform, and the expected
+  kernels missing from the lowered text named as placed on the device itself (cuDNN attention, FNet's per-device
+  FFT), not silently "none"; an unknown --platforms entry is one line and exit 2, before anything is lowered."""
+  from conftest import run_in_process  # pylint: disable=g-import-not-at-top
+
+  config = _config("fnet", False)
+  assert train.expected_kernels(config, "gpu") == {"fnet": "FFT"}
+  row = lowering.Lowered("train", "cuda", {}, 274_000, {"fnet": "FFT"})
+  assert row.describe() == (
+    "train  cuda   lowers: 274K chars of StableHLO; kernels none beyond XLA's; expected fnet → FFT (FFT: not in "
+    "the program lowered here; JAX places it when the step is built on cuda itself)"
+  )
+  seen = lowering.Lowered("train", "tpu", {"Pallas TPU kernel": 3}, 372_000, {"attention": "Pallas TPU kernel"})
+  assert seen.describe().endswith("kernels Pallas TPU kernel ×3; expected attention → Pallas TPU kernel")
+  code, _, stderr = run_in_process("efftx.lowering", ["--config=configs/quickstart.py:smoke", "--platforms=tpu,metal"])
+  assert code == 2 and stderr.strip().splitlines() == [
+    "efftx.lowering: error: --platforms: 'metal' is not a platform; choose from tpu, cuda, rocm, cpu"
+  ], stderr

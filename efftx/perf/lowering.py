@@ -40,6 +40,7 @@ from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
 PLATFORMS = ("tpu", "cuda")
+LOWERING_PLATFORMS = ("tpu", "cuda", "rocm", "cpu")  # jax.export's names of the platforms a step can lower for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,26 @@ class Lowered:
   platform: str  # as jax.export names it: "tpu", "cuda", "rocm", "cpu"
   kernels: dict[str, int]  # efftx.platform.kernels of its StableHLO
   stablehlo_chars: int
+  expected: dict[str, str | None] = dataclasses.field(default_factory=dict)  # train.expected_kernels (train step)
+
+  def describe(self) -> str:
+    """One line: the size of the lowered program, the kernels it calls, and each mixer's expected path, naming
+    the expected kernels the lowered text does not show: JAX places those on the device itself
+    (jax.nn.dot_product_attention picks cuDNN where it finds the GPU; the per-device FFT is lowered inside
+    custom_partitioning only when the step compiles)."""
+    line = (
+      f"{self.step:<7}{self.platform:<6} lowers: {self.stablehlo_chars / 1e3:,.0f}K chars of StableHLO; kernels "
+      + (", ".join(f"{k} ×{n}" for k, n in self.kernels.items()) or "none beyond XLA's")
+    )
+    if self.expected:
+      line += "; expected " + ", ".join(f"{name} → {kernel or 'XLA'}" for name, kernel in self.expected.items())
+    unseen = sorted({k for k in self.expected.values() if k and k not in self.kernels})
+    if unseen:
+      line += (
+        f" ({', '.join(unseen)}: not in the program lowered here; JAX places it when the step is built on "
+        f"{self.platform} itself)"
+      )
+    return line
 
 
 class LoweringError(UserError):
@@ -88,7 +109,8 @@ def lower_steps(config: ml_collections.ConfigDict, platforms=PLATFORMS, devices=
           f"{config.model.mixer}: the {step} step does not lower for {platform}: {type(e).__name__}: {message}"
         ) from e
       text = lowered.as_text()
-      out.append(Lowered(step, platform, platform_lib.kernels(text), len(text)))
+      expected = train.expected_kernels(config, platform_lib.PLATFORM_NAMES[platform]) if step == "train" else {}
+      out.append(Lowered(step, platform, platform_lib.kernels(text), len(text), expected))
   return out
 
 
@@ -138,14 +160,14 @@ _CONFIG = None
 
 def main(argv: list[str]) -> None:
   del argv
+  unknown = [p for p in _PLATFORMS.value if p not in LOWERING_PLATFORMS]
+  if unknown:
+    cli.exit_with(
+      "efftx.lowering", f"--platforms: '{unknown[0]}' is not a platform; choose from {', '.join(LOWERING_PLATFORMS)}"
+    )
   with cli.one_line_errors("efftx.lowering"):
-    config = _CONFIG.value
-    for row in lower_steps(config, _PLATFORMS.value):
-      kernels = ", ".join(f"{k} ×{n}" for k, n in row.kernels.items()) or "none beyond XLA's"
-      print(
-        f"{row.step:<7}{row.platform:<6} lowers: {row.stablehlo_chars / 1e3:,.0f}K chars of StableHLO; "
-        f"kernels {kernels}"
-      )
+    for row in lower_steps(_CONFIG.value, _PLATFORMS.value):
+      print(row.describe())
 
 
 if __name__ == "__main__":
