@@ -1,8 +1,10 @@
 """Sample text from a trained causal language model, one token at a time through the mixers' decoding caches.
 
     python -m efftx.sample --workdir=/tmp/efftx/lm --prompt="def " --length=200 [--temperature=0.8 --top_k=40]
+        [--checkpoint=STEP]
 
-Reads workdir/config.json and the latest checkpoint's parameters; prints the prompt and its continuation.
+Reads workdir/config.json and the checkpoint's parameters (default: the latest), says on stderr which step it
+samples from, and prints the prompt and its continuation.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from efftx.errors import UserError
 
 def _define_flags() -> None:
   """Command-line flags, defined only when run as a program (so that this module imports cleanly)."""
-  global _WORKDIR, _PROMPT, _LENGTH, _TEMPERATURE, _TOP_K, _SEED
+  global _WORKDIR, _CHECKPOINT, _PROMPT, _LENGTH, _TEMPERATURE, _TOP_K, _SEED
   _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's --workdir (a causal LM).")
+  _CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "The checkpoint's step (default: the latest).")
   _PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (at least one character).")
   _LENGTH = flags.DEFINE_integer("length", 200, "Tokens to generate.")
   _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Softmax temperature; 0 picks the most likely token.")
@@ -35,13 +38,13 @@ def _define_flags() -> None:
   distributed.define_flags()  # on a pod every process runs this command; each samples the same text
 
 
-def load(workdir: str) -> tuple[ml_collections.ConfigDict, dict]:
-  """The run's config and its latest parameters."""
-  config, params, _ = checkpoints.restore_params(workdir)
+def load(workdir: str, step: int | None = None) -> tuple[ml_collections.ConfigDict, dict, int]:
+  """The run's config, and the parameters of its checkpoint at `step` (default: the latest) and that step."""
+  config, params, step = checkpoints.restore_params(workdir, step)
   parts = trainer.parts(config)
   if not parts.objective.next_token or parts.task.tokenize is None:
     raise UserError(f"{workdir} trained task '{config.data.task}', not a text language model: nothing to sample")
-  return config, params
+  return config, params, step
 
 
 def generate(
@@ -87,7 +90,9 @@ def main(argv):
   cli.start_program("efftx.sample", argv, _WORKDIR.value, "a causal LM training run's")
   with cli.one_line_errors("efftx.sample"):
     distributed.initialize_from_flags()
-    config, params = load(_WORKDIR.value)
+    config, params, step = load(_WORKDIR.value, _CHECKPOINT.value)
+    if jax.process_index() == 0:
+      print(f"efftx.sample: {checkpoints.run_folder(_WORKDIR.value)} at step {step}", file=sys.stderr, flush=True)
     task = trainer.parts(config).task
     prompt_P = task.tokenize(_PROMPT.value.encode())
     tokens = generate(

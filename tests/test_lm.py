@@ -82,7 +82,8 @@ def test_a_causal_lm_trains_and_reports_bits_per_byte(trained_lm):
 @pytest.mark.xdist_group("trained_lm")  # one worker trains the module fixture, not both
 def test_greedy_sampling_through_the_caches_matches_the_full_forward_pass(trained_lm):
   workdir, _ = trained_lm
-  config, params = sample.load(workdir)
+  config, params, step = sample.load(workdir)
+  assert step == 30
   prompt = TASKS["bytes"].tokenize(b"import json")
   tokens = sample.generate(config, params, prompt, 12, temperature=0.0, top_k=0, rng=jax.random.key(0))
   assert len(tokens) == len(prompt) + 12 and tokens[: len(prompt)].tolist() == prompt.tolist()
@@ -96,7 +97,8 @@ def test_greedy_sampling_through_the_caches_matches_the_full_forward_pass(traine
 @pytest.mark.xdist_group("trained_lm")  # one worker trains the module fixture, not both
 def test_sample_command(trained_lm):
   """`python -m efftx.sample` through its __main__ block in this process (its flags, temperature and top-k): the
-  prompt and its continuation on stdout; a folder without a run is one line naming config.json (real processes'
+  prompt and its continuation on stdout, the step it sampled from on stderr; --checkpoint picks the step (one line
+  where there is none); a folder without a run is one line naming config.json (real processes'
   exit codes: test_cli.py)."""
   workdir, _ = trained_lm
   # 4 + 19 = 23 positions, as in the greedy test above: the same decoding cache, whose (eager) init is then reused.
@@ -105,5 +107,8 @@ def test_sample_command(trained_lm):
   )
   assert code == 0, err
   assert out.startswith("def ") and len(out) > len("def \n")
+  assert f"efftx.sample: {workdir} at step 30" in err  # which checkpoint it sampled
+  code, _, err = run_in_process("efftx.sample", [f"--workdir={workdir}", "--prompt=def ", "--checkpoint=5"])
+  assert code == 2 and err.strip().splitlines()[-1].endswith("has no checkpoint at step 5 (its checkpoints: 30)"), err
   code, _, err = run_in_process("efftx.sample", [f"--workdir={os.path.dirname(workdir)}"])
   assert code != 0 and "Traceback" not in err and "config.json" in err
