@@ -11,6 +11,7 @@ import pytest
 
 from conftest import REPO
 from conftest import run_in_process
+from conftest import snapshot
 
 TRAIN_CASES = [
   # (extra arguments, words the one line must contain)
@@ -135,19 +136,6 @@ def finished_run(data_dir, tmp_path_factory):
   return workdir
 
 
-def _snapshot(path):
-  """Every file under path with its size and modification time (None: path does not exist)."""
-  if not os.path.exists(path):
-    return None
-  if not os.path.isdir(path):
-    return os.stat(path).st_mtime_ns
-  return {
-    os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
-    for d, _, files in os.walk(path)
-    for f in files
-  }
-
-
 def test_there_are_at_least_20_bad_input_cases():
   assert len(CASES) >= 20
 
@@ -218,7 +206,7 @@ def bad_input_runs(data_dir, finished_run, tmp_path_factory):
       )
     )
   assert sum(real for real, _, _ in jobs) == len(REAL_PROCESS_CASES)
-  before = [_snapshot(workdir) for _, _, workdir in jobs]
+  before = [snapshot(workdir) for _, _, workdir in jobs]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     procs = {
       i: pool.submit(subprocess.run, argv, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -233,7 +221,7 @@ def bad_input_runs(data_dir, finished_run, tmp_path_factory):
       else:
         runs.append(None)
     runs = [procs[i].result() if run is None else run for i, run in enumerate(runs)]
-  return list(zip(runs, before, [_snapshot(workdir) for _, _, workdir in jobs]))
+  return list(zip(runs, before, [snapshot(workdir) for _, _, workdir in jobs]))
 
 
 def test_the_real_process_cases_are_cases():
