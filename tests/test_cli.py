@@ -89,7 +89,7 @@ TRAIN_CASES = [
       "--config.model.d_ff=128",
       "--config.data.data_dir={data_dir}",
     ],
-    ["holds a run with config.model.d_ff=64, not 128", "another --workdir"],
+    ["holds a run of another model or data (config.model.d_ff 64 → 128)", "another --workdir"],
   ),
   (
     [
