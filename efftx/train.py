@@ -276,6 +276,8 @@ def _set_up_workdir(
 
   def set_up() -> dict[str, list]:
     changes = checkpoints_lib.check_resume(config, workdir, resume_changes) if resuming else {}
+    if resuming:
+      metrics_lib.read_rows(workdir)  # a line that is not a row stops the run here, before anything is written
     pipeline.prepare(config)
     pipeline.check(config, pipeline.source(config, "train"), pipeline.source(config, "eval"))
     if config.init_from and not resuming:  # the encoder must load before anything is written

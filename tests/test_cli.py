@@ -3,6 +3,7 @@ and the workdir as it was."""
 
 import concurrent.futures
 import os
+import shutil
 import subprocess
 import sys
 
@@ -385,3 +386,81 @@ def test_a_configs_folder_beside_an_installed_efftx_is_not_taken_for_its_own(tmp
   assert cli.default_config_file() is None
   (tmp_path / "pyproject.toml").write_text('[project]\nname = "efftx"\n')
   assert cli.default_config_file() == str(tmp_path / "configs" / "quickstart.py")
+
+
+GARBAGE = b"\x00\x93 not json {\n"
+
+
+def _workdir_programs(workdir, data_dir):
+  """(program, arguments) of each entry point that reads a run's workdir; train with the finished run's config."""
+  smoke = ["--config=configs/quickstart.py:smoke", f"--config.data.data_dir={data_dir}"]
+  return [
+    ("train", [*smoke, f"--workdir={workdir}"]),
+    ("evaluate", [f"--workdir={workdir}"]),
+    ("sample", [f"--workdir={workdir}"]),
+  ]
+
+
+@pytest.mark.xdist_group("bad_input")  # the worker that holds finished_run
+@pytest.mark.parametrize("name", ["config.json", "config_history.jsonl"])
+def test_an_unreadable_config_is_one_line_from_train_evaluate_and_sample(name, finished_run, data_dir, tmp_path):
+  """The run's config (config.json, and the changes accepted on resume): garbage in either file stops every program
+  that reads the run with one line naming the file and what to do, exit 2, and the workdir as it was."""
+  run = tmp_path / "run"
+  shutil.copytree(finished_run, run)
+  (run / name).write_bytes(GARBAGE)
+  before = snapshot(run)
+  for prog, args in _workdir_programs(run, data_dir):
+    code, _, stderr = run_in_process(f"efftx.{prog}", args)
+    lines = stderr.splitlines()
+    assert code == 2 and len(lines) == 1, (prog, stderr)
+    assert lines[0].startswith(f"efftx.{prog}: error: {run / name} cannot be read ("), (prog, stderr)
+    assert "put back a good copy of it" in lines[0]
+  assert snapshot(run) == before
+
+
+@pytest.mark.xdist_group("bad_input")
+def test_metrics_jsonl_a_bad_line_stops_train_in_one_line_a_half_written_last_line_is_dropped(
+  finished_run, data_dir, tmp_path
+):
+  """metrics.jsonl, which train reads on resume: a line that is not a row stops it with one line naming the line
+  (exit 2, the workdir as it was); the half-written last row a kill -9 leaves behind is dropped and the run goes on
+  (here: already finished, the rows before it kept)."""
+  run = tmp_path / "run"
+  shutil.copytree(finished_run, run)
+  rows = (run / "metrics.jsonl").read_bytes()
+  (run / "metrics.jsonl").write_bytes(rows + GARBAGE + rows)
+  before = snapshot(run)
+  bad_line = len(rows.splitlines()) + 1
+  train_args = _workdir_programs(run, data_dir)[0][1]
+  code, _, stderr = run_in_process("efftx.train", train_args)
+  assert code == 2 and stderr.splitlines() == [
+    f"efftx.train: error: {run / 'metrics.jsonl'}, line {bad_line}, cannot be read (Expecting value: "
+    "line 1 column 1 (char 0)): delete that line, or put back a good copy of the file, and re-run"
+  ], stderr
+  assert snapshot(run) == before
+
+  (run / "metrics.jsonl").write_bytes(rows + b'{"step": 5, "accuracy": 0.1')
+  code, _, stderr = run_in_process("efftx.train", train_args)
+  assert code == 0, stderr
+  assert (run / "metrics.jsonl").read_bytes() == rows
+
+
+@pytest.mark.xdist_group("bad_input")
+def test_evaluate_and_sample_read_neither_metrics_nor_running_json_and_train_writes_over_running_json(
+  finished_run, data_dir, tmp_path
+):
+  """running.json is a note of who holds the workdir's lock, not the run's record: train writes over an unreadable
+  one (and removes it at the end); evaluate and sample read neither it nor metrics.jsonl."""
+  run = tmp_path / "run"
+  shutil.copytree(finished_run, run)
+  (run / "running.json").write_bytes(GARBAGE)
+  code, _, stderr = run_in_process("efftx.train", _workdir_programs(run, data_dir)[0][1])
+  assert code == 0, stderr
+  assert not (run / "running.json").exists()
+  (run / "running.json").write_bytes(GARBAGE)
+  (run / "metrics.jsonl").write_bytes(GARBAGE)
+  code, stdout, stderr = run_in_process("efftx.evaluate", [f"--workdir={run}"])
+  assert code == 0 and stdout.startswith("validation at step 4: "), stderr
+  code, _, stderr = run_in_process("efftx.sample", [f"--workdir={run}"])
+  assert code == 2 and "trained task 'listops', not a text language model" in stderr, stderr
