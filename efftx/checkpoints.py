@@ -1,5 +1,6 @@
-"""A run's workdir, checkpoints and saved config: the workdir's lock, the orbax manager, saving and restoring the
-train state (falling back past unreadable checkpoints; the data position is the step), and reading a run's
+"""A run's workdir, checkpoints and record: the workdir's lock, the orbax manager, saving and restoring the train
+state (falling back past unreadable checkpoints; the data position is the step), the run's config (config.json
+and the settings changed on resume, config_history.jsonl: checked, recorded, read back), and reading a run's
 parameters (efftx.init_from loads them, or an HF checkpoint's, as a new run's encoder).
 
 A workdir is a local folder or a bucket path (gs://bucket/folder), reached through each library's own path
@@ -10,6 +11,7 @@ instead of appended to (efftx.metrics)."""
 from __future__ import annotations
 
 import datetime
+import difflib
 import fcntl
 import gc
 import json
@@ -49,7 +51,8 @@ class WorkdirLock:
   """An exclusive lock on the workdir folder (flock), held by one run's process 0 for the run's life, so a second
   run started on the same workdir is refused instead of writing over the first. The kernel releases it when the
   holder exits in any way, kill -9 included, so a dead run's lock never blocks. Who holds it is written to
-  workdir/running.json (removed on release) for the refusal's message. A workdir this lock created is removed
+  workdir/running.json (removed on release) for the refusal's message: a note, not part of the run's record, so a
+  stale or unreadable one is written over. A workdir this lock created is removed
   again on release if the run failed before writing anything else into it.
 
   A bucket has no locks: there running.json is only read, to warn that another run may be writing (a killed
@@ -315,27 +318,204 @@ def _set_aside(checkpoints: ocp.CheckpointManager, failed: list[tuple[int, str]]
   checkpoints.reload()
 
 
+# The run's record in its workdir: config.json holds the config the run started with and is never rewritten while
+# the run has checkpoints; config_history.jsonl holds, one line each, the settings changed on resume and the step
+# they took effect after: {"step": k, "time": ..., "changes": {"optim.learning_rate": [old, new], ...}}.
+HISTORY_FILE = "config_history.jsonl"
+
+# Where and how a run executes, not what it computes: free to differ on resume (a run moved to another machine,
+# its devices laid out otherwise, another logging rhythm); a change is recorded all the same.
+FREE_ON_RESUME = (
+  "data.data_dir",
+  "data.corpus_dir",
+  "data.worker_count",
+  "data.read_threads",
+  "mesh.fsdp",
+  "init_from",  # read only when a run starts
+  "log_every",
+  "eval_every",
+  "checkpoint_every",
+  "keep_checkpoints",
+)
+# What a checkpoint is bound to: its parameters' shapes and the examples its steps index. Never changes on resume
+# (but the fields above, and data.eval_examples: which validation examples the evaluations read).
+FIXED_ON_RESUME = ("model", "mixer", "data")
+
+
 def read_config(workdir: epath.PathLike) -> ml_collections.ConfigDict:
-  """workdir/config.json, with fields added since the run at their defaults (older layouts converted)."""
-  return saved_configs.from_saved(json.loads((epath.Path(workdir) / "config.json").read_text()))
-
-
-def check_same_run(config: ml_collections.ConfigDict, workdir: epath.PathLike) -> None:
-  """Refuses to resume a workdir whose checkpoint belongs to a different model or data setup."""
+  """The config in effect in workdir: config.json with the changes of config_history.jsonl applied in order, and
+  fields added to efftx since at their defaults (older layouts converted). UserError naming the file that cannot
+  be read."""
   workdir = epath.Path(workdir)
-  if not (workdir / "config.json").exists() or not (workdir / "checkpoints").is_dir():
+  path = workdir / "config.json"
+  try:
+    saved = json.loads(path.read_text())
+  except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text
+    raise UserError(
+      f"{path} cannot be read ({_why(e)}): put back a good copy of it, or delete it and re-run efftx.train with "
+      "the run's command, which writes it again"
+    ) from None
+  try:
+    if not isinstance(saved, dict):
+      raise TypeError(f"a JSON {type(saved).__name__}, not an object")
+    config = saved_configs.from_saved(saved)
+  except (TypeError, ValueError, AttributeError, KeyError) as e:
+    raise UserError(f"{path} does not hold a run's config ({_why(e)}): put back a good copy of it") from None
+  return apply_history(config, read_history(workdir))
+
+
+def read_history(workdir: epath.PathLike) -> list[dict]:
+  """The lines of workdir/config_history.jsonl ([] without one). UserError naming the file and line that cannot
+  be read (it is written whole, so a line is never half written)."""
+  path = epath.Path(workdir) / HISTORY_FILE
+  unreadable = lambda why: UserError(
+    f"{path} cannot be read ({why}): it records the settings changed on resume; put back a good copy of it "
+    "(deleting it returns the run to config.json's settings)"
+  )
+  try:
+    lines = path.read_text().splitlines() if path.exists() else []
+  except (OSError, ValueError) as e:  # ValueError: not UTF-8 text
+    raise unreadable(_why(e)) from None
+  entries = []
+  for i, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      entry = json.loads(line)
+    except ValueError as e:
+      raise unreadable(f"line {i}: {_why(e)}") from None
+    step, changes = (entry.get("step"), entry.get("changes")) if isinstance(entry, dict) else (None, None)
+    if not (isinstance(step, int) and isinstance(changes, dict)) or not all(
+      isinstance(c, list) and len(c) == 2 for c in changes.values()
+    ):
+      raise unreadable(f'line {i}: not {{"step": k, "changes": {{field: [old, new], ...}}}}')
+    entries.append(entry)
+  return entries
+
+
+def _why(error: Exception) -> str:
+  return getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def apply_history(config, entries: list[dict]):
+  """config (a ConfigDict, or a config.json's dict) with the new value of each change of `entries` (read_history's
+  lines) set, in order; returns it."""
+  for entry in entries:
+    for field, (_, value) in entry["changes"].items():
+      *sections, name = field.split(".")
+      tree = config
+      for section in sections:
+        if section not in tree:
+          tree[section] = {}
+        tree = tree[section]
+      tree[name] = value
+  return config
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  """{"section.field": value} of a config's JSON."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def check_change_names(config: ml_collections.ConfigDict, names) -> None:
+  """Raises UserError for a name in --resume_changes that is neither a field of config nor a section of fields."""
+  fields = _flat(json.loads(config.to_json_best_effort()))
+  for name in names:
+    name = name.removeprefix("config.")
+    if any(f == name or f.startswith(name + ".") for f in fields):
+      continue
+    section, _, field = name.rpartition(".")
+    siblings = sorted({f[len(section) + 1 :].split(".")[0] for f in fields if f.startswith(section + ".")})
+    if section and siblings:
+      guess = difflib.get_close_matches(field, siblings, n=1)
+      hint = f" (did you mean '{section}.{guess[0]}'?)" if guess else ""
+      raise UserError(
+        f"--resume_changes={name}: config.{section} has no field '{field}'{hint}; its fields: {', '.join(siblings)}"
+      )
+    guess = difflib.get_close_matches(name, list(fields) + sorted({f.split(".")[0] for f in fields}), n=1)
+    hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+    raise UserError(f"--resume_changes={name}: not a config field or section{hint}")
+
+
+def check_resume(config: ml_collections.ConfigDict, workdir: epath.PathLike, allowed=()) -> dict[str, list]:
+  """{field: [old, new]}: how `config` differs from the config in effect in workdir (read_config), which a run
+  resuming with it records (record_changes). Raises UserError, naming every changed field with its old and new
+  value, if a field of FIXED_ON_RESUME changed, or a setting (not FREE_ON_RESUME) that `allowed` does not name
+  (by its field, "optim.learning_rate", or its section, "optim"). {} when workdir has no config.json."""
+  workdir = epath.Path(workdir)
+  if not (workdir / "config.json").exists():
+    if (workdir / HISTORY_FILE).exists():
+      raise UserError(
+        f"{workdir} has checkpoints and {HISTORY_FILE} but no config.json, the config those changes apply to: put "
+        f"it back, or delete {HISTORY_FILE} too to resume with this command's config as the run's"
+      )
+    return {}
+  saved = _flat(json.loads(read_config(workdir).to_json_best_effort()))
+  current = _flat(json.loads(config.to_json_best_effort()))
+  changes = {
+    f: [saved.get(f), current.get(f)] for f in sorted(saved.keys() | current.keys()) if saved.get(f) != current.get(f)
+  }
+  fixed = [
+    f for f in changes if f.split(".")[0] in FIXED_ON_RESUME and f not in FREE_ON_RESUME and f != "data.eval_examples"
+  ]
+  allowed = [name.removeprefix("config.") for name in allowed]
+  refused = [
+    f
+    for f in changes
+    if f not in fixed and f not in FREE_ON_RESUME and not any(f == a or f.startswith(a + ".") for a in allowed)
+  ]
+  listed = lambda fields: ", ".join(f"config.{f} {changes[f][0]!r} → {changes[f][1]!r}" for f in fields)
+  if fixed:
+    raise UserError(
+      f"{workdir} holds a run of another model or data ({listed(fixed)}): its checkpoints cannot go on with "
+      "those; use another --workdir, or the run's own values to resume"
+    )
+  if refused:
+    raise UserError(
+      f"{workdir} holds a run with other settings ({listed(refused)}): to go on with them, re-run with "
+      f"--resume_changes={','.join(allowed + refused)} (recorded in {HISTORY_FILE} with the step they take "
+      "effect after), or use another --workdir"
+    )
+  return changes
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: epath.PathLike, resuming: bool) -> None:
+  """Starts the record: config.json for a run that starts (and no config history: one left by a run whose
+  checkpoints are gone is removed); on resume nothing, unless config.json is missing (then written from
+  `config`, with a warning)."""
+  workdir = epath.Path(workdir)
+  path = workdir / "config.json"
+  if resuming and path.exists():
     return
-  saved = json.loads(read_config(workdir).to_json_best_effort())
-  current = json.loads(config.to_json_best_effort())
-  for section in ("model", "mixer", "data"):
-    for key, value in current[section].items():
-      if key in ("data_dir", "worker_count", "read_threads"):
-        continue
-      if saved[section].get(key) != value:
-        raise UserError(
-          f"{workdir} holds a run with config.{section}.{key}={saved[section].get(key)!r}, "
-          f"not {value!r}: use another --workdir, or the same config to resume"
-        )
+  if resuming:
+    logging.warning("%s was missing: written from this run's config", path)
+  try:
+    write_whole(path, config.to_json_best_effort(indent=2, sort_keys=True))
+    if not resuming:
+      (workdir / HISTORY_FILE).unlink(missing_ok=True)
+  except OSError as e:
+    raise UserError(f"cannot write in --workdir={workdir}: {e.strerror or e}") from None
+
+
+def record_changes(workdir: epath.PathLike, step: int, changes: dict[str, list]) -> None:
+  """Appends {"step": step, "time": now, "changes": changes} to workdir/config_history.jsonl: the settings in
+  effect after `step`. The file is rewritten whole (a bucket cannot append), so a reader never sees part of a
+  line."""
+  path = epath.Path(workdir) / HISTORY_FILE
+  read_history(workdir)  # the lines before must be readable: they are kept as they are
+  before = path.read_text() if path.exists() else ""
+  when = datetime.datetime.now().isoformat(timespec="seconds")
+  line = json.dumps({"step": step, "time": when, "changes": changes})
+  try:
+    write_whole(path, before + ("\n" if before and not before.endswith("\n") else "") + line + "\n")
+  except OSError as e:
+    raise UserError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def restore_params(

@@ -6,6 +6,7 @@ import json
 import os
 import time
 
+from absl import logging
 from etils import epath
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import numpy as np
 import tensorboardX
 
 from efftx import checkpoints
+from efftx.errors import UserError
 
 # Per-step values that are not averaged into a logged row: the index of the first parameter whose gradient is not
 # finite (-1: none), read when a run diverges.
@@ -23,19 +25,20 @@ class MetricWriter:
   """metrics.jsonl (one JSON object per logged step) and TensorBoard event files, in workdir.
 
   On resume, rows logged after the restored checkpoint (by a run that stopped before saving) are dropped, so
-  every step appears once. A local metrics.jsonl is appended to; one on a bucket (which cannot append) is
-  uploaded whole at every row — a few kB per thousand steps.
+  every step appears once; so is a half-written last line (kill -9 while writing a row, which comes after the last
+  checkpoint). Any other line that is not a row stops the run (UserError naming the line) with the file as it was.
+  A local metrics.jsonl is appended to; one on a bucket (which cannot append) is uploaded whole at every row — a
+  few kB per thousand steps.
   """
 
   def __init__(self, workdir: epath.PathLike, start_step: int):
     self._path = epath.Path(workdir) / "metrics.jsonl"
     self._rows = []
     if self._path.exists():
-      self._rows = [
-        line
-        for line in self._path.read_text().splitlines(keepends=True)
-        if line.strip() and json.loads(line)["step"] <= start_step
-      ]
+      rows, torn = read_rows(workdir) if start_step else ([], False)
+      if torn:
+        logging.warning("%s: its last line was half written (a run killed while logging): dropped", self._path)
+      self._rows = [line for line in rows if json.loads(line)["step"] <= start_step]
       checkpoints.write_whole(self._path, "".join(self._rows))
     self._jsonl = None if checkpoints.on_bucket(workdir) else self._path.open("a")
     self._tb = tensorboardX.SummaryWriter(os.fspath(workdir / "tensorboard"), purge_step=start_step + 1)
@@ -56,6 +59,36 @@ class MetricWriter:
     if self._jsonl:
       self._jsonl.close()
     self._tb.close()
+
+
+def read_rows(workdir: epath.PathLike) -> tuple[list[str], bool]:
+  """(rows, torn): the lines of workdir/metrics.jsonl that are rows ({"step": k, ...}), with their newlines, and
+  whether a half-written last line (no newline) was left out. UserError naming the first other line that is not
+  a row."""
+  path = epath.Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return [], False
+  try:
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines(keepends=True)
+  except OSError as e:
+    raise UserError(f"{path} cannot be read ({e.strerror or e})") from None
+  rows = []
+  for i, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+      if not (isinstance(row, dict) and isinstance(row.get("step"), int)):
+        raise ValueError('not a row {"step": k, ...}')
+    except ValueError as e:
+      if i == len(lines) and not line.endswith("\n"):
+        return rows, True
+      why = (str(e).splitlines() or [type(e).__name__])[0]
+      raise UserError(
+        f"{path}, line {i}, cannot be read ({why}): delete that line, or put back a good copy of the file, and re-run"
+      ) from None
+    rows.append(line if line.endswith("\n") else line + "\n")
+  return rows, False
 
 
 class Throughput:

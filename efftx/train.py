@@ -6,14 +6,25 @@
 Re-running the same command resumes from the latest checkpoint in --workdir (model, optimizer and the position of
 the data pipeline), so no example is seen twice or skipped. SIGTERM or Ctrl-C saves a checkpoint and stops; a
 second Ctrl-C stops at once. Outputs in --workdir: config.json, metrics.jsonl, tensorboard/, checkpoints/.
+
+The run's record is append-only. config.json is the config the run started with, never rewritten while the run
+has checkpoints. Resuming with other settings is refused, naming each changed field (old → new), unless
+--resume_changes names them (`--resume_changes=total_steps,optim.learning_rate`, or a section: `optim`); an
+accepted change is appended to config_history.jsonl with the step it took effect after, and the config in effect
+is config.json with those changes applied (efftx.checkpoints.read_config, which evaluate and sample read). The
+model, mixer and data cannot change on resume, flag or not; where and how the run executes (data paths, reader
+threads, mesh.fsdp, logging and checkpoint intervals) may change freely and is recorded all the same
+(efftx.checkpoints: FREE_ON_RESUME).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 import signal
 import sys
 import threading
 import time
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -45,17 +56,27 @@ from efftx.mixers import MIXERS
 
 def _define_flags() -> None:
   """Command-line flags, defined only when run as a program (so that other entry points can import this one)."""
-  global _CONFIG, _WORKDIR
+  global _CONFIG, _WORKDIR, _RESUME_CHANGES
   _CONFIG = config_flags.DEFINE_config_file(
     "config", cli.default_config_file(), "Config file[:argument string].", lock_config=True
   )
   _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, TensorBoard, config.json.")
+  _RESUME_CHANGES = flags.DEFINE_list(
+    "resume_changes",
+    [],
+    "On resume: the settings (fields or sections of the config, e.g. total_steps,optim.learning_rate) allowed to "
+    "differ from the run's; each change is recorded in the workdir's config_history.jsonl.",
+  )
   distributed.define_flags()
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains to config.total_steps (resuming from workdir if it holds a checkpoint); returns the last metrics."""
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, resume_changes: Sequence[str] = ()
+) -> dict[str, float]:
+  """Trains to config.total_steps (resuming from workdir if it holds a checkpoint, with the settings
+  `resume_changes` names allowed to differ from the run's); returns the last metrics."""
   config_lib.validate(config, jax.device_count())
+  checkpoints_lib.check_change_names(config, resume_changes)
   # The task, objective and model, built once (set-up checks an init_from encoder against the model), and before
   # the workdir is touched: a config that cannot be built leaves nothing behind.
   parts = trainer.parts(config)
@@ -63,15 +84,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # Process 0 holds the workdir's lock for the whole run: a second run on it is refused, not interleaved.
   lock = checkpoints_lib.WorkdirLock(workdir) if jax.process_index() == 0 else None
   try:
-    return _train(config, parts, workdir)
+    return _train(config, parts, workdir, resume_changes)
   finally:
     if lock:
       lock.release()
 
 
-def _train(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epath.Path) -> dict[str, float]:
+def _train(
+  config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epath.Path, resume_changes: Sequence[str]
+) -> dict[str, float]:
   resuming = checkpoints_lib.has_checkpoint(workdir)
-  _set_up_workdir(config, parts, workdir, resuming)
+  changes = _set_up_workdir(config, parts, workdir, resuming, resume_changes)
   # A schedule the run is too short for (a warmup past its end, an eval interval that never comes) is allowed, and
   # said once, in one line.
   warning = config_lib.schedule_warning(config)
@@ -99,6 +122,14 @@ def _train(config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epa
   # ------------------------------------------------------------------------------------ Restore or initialise
   checkpoints = checkpoints_lib.manager(workdir, config.keep_checkpoints)
   state, start_step = _restore_or_init(config, checkpoints, parts, tx, init_key, abstract_state, state_sharding)
+  if changes:  # recorded at the step restored (an unreadable latest checkpoint may have set it back)
+    _on_process_0(lambda: checkpoints_lib.record_changes(workdir, start_step, changes), "recording the changes")
+    logging.warning(
+      "changed on resume, from step %d on (recorded in %s): %s",
+      start_step,
+      workdir / checkpoints_lib.HISTORY_FILE,
+      ", ".join(f"{f} {old!r} → {new!r}" for f, (old, new) in changes.items()),
+    )
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("data: %s (%s) in %s", config.data.task, config.data.variant, pipeline.data_dir(config))
   layers = patterns.layer_mixers(config.model.mixer, config.model.num_layers)
@@ -244,34 +275,50 @@ def make_evaluator(
 
 
 def _set_up_workdir(
-  config: ml_collections.ConfigDict, parts: trainer.Parts, workdir: epath.Path, resuming: bool
-) -> None:
-  """Process 0 checks the workdir, prepares the data, encodes a few examples of each split (so that a setting
-  that cannot work fails before anything is written in workdir), then writes config.json; the others wait, and
-  stop with it if it failed (instead of waiting forever at the next collective)."""
+  config: ml_collections.ConfigDict,
+  parts: trainer.Parts,
+  workdir: epath.Path,
+  resuming: bool,
+  resume_changes: Sequence[str],
+) -> dict[str, list]:
+  """Process 0 checks the workdir (on resume: the changes from the run's config, refused unless free or allowed by
+  resume_changes), prepares the data, encodes a few examples of each split (so that a setting that cannot work
+  fails before anything is written in workdir), then writes config.json for a run that starts. Returns the changes
+  to record ({} on the other processes)."""
   if config.init_from and not resuming and not checkpoints_lib.run_folder(config.init_from).exists():
     raise UserError(f"config.init_from='{config.init_from}': no such workdir or checkpoint")
-  error = None
+
+  def set_up() -> dict[str, list]:
+    changes = checkpoints_lib.check_resume(config, workdir, resume_changes) if resuming else {}
+    if resuming:
+      metrics_lib.read_rows(workdir)  # a line that is not a row stops the run here, before anything is written
+    pipeline.prepare(config)
+    pipeline.check(config, pipeline.source(config, "train"), pipeline.source(config, "eval"))
+    if config.init_from and not resuming:  # the encoder must load before anything is written
+      abstract_params = jax.eval_shape(lambda: trainer.init_params(parts.model, jax.random.key(0)))
+      init_from.load_encoder(
+        abstract_params, config.init_from, parts.objective.fresh_params, parts.objective.optional_params, config
+      )
+    checkpoints_lib.write_config(config, workdir, resuming)
+    return changes
+
+  return _on_process_0(set_up, "set-up") or {}
+
+
+def _on_process_0(do: Callable[[], Any], what: str) -> Any:
+  """do() on process 0 alone (its result there, None elsewhere); if it raises UserError, every process stops with
+  it (the others with a line pointing to process 0's log) instead of waiting forever at the next collective."""
+  error = result = None
   if jax.process_index() == 0:
     try:
-      checkpoints_lib.check_same_run(config, workdir)
-      pipeline.prepare(config)
-      pipeline.check(config, pipeline.source(config, "train"), pipeline.source(config, "eval"))
-      if config.init_from and not resuming:  # the encoder must load before anything is written
-        abstract_params = jax.eval_shape(lambda: trainer.init_params(parts.model, jax.random.key(0)))
-        init_from.load_encoder(
-          abstract_params, config.init_from, parts.objective.fresh_params, parts.objective.optional_params, config
-        )
-      try:
-        checkpoints_lib.write_whole(workdir / "config.json", config.to_json_best_effort(indent=2, sort_keys=True))
-      except OSError as e:
-        raise UserError(f"cannot write in --workdir={workdir}: {e.strerror or e}") from None
+      result = do()
     except UserError as e:
       error = e
   if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(np.int32(error is not None)) and not error:
-    error = UserError("process 0 failed during set-up (see its log)")
+    error = UserError(f"process 0 failed during {what} (see its log)")
   if error:
     raise error
+  return result
 
 
 def _restore_or_init(
@@ -446,7 +493,7 @@ def main(argv: list[str]) -> None:
   with cli.one_line_errors("efftx.train"):
     distributed.initialize_from_flags()
     sharding.use_cpu_cores(_CONFIG.value.data.batch_size)  # on a CPU: one device per core
-    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value, _RESUME_CHANGES.value)
   if jax.process_index() == 0:
     print(final_line(result, _CONFIG.value.total_steps))
     print(f"outputs in {checkpoints_lib.run_folder(_WORKDIR.value)}")

@@ -162,6 +162,19 @@ def logged_step(workdir) -> int:
     return 0
 
 
+def snapshot(path):
+  """Every file under path with its size and modification time (None: path does not exist)."""
+  if not os.path.exists(path):
+    return None
+  if not os.path.isdir(path):
+    return os.stat(path).st_mtime_ns
+  return {
+    os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
+    for d, _, files in os.walk(path)
+    for f in files
+  }
+
+
 def free_port() -> int:
   """A TCP port on the loopback interface that nothing listens on (for jax.distributed's coordinator)."""
   import socket  # pylint: disable=g-import-not-at-top

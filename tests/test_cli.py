@@ -3,6 +3,7 @@ and the workdir as it was."""
 
 import concurrent.futures
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 from conftest import REPO
 from conftest import run_in_process
+from conftest import snapshot
 
 TRAIN_CASES = [
   # (extra arguments, words the one line must contain)
@@ -88,7 +90,7 @@ TRAIN_CASES = [
       "--config.model.d_ff=128",
       "--config.data.data_dir={data_dir}",
     ],
-    ["holds a run with config.model.d_ff=64, not 128", "another --workdir"],
+    ["holds a run of another model or data (config.model.d_ff 64 → 128)", "another --workdir"],
   ),
   (
     [
@@ -133,19 +135,6 @@ def finished_run(data_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("finished"))
   train.train_and_evaluate(config, workdir)
   return workdir
-
-
-def _snapshot(path):
-  """Every file under path with its size and modification time (None: path does not exist)."""
-  if not os.path.exists(path):
-    return None
-  if not os.path.isdir(path):
-    return os.stat(path).st_mtime_ns
-  return {
-    os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
-    for d, _, files in os.walk(path)
-    for f in files
-  }
 
 
 def test_there_are_at_least_20_bad_input_cases():
@@ -218,7 +207,7 @@ def bad_input_runs(data_dir, finished_run, tmp_path_factory):
       )
     )
   assert sum(real for real, _, _ in jobs) == len(REAL_PROCESS_CASES)
-  before = [_snapshot(workdir) for _, _, workdir in jobs]
+  before = [snapshot(workdir) for _, _, workdir in jobs]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     procs = {
       i: pool.submit(subprocess.run, argv, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -233,7 +222,7 @@ def bad_input_runs(data_dir, finished_run, tmp_path_factory):
       else:
         runs.append(None)
     runs = [procs[i].result() if run is None else run for i, run in enumerate(runs)]
-  return list(zip(runs, before, [_snapshot(workdir) for _, _, workdir in jobs]))
+  return list(zip(runs, before, [snapshot(workdir) for _, _, workdir in jobs]))
 
 
 def test_the_real_process_cases_are_cases():
@@ -440,3 +429,81 @@ def test_a_failed_preparation_leaves_no_data_dir_behind(tmp_path):
     code, _, stderr = run_in_process("efftx.train", args)
     assert code == 2 and "nowhere is missing or empty" in stderr, stderr
   assert sorted(os.listdir(tmp_path)) == ["existing"] and os.listdir(existing) == []
+
+
+GARBAGE = b"\x00\x93 not json {\n"
+
+
+def _workdir_programs(workdir, data_dir):
+  """(program, arguments) of each entry point that reads a run's workdir; train with the finished run's config."""
+  smoke = ["--config=configs/quickstart.py:smoke", f"--config.data.data_dir={data_dir}"]
+  return [
+    ("train", [*smoke, f"--workdir={workdir}"]),
+    ("evaluate", [f"--workdir={workdir}"]),
+    ("sample", [f"--workdir={workdir}"]),
+  ]
+
+
+@pytest.mark.xdist_group("bad_input")  # the worker that holds finished_run
+@pytest.mark.parametrize("name", ["config.json", "config_history.jsonl"])
+def test_an_unreadable_config_is_one_line_from_train_evaluate_and_sample(name, finished_run, data_dir, tmp_path):
+  """The run's config (config.json, and the changes accepted on resume): garbage in either file stops every program
+  that reads the run with one line naming the file and what to do, exit 2, and the workdir as it was."""
+  run = tmp_path / "run"
+  shutil.copytree(finished_run, run)
+  (run / name).write_bytes(GARBAGE)
+  before = snapshot(run)
+  for prog, args in _workdir_programs(run, data_dir):
+    code, _, stderr = run_in_process(f"efftx.{prog}", args)
+    lines = stderr.splitlines()
+    assert code == 2 and len(lines) == 1, (prog, stderr)
+    assert lines[0].startswith(f"efftx.{prog}: error: {run / name} cannot be read ("), (prog, stderr)
+    assert "put back a good copy of it" in lines[0]
+  assert snapshot(run) == before
+
+
+@pytest.mark.xdist_group("bad_input")
+def test_metrics_jsonl_a_bad_line_stops_train_in_one_line_a_half_written_last_line_is_dropped(
+  finished_run, data_dir, tmp_path
+):
+  """metrics.jsonl, which train reads on resume: a line that is not a row stops it with one line naming the line
+  (exit 2, the workdir as it was); the half-written last row a kill -9 leaves behind is dropped and the run goes on
+  (here: already finished, the rows before it kept)."""
+  run = tmp_path / "run"
+  shutil.copytree(finished_run, run)
+  rows = (run / "metrics.jsonl").read_bytes()
+  (run / "metrics.jsonl").write_bytes(rows + GARBAGE + rows)
+  before = snapshot(run)
+  bad_line = len(rows.splitlines()) + 1
+  train_args = _workdir_programs(run, data_dir)[0][1]
+  code, _, stderr = run_in_process("efftx.train", train_args)
+  assert code == 2 and stderr.splitlines() == [
+    f"efftx.train: error: {run / 'metrics.jsonl'}, line {bad_line}, cannot be read (Expecting value: "
+    "line 1 column 1 (char 0)): delete that line, or put back a good copy of the file, and re-run"
+  ], stderr
+  assert snapshot(run) == before
+
+  (run / "metrics.jsonl").write_bytes(rows + b'{"step": 5, "accuracy": 0.1')
+  code, _, stderr = run_in_process("efftx.train", train_args)
+  assert code == 0, stderr
+  assert (run / "metrics.jsonl").read_bytes() == rows
+
+
+@pytest.mark.xdist_group("bad_input")
+def test_evaluate_and_sample_read_neither_metrics_nor_running_json_and_train_writes_over_running_json(
+  finished_run, data_dir, tmp_path
+):
+  """running.json is a note of who holds the workdir's lock, not the run's record: train writes over an unreadable
+  one (and removes it at the end); evaluate and sample read neither it nor metrics.jsonl."""
+  run = tmp_path / "run"
+  shutil.copytree(finished_run, run)
+  (run / "running.json").write_bytes(GARBAGE)
+  code, _, stderr = run_in_process("efftx.train", _workdir_programs(run, data_dir)[0][1])
+  assert code == 0, stderr
+  assert not (run / "running.json").exists()
+  (run / "running.json").write_bytes(GARBAGE)
+  (run / "metrics.jsonl").write_bytes(GARBAGE)
+  code, stdout, stderr = run_in_process("efftx.evaluate", [f"--workdir={run}"])
+  assert code == 0 and stdout.startswith("validation at step 4: "), stderr
+  code, _, stderr = run_in_process("efftx.sample", [f"--workdir={run}"])
+  assert code == 2 and "trained task 'listops', not a text language model" in stderr, stderr

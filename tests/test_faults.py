@@ -221,8 +221,9 @@ def test_when_no_checkpoint_is_readable_the_run_stops_with_one_line(straight, tm
     match=r"no checkpoint in .* can be read \(step 30: .*; step 25: .*; step 20: .*\): "
     r"to start over, remove .*checkpoints or use another --workdir",
   ):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path), resume_changes=["total_steps"])
   assert _steps(str(tmp_path)) == [20, 25, 30]  # nothing moved or removed
+  assert not (tmp_path / checkpoints.HISTORY_FILE).exists()  # the change is recorded only once a checkpoint restores
 
 
 def test_divergence_stops_with_one_line_and_keeps_the_good_checkpoint(data_dir, tmp_path):

@@ -180,6 +180,20 @@ def _finished(folder, steps, value, total=10, outcome=None):
     (folder / points_lib.POINT_FILE).write_text(json.dumps(outcome))
 
 
+def test_a_point_extended_on_resume_is_done_at_its_new_total_steps_and_its_record_keeps_the_change(tmp_path):
+  """A run whose total_steps was raised on resume (config_history.jsonl) is unfinished until it reaches the new
+  total; its record holds the config in effect and the change, config.json is left as it was."""
+  folder = tmp_path / "a-seed0"
+  _finished(folder, 10, 0.5)
+  assert points_lib.state(folder) == "done"
+  change = {"step": 10, "time": "t", "changes": {"total_steps": [10, 20]}}
+  (folder / "config_history.jsonl").write_text(json.dumps(change) + "\n")
+  assert points_lib.state(folder) == "unfinished"
+  record = records_lib.record(folder, [])
+  assert record["config"]["total_steps"] == 20 and record["config_history"] == [change]
+  assert json.loads((folder / "config.json").read_text())["total_steps"] == 10
+
+
 def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data_dir):
   path = _sweep_file(
     tmp_path,

@@ -16,6 +16,8 @@ from conftest import assert_close_sums
 from conftest import lm_model
 from conftest import metrics_rows
 from conftest import mixer_config
+from conftest import run_in_process
+from conftest import snapshot
 from efftx import checkpoints
 from efftx import config as config_lib
 from efftx import saved_configs
@@ -156,7 +158,7 @@ def test_resuming_with_another_model_is_refused(smoke_run, tmp_path):
   shutil.copytree(workdir, tmp_path / "run")
   config = config.copy_and_resolve_references()
   config.model.d_model = 64
-  with pytest.raises(ValueError, match="config.model.d_model=32"):
+  with pytest.raises(ValueError, match="config.model.d_model 32 → 64"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
 
 
@@ -166,10 +168,10 @@ def test_a_workdir_made_before_new_config_fields_still_resumes(smoke_config, tmp
   del saved["data"]["objective"], saved["data"]["truncate"], saved["init_from"]  # fields added later
   (tmp_path / "checkpoints").mkdir()
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  checkpoints.check_same_run(config, str(tmp_path))  # the defaults match
+  assert checkpoints.check_resume(config, str(tmp_path)) == {}  # the defaults match
   config.model.d_model = 48
-  with pytest.raises(ValueError, match="config.model.d_model=32, not 48"):
-    checkpoints.check_same_run(config, str(tmp_path))
+  with pytest.raises(ValueError, match="config.model.d_model 32 → 48"):
+    checkpoints.check_resume(config, str(tmp_path))
 
 
 # config.model as efftx wrote it before mixers declared their options (commit cc99d64): every mixer's options flat.
@@ -262,3 +264,69 @@ def test_the_last_line_says_why_no_metrics_were_logged():
   assert train.final_line({"step": 1}, 20) == (
     "step 1: stopped before its first logged step; re-run the same command to resume"
   )
+
+
+def _resume_args(config, workdir, *overrides) -> list[str]:
+  """efftx.train's command line that resumes smoke_run's copy in workdir, with `overrides`."""
+  return [
+    "--config=configs/quickstart.py:smoke",
+    f"--workdir={workdir}",
+    f"--config.data.data_dir={config.data.data_dir}",
+    *(f"--config.{k}={config[k]}" for k in ("total_steps", "log_every", "eval_every", "checkpoint_every")),
+    *overrides,
+  ]
+
+
+@pytest.mark.xdist_group("smoke_run")  # one worker trains the module fixture, not both
+def test_resuming_with_other_settings_is_refused_in_one_line_naming_each(smoke_run, tmp_path):
+  """Settings that differ from the run's: exit 2, one line naming each (old → new) and the flag that accepts them;
+  the model stays refused with the flag; a mistyped name in the flag is refused; the workdir is left as it was."""
+  config, workdir, _ = smoke_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  before = snapshot(run)
+  code, _, stderr = run_in_process(
+    "efftx.train", _resume_args(config, run, "--config.optim.learning_rate=0.5", "--config.seed=7")
+  )
+  assert code == 2 and stderr.splitlines() == [
+    f"efftx.train: error: {run} holds a run with other settings (config.optim.learning_rate 0.001 → 0.5, "
+    "config.seed 0 → 7): to go on with them, re-run with --resume_changes=optim.learning_rate,seed (recorded in "
+    "config_history.jsonl with the step they take effect after), or use another --workdir"
+  ], stderr
+  for overrides, words in [
+    (["--config.model.d_ff=128", "--resume_changes=model"], "holds a run of another model or data (config.model.d_ff"),
+    (["--resume_changes=optim.lr"], "config.optim has no field 'lr'; its fields: grad_clip, learning_rate, warmup"),
+  ]:
+    code, _, stderr = run_in_process("efftx.train", _resume_args(config, run, *overrides))
+    lines = stderr.splitlines()
+    assert code == 2 and len(lines) == 1 and words in lines[0], stderr
+  assert snapshot(run) == before
+
+
+@pytest.mark.xdist_group("smoke_run")  # one worker trains the module fixture, not both
+def test_a_change_accepted_on_resume_is_recorded_with_its_step_and_config_json_is_kept(smoke_run, tmp_path):
+  """--resume_changes: the run goes on with the new settings from the checkpoint it resumes (step 8); the change
+  is a line of config_history.jsonl with that step and the old and new values; config.json is as first written;
+  the config in effect has the new values; the same command again records nothing more."""
+  config, workdir, _ = smoke_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  first_config = (run / "config.json").read_bytes()
+  args = _resume_args(
+    config, run, "--config.total_steps=10", "--config.optim.learning_rate=0.5", "--resume_changes=total_steps,optim"
+  )
+  code, _, stderr = run_in_process("efftx.train", args)
+  assert code == 0, stderr
+  history = (run / "config_history.jsonl").read_text().splitlines()
+  assert [(h["step"], h["changes"]) for h in map(json.loads, history)] == [
+    (8, {"optim.learning_rate": [0.001, 0.5], "total_steps": [8, 10]})
+  ]
+  assert (run / "config.json").read_bytes() == first_config
+  in_effect = checkpoints.read_config(run)
+  assert (in_effect.optim.learning_rate, in_effect.total_steps, in_effect.seed) == (0.5, 10, 0)
+  lr = {r["step"]: r["learning_rate"] for r in metrics_rows(run) if "learning_rate" in r}
+  assert sorted(lr) == list(range(1, 11))
+  assert lr[9] > 100 * lr[8]  # in the warmup: 500 times the old peak rate, one step further on
+  code, _, stderr = run_in_process("efftx.train", args)
+  assert code == 0, stderr
+  assert (run / "config_history.jsonl").read_text().splitlines() == history

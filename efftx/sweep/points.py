@@ -26,6 +26,27 @@ def read_json(path: epath.Path) -> dict | None:
     return None
 
 
+def config_history(folder: epath.Path) -> list[dict] | None:
+  """A training point's config_history.jsonl lines: the settings changed on resume ([] if none; None if it
+  cannot be read)."""
+  from efftx import checkpoints  # pylint: disable=g-import-not-at-top  (JAX and orbax: only where a point ran)
+  from efftx.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  try:
+    return checkpoints.read_history(folder)
+  except UserError:
+    return None
+
+
+def config_in_effect(folder: epath.Path) -> dict | None:
+  """A training point's config as efftx.train resumes it: config.json with the changes of config_history.jsonl
+  applied; None if either cannot be read."""
+  from efftx import checkpoints  # pylint: disable=g-import-not-at-top
+
+  config, history = read_json(folder / "config.json"), config_history(folder)
+  return checkpoints.apply_history(config, history) if isinstance(config, dict) and history is not None else None
+
+
 def metric_rows(folder: epath.Path) -> list[dict]:
   """A training point's metrics.jsonl rows, or a bench point's bench.json rows."""
   bench = read_json(folder / BENCH_FILE)
@@ -49,7 +70,7 @@ def state(folder: epath.Path) -> str:
   "unfinished" (started, stopped before the end) or "pending"."""
   if (folder / BENCH_FILE).exists():
     return "done"
-  config = read_json(folder / "config.json")
+  config = config_in_effect(folder)
   rows = metric_rows(folder)
   if config and rows and max(r["step"] for r in rows) >= config["total_steps"]:
     return "done"

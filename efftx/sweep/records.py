@@ -1,6 +1,6 @@
-"""Published records: a finished point's record holds what the report reads from its folder (the config
-efftx.train wrote, its metric rows or bench.json), the flags it ran with, its run time, commits and machine, in
-experiments/<study>/runs/<scale>/<point>.json.
+"""Published records: a finished point's record holds what the report reads from its folder (the config in effect
+at its end, with the changes accepted on resume if any, its metric rows or bench.json), the flags it ran with, its
+run time, commits and machine, in experiments/<study>/runs/<scale>/<point>.json.
 
 Committed with the study, the records are its raw data, and a sweep started elsewhere with --reuse_published takes
 each one whose flags are the point's as done instead of running the point again: a sweep longer than one machine's
@@ -18,6 +18,8 @@ from efftx.sweep.points import BENCH_FILE
 from efftx.sweep.points import POINT_FILE
 from efftx.sweep.points import REPO
 from efftx.sweep.points import checkout_commit
+from efftx.sweep.points import config_history
+from efftx.sweep.points import config_in_effect
 from efftx.sweep.points import machine
 from efftx.sweep.points import metric_rows
 from efftx.sweep.points import read_json
@@ -43,7 +45,13 @@ def record(folder: epath.Path, flags: list[str]) -> dict:
   bench = read_json(folder / BENCH_FILE)
   if bench is not None:
     return {**out, "bench": bench}
-  return {**out, "config": read_json(folder / "config.json"), "metrics": metric_rows(folder)}
+  history = config_history(folder)
+  return {
+    **out,
+    "config": config_in_effect(folder),
+    **({"config_history": history} if history else {}),
+    "metrics": metric_rows(folder),
+  }
 
 
 def _complete(published: dict) -> bool:
