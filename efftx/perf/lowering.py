@@ -160,6 +160,7 @@ _CONFIG = None
 
 def main(argv: list[str]) -> None:
   del argv
+  cli.quiet_library_logs()
   unknown = [p for p in _PLATFORMS.value if p not in LOWERING_PLATFORMS]
   if unknown:
     cli.exit_with(
