@@ -14,7 +14,7 @@ import numpy as np
 import tensorboardX
 
 from efftx import checkpoints
-from efftx.errors import UserError
+from efftx.metrics_file import read_rows
 
 # Per-step values that are not averaged into a logged row: the index of the first parameter whose gradient is not
 # finite (-1: none), read when a run diverges.
@@ -59,36 +59,6 @@ class MetricWriter:
     if self._jsonl:
       self._jsonl.close()
     self._tb.close()
-
-
-def read_rows(workdir: epath.PathLike) -> tuple[list[str], bool]:
-  """(rows, torn): the lines of workdir/metrics.jsonl that are rows ({"step": k, ...}), with their newlines, and
-  whether a half-written last line (no newline) was left out. UserError naming the first other line that is not
-  a row."""
-  path = epath.Path(workdir) / "metrics.jsonl"
-  if not path.exists():
-    return [], False
-  try:
-    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines(keepends=True)
-  except OSError as e:
-    raise UserError(f"{path} cannot be read ({e.strerror or e})") from None
-  rows = []
-  for i, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-      if not (isinstance(row, dict) and isinstance(row.get("step"), int)):
-        raise ValueError('not a row {"step": k, ...}')
-    except ValueError as e:
-      if i == len(lines) and not line.endswith("\n"):
-        return rows, True
-      why = (str(e).splitlines() or [type(e).__name__])[0]
-      raise UserError(
-        f"{path}, line {i}, cannot be read ({why}): delete that line, or put back a good copy of the file, and re-run"
-      ) from None
-    rows.append(line if line.endswith("\n") else line + "\n")
-  return rows, False
 
 
 class Throughput:

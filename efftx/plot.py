@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 
 from etils import epath
 
 from efftx import cli
+from efftx import metrics_file
 from efftx.errors import UserError
 
 Curve = list[tuple[int, float]]  # (step, value) in step order
@@ -94,20 +94,7 @@ def read_metrics(workdir: str) -> list[dict]:
   path = folder / "metrics.jsonl"
   if not path.exists():
     raise UserError(f"{workdir} has no metrics.jsonl: not a training run's --workdir, or one not logged yet")
-  lines = path.read_text().splitlines()
-  rows = []
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except ValueError:
-      if number == len(lines):  # being written
-        continue
-      raise UserError(f"{path}, line {number}: not a JSON row") from None
-    if not isinstance(row, dict) or "step" not in row:
-      raise UserError(f"{path}, line {number}: a row without a step")
-    rows.append(row)
+  rows = metrics_file.rows(folder)
   if not rows:
     raise UserError(f"{path} holds no rows yet")
   return rows

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import REPO
 from conftest import run_in_process
+from efftx.errors import UserError
 from efftx.sweep import launchers
 from efftx.sweep import points as points_lib
 from efftx.sweep import records as records_lib
@@ -615,3 +616,13 @@ def test_the_dry_run_counts_the_whole_grid_and_estimates_the_time_left(tmp_path)
     "grid: 6 points: 2 done, 4 to run (1 to resume, 1 to retry); 2 more once their searches finish (8 in all); "
     "about 0:10:00 left at 2 at a time (the 2 done points' mean, 0:03:20)"
   )
+
+
+def test_a_points_half_written_last_row_is_left_out_and_a_bad_row_named(tmp_path):
+  """The sweep reads a point's metrics.jsonl as train and the plot command do (efftx.metrics_file): a last line
+  half written by a running or killed run is left out; any other line that is not a row is one clear error."""
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+  assert points_lib.metric_rows(tmp_path) == [{"step": 1, "loss": 2.0}]
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\nnot json\n{"step": 2}\n')
+  with pytest.raises(UserError, match="metrics.jsonl, line 2, cannot be read"):
+    points_lib.metric_rows(tmp_path)

@@ -14,6 +14,8 @@ import subprocess
 
 from etils import epath
 
+from efftx import metrics_file
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 BENCH_FILE = "bench.json"  # in a bench point's folder: efftx.bench's rows, written when the measurement is done
 POINT_FILE = "sweep_point.json"  # in a point's folder: its last attempt's outcome, error line and time
@@ -48,15 +50,12 @@ def config_in_effect(folder: epath.Path) -> dict | None:
 
 
 def metric_rows(folder: epath.Path) -> list[dict]:
-  """A training point's metrics.jsonl rows, or a bench point's bench.json rows."""
+  """A training point's metrics.jsonl rows (metrics_file.rows: a half-written last line left out), or a bench
+  point's bench.json rows."""
   bench = read_json(folder / BENCH_FILE)
   if bench is not None:
     return bench["rows"]
-  try:
-    text = (folder / "metrics.jsonl").read_text()
-  except OSError:
-    return []
-  return [json.loads(line) for line in text.splitlines() if line.strip()]
+  return metrics_file.rows(folder)
 
 
 def final_value(folder: epath.Path, metric: str, rows: list[dict] | None = None):
