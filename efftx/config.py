@@ -108,6 +108,8 @@ def default_config(mixer: str = model_lib.CONFIG_FIELDS["mixer"].default) -> ml_
   # (CONFIG_FIELDS; `python -m efftx.config` lists them).
   c.model = ml_collections.ConfigDict({name: field.default for name, field in model_lib.CONFIG_FIELDS.items()})
   c.model.mixer = mixer
+  # A mixer that is causal only (a recurrence, a causal convolution) makes the model causal by default.
+  c.model.causal = c.model.causal or not all(MIXERS[n].can_be_bidirectional for n in patterns.mixer_names(mixer))
 
   # The chosen mixer's options, declared by the mixer (efftx/mixers/<file>.py: SPEC; `python -m efftx.mixers`
   # lists them all). Only the chosen mixer's options are here: setting another is an error, never ignored.

@@ -97,7 +97,7 @@ def test_every_declared_count_is_checked_here():
 def test_flops_equal_the_traced_matmuls(name, options):
   spec = MIXERS[name]
   options = {"num_heads": 4, **options} if "num_heads" in spec.options else options
-  for causal in (False, True) if spec.can_be_causal else (False,):
+  for causal in spec.causal_settings:
     for L in (256, 300):
       traced = _traced_flops_per_token(name, L, causal, options)
       counted = spec.forward_flops(options, L, D, causal)

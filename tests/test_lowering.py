@@ -44,7 +44,7 @@ def test_every_mixers_steps_lower_for_tpu_and_cuda(mixer):
   Pallas kernel."""
   assert set(REVERSIBLE_KINDS) <= set(MIXERS) and all(MIXERS[m].can_be_causal for m in REVERSIBLE_KINDS)
   splash_calls = {False: 3, True: 4}  # by reversible
-  for causal in [False] + ([True] if MIXERS[mixer].can_be_causal else []):
+  for causal in MIXERS[mixer].causal_settings:
     reversible = causal and mixer in REVERSIBLE_KINDS
     rows = lowering.lower_steps(_config(mixer, causal=causal, reversible=reversible))
     steps = ["train"] + (["decode"] if causal and MIXERS[mixer].can_decode else [])

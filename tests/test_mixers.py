@@ -203,6 +203,9 @@ def test_declared_capabilities_hold(name):
   if not spec.can_be_causal:
     with pytest.raises(UserError, match="cannot be causal"):
       spec(causal=True)
+  if not spec.can_be_bidirectional:
+    with pytest.raises(UserError, match="causal only"):
+      spec(causal=False)
   if spec.can_be_causal and not spec.can_decode:
     x, _ = _inputs()
     with pytest.raises(ValueError, match="decod"):
@@ -210,7 +213,7 @@ def test_declared_capabilities_hold(name):
   assert spec.has_heads == ("num_heads" in spec.options)
 
 
-@pytest.mark.parametrize("name,causal", [(n, False) for n in sorted(MIXERS)] + [(n, True) for n in CAUSAL_MIXERS])
+@pytest.mark.parametrize("name,causal", [(n, c) for n in sorted(MIXERS) for c in MIXERS[n].causal_settings])
 def test_outputs_at_real_positions_ignore_padded_contents(name, causal):
   x, mask = _inputs()
   module = MIXERS[name](causal=causal)
@@ -233,7 +236,7 @@ def test_every_mixer_jits_keeps_shape_and_dtype_and_has_finite_grads(name):
   shape and dtype, and every gradient is finite; in one program for both. The bfloat16 output lies within
   bfloat16's resolution of the float32 output at the same (rounded) input."""
   x, mask = _inputs()
-  module = MIXERS[name](causal=False)
+  module = MIXERS[name](causal=MIXERS[name].causal_settings[0])
   variables = compiled(module).init(jax.random.key(0), x)
   x16 = jnp.asarray(x, jnp.bfloat16)
 
@@ -256,7 +259,7 @@ def test_every_mixer_jits_keeps_shape_and_dtype_and_has_finite_grads(name):
 def test_every_mixer_is_a_linen_module_with_declared_defaults():
   for name, spec in MIXERS.items():
     assert issubclass(spec.module, nn.Module), name
-    spec(causal=False)  # every option has a default
+    spec(causal=spec.causal_settings[0])  # every option has a default
     assert all(option.help for option in spec.options.values()), name  # and a meaning
 
 

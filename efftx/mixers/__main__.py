@@ -12,6 +12,10 @@ import textwrap
 from efftx.mixers import MIXERS
 
 
+def _causal(spec) -> str:
+  return "only" if not spec.can_be_bidirectional else "yes" if spec.can_be_causal else "no"
+
+
 def table() -> str:
   """Markdown: one row per mixer, from its declared spec, then the named layer patterns."""
   cell = lambda text: text.replace("|", "\\|")  # |t − t'| inside a table cell
@@ -23,8 +27,7 @@ def table() -> str:
     defaults = spec.defaults()
     options = "<br>".join(f"`{n}` ({defaults[n]!r}): {cell(o.help)}" for n, o in spec.options.items()) or "—"
     rows.append(
-      f"| `{name}` | {cell(spec.summary)} | {'yes' if spec.can_be_causal else 'no'} | "
-      f"{'yes' if spec.can_decode else 'no'} | {options} |"
+      f"| `{name}` | {cell(spec.summary)} | {_causal(spec)} | {'yes' if spec.can_decode else 'no'} | {options} |"
     )
   # Layer patterns by name (efftx/patterns.py); any pattern can be written out in config.model.mixer.
   from efftx import patterns  # pylint: disable=g-import-not-at-top
@@ -42,7 +45,7 @@ def text(width: int = 100) -> str:
   lines = []
   for name, spec in MIXERS.items():
     lines.append(wrap(f"{name}: {spec.summary}", ""))
-    lines.append(f"  causal: {'yes' if spec.can_be_causal else 'no'}; decodes: {'yes' if spec.can_decode else 'no'}")
+    lines.append(f"  causal: {_causal(spec)}; decodes: {'yes' if spec.can_decode else 'no'}")
     defaults = spec.defaults()
     for option, declared in spec.options.items():
       lines.append(wrap(f"--config.mixer.{option} (default {defaults[option]!r}): {declared.help}", "  "))

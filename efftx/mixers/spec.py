@@ -6,7 +6,8 @@ Each mixer file ends with a `SPEC = MixerSpec(...)`; `efftx.mixers.MIXERS` maps 
   - `config_lib.validate` runs `spec.check(options, d_model=..., causal=...)` before anything is written;
   - the model builds each layer's module with `spec.maker(options, causal=..., max_len=..., grid=...)`, direct
     callers with `spec(causal=..., **options)` (the same, applied);
-  - tests, bench and README read `can_be_causal`, `can_decode` and `has_heads` instead of keeping lists;
+  - tests, bench and README read `can_be_causal`, `can_be_bidirectional`, `can_decode` and `has_heads` instead of
+    keeping lists;
   - `efftx.bench` counts the model's FLOPs (and so its MFU) with `spec.train_flops(...)` ("n/a" where a mixer
     declares no count);
   - `efftx.trainer` decays the parameters named in `spec.decayed` besides every dense kernel and embedding.
@@ -39,6 +40,7 @@ class MixerSpec:
   summary: str  # one line: what it computes, and its cost in time / memory
   options: dict[str, Field]  # each names a module field, whose default is the option's
   can_be_causal: bool = True  # causal=True is allowed (FNet: no)
+  can_be_bidirectional: bool = True  # causal=False is allowed (recurrences and causal convolutions: no)
   can_decode: bool = False  # causal and decodes one token at a time with a cache (`decode=True`)
   # Relations between options and the model that a single option cannot state: (every option, d_model or None,
   # causal) → raises UserError. Runs after the per-option checks.
@@ -73,12 +75,19 @@ class MixerSpec:
     for name in self.options:
       if name not in fields or name in MODEL_FIELDS:
         raise TypeError(f"{self.module.__name__}: option '{name}' is not a module field (or is a model field)")
+    if not (self.can_be_causal or self.can_be_bidirectional):
+      raise TypeError(f"{self.module.__name__}: a mixer is causal, bidirectional or both")
     if "causal" not in fields:
       raise TypeError(f"{self.module.__name__}: a mixer module needs a `causal` field")
 
   @property
   def name(self) -> str:
     return next((n for n, s in REGISTRY.items() if s is self), self.module.__name__)
+
+  @property
+  def causal_settings(self) -> tuple[bool, ...]:
+    """The values config.model.causal may take with this mixer (False first where allowed)."""
+    return tuple(c for c, ok in ((False, self.can_be_bidirectional), (True, self.can_be_causal)) if ok)
 
   @property
   def has_heads(self) -> bool:
@@ -135,6 +144,11 @@ class MixerSpec:
         f"mixer '{self.name}' cannot be causal; causal mixers: "
         f"{', '.join(n for n, s in REGISTRY.items() if s.can_be_causal)} "
         "(or set config.model.causal=False)"
+      )
+    if not causal and not self.can_be_bidirectional:
+      raise UserError(
+        f"mixer '{self.name}' is causal only: set config.model.causal=True; mixers that mix in both directions: "
+        f"{', '.join(n for n, s in REGISTRY.items() if s.can_be_bidirectional)}"
       )
     for name, value in options.items():
       self.options[name].check(f"config.mixer.{name}", value, mixer=self.name)
