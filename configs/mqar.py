@@ -4,10 +4,12 @@
     python -m efftx.train --config=configs/mqar.py:mixer=aft_simple,setting=256x16,d_model=128 --workdir=...
     python -m efftx.train --config=configs/mqar.py:smoke --workdir=/tmp/efftx/mqar-smoke      # ~15 s
 
-Arguments: mixer=<name> (a causal mixer; default attention), setting=<L>x<kv> (64x4, 128x8, 256x16, 512x32,
-1024x64; default 64x4) or 64x4_v256, d_model=<width> (Zoology sweeps 64, 128, 256, 512), lr=<peak learning
+Arguments: mixer=<name> (a causal mixer; default attention), setting=<L>x<kv> (64x4, 128x8, 256x16, 512x64;
+default 64x4) or 64x4_v256, d_model=<width> (Zoology sweeps 64, 128, 256, 512), lr=<peak learning
 rate>, smoke.
 
+Figure 2's exact protocol (identity state mixers, tied head, early stopping, Zoology's optimizer) is
+configs/zoology_fig2.py; this config is the looser setup of experiments/mqar.
 Setup from Zoology (zoology/experiments/.../iclr24_zoology_figure2/configs.py, zoology/model.py): vocab 8192,
 100k training and 3k test examples, 2 layers, 1 attention head, AdamW (weight decay 0.1) with cosine decay,
 learning rates swept over {1e-4, 4.6e-4, 2.2e-3, 1e-2}, 64 epochs, batch 512 (256 at length 256), every linear

@@ -36,6 +36,13 @@ RUN_FIELDS: dict[str, Field] = {  # the top level: config.total_steps, ...
   "checkpoint_every": Field("steps between checkpoints (and at the last step)", 250, at_least=1),
   "keep_checkpoints": Field("checkpoints kept in workdir/checkpoints", 2, at_least=1),
   "seed": Field("seeds parameters, dropout and the data order", 0),
+  "stop_metric": Field(
+    'stop early once this evaluation metric (e.g. "eval_accuracy") is above stop_above: a checkpoint at that '
+    'step, a row {"stopped_early": value} in metrics.jsonl, and the run is finished (Zoology: "valid/accuracy" '
+    'above 0.99); "" = train to total_steps',
+    "",
+  ),
+  "stop_above": Field("the value of stop_metric above which the run stops early", 0.99),
   "init_from": Field(
     "fine-tune: a workdir (or workdir/checkpoints/<step>), or a Hugging Face BERT / FNet folder (efftx/hf.py), to "
     "load the encoder from; the head is new (a checkpoint's pooler is kept); \"\" = train from scratch",
@@ -46,6 +53,16 @@ OPTIM_FIELDS: dict[str, Field] = {
   "learning_rate": Field("peak learning rate of AdamW, reached after warmup", 1e-3, above=0),
   "warmup_steps": Field("linear warmup from 0 (steps); cosine decay to 0 at total_steps afterwards", 100, at_least=0),
   "weight_decay": Field("decoupled AdamW weight decay (not applied to biases and norms)", 0.01, at_least=0),
+  "decay_all": Field(
+    "weight decay on every parameter, biases and norms too (torch's AdamW over model.parameters(), as Zoology trains)",
+    False,
+  ),
+  "schedule_every": Field(
+    "the learning rate is the schedule's value at the last multiple of this many steps, held in between (Zoology: "
+    "once per epoch, its CosineAnnealingLR stepped after each epoch)",
+    1,
+    at_least=1,
+  ),
   "grad_clip": Field("clip gradients to this global norm (0 disables)", 1.0, at_least=0),
 }
 DATA_FIELDS: dict[str, Field] = {
@@ -243,6 +260,15 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise UserError(
       "config.model.reversible=True needs block_layout='pre_ln': a reversible coupling's branches "
       "normalise their own inputs"
+    )
+  if m.state_mixer == "identity" and (m.reversible or m.block_layout != "pre_ln"):
+    raise UserError(
+      "config.model.state_mixer='identity' (Zoology's blocks) needs block_layout='pre_ln' and reversible=False"
+    )
+  if m.tie_embeddings and (m.patch_size or "lm_head" not in objectives.for_run(config, task).fresh_params):
+    raise UserError(
+      "config.model.tie_embeddings=True ties a per-position head (LM, MLM, MQAR) to the token embeddings; "
+      f"task '{d.task}' has no such head, or its tokens are not embedded (patch_size)"
     )
   if m.pooling == "first" and not d.tokenizer:
     raise UserError(

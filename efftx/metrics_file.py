@@ -44,3 +44,11 @@ def rows(workdir: epath.PathLike) -> list[dict]:
   """The rows of workdir/metrics.jsonl, decoded ([] without the file; a half-written last line left out: a run
   logging now, or one killed while logging). UserError naming any other line that is not a row."""
   return [json.loads(line) for line in read_rows(workdir)[0]]
+
+
+STOPPED_EARLY = "stopped_early"  # the row {"step": k, "stopped_early": value} train writes when it stops early
+
+
+def finished(rows: list[dict], total_steps: int) -> bool:
+  """A run is finished when its rows reach total_steps, or one says it stopped early (config.stop_metric)."""
+  return bool(rows) and (max(r.get("step", -1) for r in rows) >= total_steps or any(STOPPED_EARLY in r for r in rows))

@@ -144,7 +144,9 @@ class FeedForwardSublayer(nn.Module):
 class Block(nn.Module):
   """A residual block. "pre_ln": x + F(x), then x + G(x), each branch normalising its input. "post_ln" (BERT's and
   the published FNet's layout): LN(x + F(x)), then LN(x + G(x)), the branches without a norm of their own. With
-  d_ff = 0 there is no G (Zoology's MQAR models: a mixer and nothing else per block)."""
+  d_ff = 0 there is no G. With state_mixer "identity" (pre_ln only), G(x) = dropout(LN(x)): Zoology's blocks with
+  torch.nn.Identity as their state mixer (zoology/model.py TransformerBlock), whose normalised output the next
+  residual addition adds to the stream."""
 
   make_mixer: Callable[..., nn.Module]
   d_ff: int
@@ -153,6 +155,7 @@ class Block(nn.Module):
   layout: str = "pre_ln"
   norm_eps: float = 1e-6
   activation: str = "gelu_tanh"
+  state_mixer: str = "mlp"
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool, decode: bool = False) -> jax.Array:
@@ -164,6 +167,9 @@ class Block(nn.Module):
         x_BxLxD, mask_BxL, deterministic, decode
       )
     )
+    if self.state_mixer == "identity":
+      normed_BxLxD = nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name="identity_norm")(x_BxLxD)
+      return x_BxLxD + nn.Dropout(self.dropout)(normed_BxLxD, deterministic=deterministic)
     if not self.d_ff:
       return x_BxLxD
     return post_norm("feed_forward_norm")(
@@ -206,6 +212,13 @@ class Transformer(nn.Module):
     at_least=0,
     below=1,
   )
+  embed_dropout: float = declared(
+    -1.0,
+    "dropout rate on the embeddings alone (a probability); -1: config.model.dropout (Zoology: 0.1 on the "
+    "embeddings, 0 elsewhere)",
+    at_least=-1,
+    below=1,
+  )
   dtype: str = declared("float32", "compute dtype; parameters and logits stay float32", choices=("float32", "bfloat16"))
   reversible: bool = declared(
     False,
@@ -244,6 +257,28 @@ class Transformer(nn.Module):
     'feed-forward GELU: "gelu_tanh" (the tanh approximation; HF FNet) or "gelu" (erf; BERT)',
     choices=tuple(ACTIVATIONS),
   )
+  position_embedding: str = declared(
+    "learned",
+    '"learned": a learned vector per position added to the embeddings; "none": no position information but what '
+    "the mixers make (Zoology's non-attention models)",
+    choices=("learned", "none"),
+  )
+  state_mixer: str = declared(
+    "mlp",
+    '"mlp": the feed-forward sublayer of width d_ff (none with d_ff=0); "identity": Zoology\'s blocks with '
+    "torch.nn.Identity as state mixer, whose sublayer adds LN(x) to the residual stream (pre_ln only)",
+    choices=("mlp", "identity"),
+  )
+  tie_embeddings: bool = declared(
+    False,
+    "per-position heads (LM, MQAR): the logits are the final states times the token embeddings' transpose, no "
+    "bias (Zoology, GPT-2); False: the objective's own dense head",
+  )
+  init_rescale_out: bool = declared(
+    False,
+    "with init_std > 0: the mixers' output projections (dense layers named out or out_proj) drawn with "
+    "init_std/√(2·num_layers) (Zoology, GPT-2)",
+  )
   type_vocab_size: int = declared(
     0,
     "token types (segments: a sentence pair's A 0 and B 1, from a checkpoint's "
@@ -280,9 +315,10 @@ class Transformer(nn.Module):
       x_BxLxD, mask_BxL = self._embed_patches(tokens_BxL, mask_BxL, dtype)
       L = x_BxLxD.shape[1]
     else:
-      x_BxLxD = nn.Embed(
+      embed = nn.Embed(
         self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02), dtype=dtype, name="embed"
-      )(tokens_BxL)
+      )
+      x_BxLxD = embed(tokens_BxL)
     if self.cls_token:  # then every later step sees L + 1 positions, the first one the [CLS] vector
       if decode:
         raise ValueError("decoding is not supported with a [CLS] position (pooling='cls' is for classification)")
@@ -290,16 +326,17 @@ class Transformer(nn.Module):
       x_BxLxD = jnp.concatenate([jnp.broadcast_to(cls_1x1xD, (len(x_BxLxD), 1, self.d_model)), x_BxLxD], axis=1)
       mask_BxL = jnp.concatenate([jnp.ones_like(mask_BxL[:, :1]), mask_BxL], axis=1)
       L += 1
-    positions_kept = self.num_patches if self.patch_size else self.max_len
-    pos_MxD = self.param("pos_embed", nn.initializers.normal(0.02), (positions_kept + self.cls_token, self.d_model))
-    pos_LxD = pos_MxD[:L]
-    if decode:
-      decoding = self.has_variable("cache", "position")
-      position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
-      if decoding:
-        pos_LxD = jax.lax.dynamic_slice_in_dim(pos_MxD, position.value, L)
-        position.value += L
-    x_BxLxD = x_BxLxD + pos_LxD.astype(dtype)
+    if self.position_embedding == "learned":
+      positions_kept = self.num_patches if self.patch_size else self.max_len
+      pos_MxD = self.param("pos_embed", nn.initializers.normal(0.02), (positions_kept + self.cls_token, self.d_model))
+      pos_LxD = pos_MxD[:L]
+      if decode:
+        decoding = self.has_variable("cache", "position")
+        position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+        if decoding:
+          pos_LxD = jax.lax.dynamic_slice_in_dim(pos_MxD, position.value, L)
+          position.value += L
+      x_BxLxD = x_BxLxD + pos_LxD.astype(dtype)
     if self.type_vocab_size:
       types_BxL = jnp.zeros(x_BxLxD.shape[:2], jnp.int32)
       if token_types is not None:  # (the [CLS] position, if any, is type 0)
@@ -312,7 +349,8 @@ class Transformer(nn.Module):
       x_BxLxD = nn.LayerNorm(self.norm_eps, dtype=dtype, name="embed_norm")(x_BxLxD)
     if self.embed_projection:
       x_BxLxD = nn.Dense(self.d_model, dtype=dtype, name="embed_projection")(x_BxLxD)
-    x_BxLxD = nn.Dropout(self.dropout)(x_BxLxD, deterministic=deterministic)
+    embed_dropout = self.dropout if self.embed_dropout < 0 else self.embed_dropout
+    x_BxLxD = nn.Dropout(embed_dropout)(x_BxLxD, deterministic=deterministic)
     if self.reversible:
       if decode:
         raise ValueError("decoding is not supported with reversible=True (train reversibly, decode without)")
@@ -343,6 +381,7 @@ class Transformer(nn.Module):
           self.block_layout,
           self.norm_eps,
           self.activation,
+          self.state_mixer,
           name=f"block_{i}",
         )(x_BxLxD, mask_BxL, deterministic, decode)
     if post_ln:  # each block ended with a LayerNorm already
@@ -354,6 +393,10 @@ class Transformer(nn.Module):
         raise ValueError("positions select per-position logits; a [CLS] position is for classification")
       x_BxLxD = jnp.take_along_axis(x_BxLxD, positions[..., None], axis=1)  # now x_BxKxD
       mask_BxL = jnp.take_along_axis(mask_BxL, positions, axis=1)
+    if self.tie_embeddings:
+      if self.patch_size:
+        raise ValueError("tie_embeddings: patch embeddings have no token embeddings to tie")
+      return embed.attend(x_BxLxD.astype(jnp.float32)).astype(jnp.float32)  # in float32, as the heads
     return self.head(x_BxLxD, mask_BxL)  # the heads run in float32
 
   def mixer_of(self, layer: int) -> Callable[..., nn.Module]:
@@ -457,11 +500,15 @@ def build_model(
   )
 
 
+OUTPUT_PROJECTIONS = ("out", "out_proj")  # a mixer's output projection: init_rescale_out's names
+
+
 def initialize(model: Transformer, key: jax.Array) -> Any:
   """Fresh parameters of `model` (shapes from one sequence of model.max_len tokens). With model.init_std > 0,
   every dense layer's kernel (a "kernel" beside a "bias": nn.Dense, nn.DenseGeneral, also when stacked by the
-  reversible layers) is redrawn from N(0, init_std²); biases stay 0, embeddings N(0, 0.02²), and other parameters
-  as their module makes them (AFT-conv's "kernel", which is renormalised in use, among them)."""
+  reversible layers) is redrawn from N(0, init_std²) (a mixer's output projection from N(0, init_std²/(2·num_layers))
+  with init_rescale_out); biases stay 0, embeddings N(0, 0.02²), and other parameters as their module makes them
+  (AFT-conv's "kernel", which is renormalised in use, among them)."""
   params = model.init(key, jnp.zeros((1, model.max_len), jnp.int32))["params"]
   if not model.init_std:
     return params
@@ -472,6 +519,9 @@ def initialize(model: Transformer, key: jax.Array) -> Any:
     if keys[-1] != "kernel" or not isinstance(parent.get("bias"), jax.Array):
       return leaf
     leaf_key = jax.random.fold_in(key, zlib.crc32("/".join(map(str, keys)).encode()))
-    return model.init_std * jax.random.normal(leaf_key, leaf.shape, leaf.dtype)
+    std = model.init_std
+    if model.init_rescale_out and "mixer" in keys and keys[-2] in OUTPUT_PROJECTIONS:
+      std /= (2 * model.num_layers) ** 0.5
+    return std * jax.random.normal(leaf_key, leaf.shape, leaf.dtype)
 
   return jax.tree_util.tree_map_with_path(redraw, params)

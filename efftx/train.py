@@ -45,6 +45,7 @@ from efftx import config as config_lib
 from efftx import distributed
 from efftx import init_from
 from efftx import metrics as metrics_lib
+from efftx import metrics_file
 from efftx import patterns
 from efftx import platform as platform_lib
 from efftx import sharding
@@ -385,9 +386,13 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
 
   if start_step >= config.total_steps:
     logging.info("%s is already trained to step %d (config.total_steps=%d)", workdir, start_step, config.total_steps)
+  stopped_early = _stopped_early(config, workdir, start_step)
+  if stopped_early is not None:
+    logging.info("%s stopped early at step %d (%s > %g)", workdir, start_step, config.stop_metric, config.stop_above)
+    last.update(stopped_early)
   step, last_saved = start_step, start_step or None
   try:
-    while step < config.total_steps:
+    while step < config.total_steps and stopped_early is None:
       state, metrics = train_step(state)
       step += 1
       bar.update()
@@ -410,8 +415,18 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
         raise Diverged(f"{diverged}; nothing after it was saved. {_advice(last_saved)}")
       if eval_now:
         eval_start = time.perf_counter()
-        log(step, evaluate(state.params))
+        row = evaluate(state.params)
+        log(step, row)
         throughput.pause(time.perf_counter() - eval_start)  # keep eval time out of the train throughput
+        if config.stop_metric:
+          if config.stop_metric not in row:
+            raise UserError(
+              f"config.stop_metric='{config.stop_metric}' is not an evaluation metric of this run; "
+              f"its metrics: {', '.join(sorted(row))}"
+            )
+          if row[config.stop_metric] > config.stop_above:
+            stopped_early = {metrics_file.STOPPED_EARLY: row[config.stop_metric]}
+            save_now = True
       if save_now or stopping:
         if not all_finite(state):  # an update can overflow where the loss and gradients were finite
           raise Diverged(
@@ -419,6 +434,9 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
           )
         save(step, state)
         last_saved = step
+      if stopped_early is not None:
+        log(step, stopped_early)  # after the checkpoint: a row that says finished has its checkpoint
+        report(f"step {step}: {config.stop_metric} above {config.stop_above:g}: stopped early")
       if stopping:
         logging.warning("stopped by signal at step %d (checkpoint saved); re-run the same command to resume", step)
         break
@@ -428,6 +446,19 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
     if writer:
       writer.close()
   return {**last, "step": int(step)}
+
+
+def _stopped_early(config, workdir, start_step: int) -> dict | None:
+  """{"stopped_early": value} where the run in workdir stopped early at the step it resumes from, with stop_metric
+  still set; else None."""
+  if not config.stop_metric or not start_step:
+    return None
+  rows = metrics_file.rows(workdir) if jax.process_index() == 0 else []
+  row = next((r for r in rows if metrics_file.STOPPED_EARLY in r and r["step"] == start_step), None)
+  found = row is not None
+  if jax.process_count() > 1:  # every process must agree, or the others train on alone
+    found = bool(multihost_utils.broadcast_one_to_all(np.int32(found)))
+  return {metrics_file.STOPPED_EARLY: row[metrics_file.STOPPED_EARLY] if row else 0.0} if found else None
 
 
 def _first_nonfinite(window: dict[str, np.ndarray], step: int, leaf_names: list[str]) -> str | None:

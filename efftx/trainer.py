@@ -57,15 +57,18 @@ class TrainState(flax.struct.PyTreeNode):
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """AdamW (decaying the weights `decay_mask` picks) with linear warmup and cosine decay to 0 at total_steps,
-  after global-norm gradient clipping."""
+  """AdamW (decaying the weights `decay_mask` picks, or every parameter with optim.decay_all) with linear warmup
+  and cosine decay to 0 at total_steps (its value held for optim.schedule_every steps at a time), after
+  global-norm gradient clipping."""
   o = config.optim
-  schedule = optax.warmup_cosine_decay_schedule(
+  smooth = optax.warmup_cosine_decay_schedule(
     0.0, o.learning_rate, warmup_steps=o.warmup_steps, decay_steps=max(config.total_steps, o.warmup_steps + 1)
   )
+  every = o.get("schedule_every", 1)
+  schedule = smooth if every == 1 else (lambda count: smooth(count // every * every))
   tx = optax.chain(
     optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity(),
-    optax.adamw(schedule, weight_decay=o.weight_decay, mask=decay_mask),
+    optax.adamw(schedule, weight_decay=o.weight_decay, mask=None if o.get("decay_all") else decay_mask),
   )
   return tx, schedule
 

@@ -295,7 +295,7 @@ def test_resuming_with_other_settings_is_refused_in_one_line_naming_each(smoke_r
   ], stderr
   for overrides, words in [
     (["--config.model.d_ff=128", "--resume_changes=model"], "holds a run of another model or data (config.model.d_ff"),
-    (["--resume_changes=optim.lr"], "config.optim has no field 'lr'; its fields: grad_clip, learning_rate, warmup"),
+    (["--resume_changes=optim.lr"], "config.optim has no field 'lr'; its fields: decay_all, grad_clip, learning_rate"),
   ]:
     code, _, stderr = run_in_process("efftx.train", _resume_args(config, run, *overrides))
     lines = stderr.splitlines()

@@ -65,13 +65,13 @@ def final_value(folder: epath.Path, metric: str, rows: list[dict] | None = None)
 
 
 def state(folder: epath.Path) -> str:
-  """ "done" (trained to its config's total_steps, or its bench.json written), "failed" (its last attempt failed),
-  "unfinished" (started, stopped before the end) or "pending"."""
+  """ "done" (trained to its config's total_steps or stopped early, or its bench.json written), "failed" (its last
+  attempt failed), "unfinished" (started, stopped before the end) or "pending"."""
   if (folder / BENCH_FILE).exists():
     return "done"
   config = config_in_effect(folder)
   rows = metric_rows(folder)
-  if config and rows and max(r["step"] for r in rows) >= config["total_steps"]:
+  if config and metrics_file.finished(rows, config["total_steps"]):
     return "done"
   outcome = read_json(folder / POINT_FILE) or {}
   if outcome.get("status") == "failed":

@@ -13,6 +13,7 @@ import os
 
 from etils import epath
 
+from efftx import metrics_file
 from efftx.errors import UserError
 from efftx.sweep.points import BENCH_FILE
 from efftx.sweep.points import POINT_FILE
@@ -64,7 +65,7 @@ def _complete(published: dict) -> bool:
     and isinstance(config.get("total_steps"), int)
     and isinstance(rows, list)
     and all(isinstance(r, dict) for r in rows)
-    and max((r.get("step", -1) for r in rows), default=-1) >= config["total_steps"]
+    and metrics_file.finished(rows, config["total_steps"])
   )
 
 
