@@ -69,7 +69,7 @@ def get_config(arg: str | None = None):
   options = {k: (args.L if v == "L" else v) for k, v in options.items()}
   config_lib.set_where_declared(config.mixer, **options)
   batch_size = BATCH[args.L]
-  config.data.update(task="mqar", variant=SETTINGS[args.L], batch_size=batch_size, eval_examples=0)
+  config.data.update(task="mqar", variant=SETTINGS[args.L], batch_size=batch_size, eval_examples=0, in_memory=True)
   steps_per_epoch = TRAIN_EXAMPLES // batch_size
   config.optim.update(
     learning_rate=args.lr,

@@ -77,6 +77,11 @@ DATA_FIELDS: dict[str, Field] = {
   ),
   "data_dir": Field('where TFDS data is prepared and read; "" = ~/tensorflow_datasets', ""),
   "corpus_dir": Field('tasks read from local files: their folder (bytes "files", fashion_mnist)', ""),
+  "in_memory": Field(
+    "read each split once into memory, encoded, and draw the batches from there: the same batches as reading "
+    "the files, without a read and decode per example (for small splits: MQAR, ListOps)",
+    False,
+  ),
   "worker_count": Field("grain worker processes (0: read in the training process)", 0, at_least=0),
   "read_threads": Field("grain reader threads per process", 2, at_least=0),
   "tokenizer": Field(

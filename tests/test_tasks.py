@@ -407,3 +407,29 @@ def test_readme_lists_every_task_with_its_variants():
     assert name in rows, f"README.md's task table has no row for {name}"
     named = [v for v in task.variant_names() if f"`{v}`" in rows[name]]
     assert named == task.variant_names() or "…" in rows[name] and named or "as `" in rows[name], (name, rows[name])
+
+
+def test_in_memory_splits_give_the_batches_the_files_give(smoke_config):
+  """data.in_memory reads and encodes each split once: the training stream (into its second epoch, on one process
+  and on two) and the evaluation batches are those read from the files, and a second source shares the copy."""
+  config = smoke_config()
+  pipeline.prepare(config)
+  memory = config.copy_and_resolve_references()
+  memory.data.in_memory = True
+  for split in ("train", "eval"):
+    disk_source, memory_source = pipeline.source(config, split), pipeline.source(memory, split)
+    assert isinstance(memory_source, pipeline.InMemory) and memory_source is pipeline.source(memory, split)
+    assert len(memory_source) == len(disk_source)
+  disk = pipeline.train_iterator(config, pipeline.source(config, "train"))
+  from_memory = pipeline.train_iterator(
+    memory, pipeline.source(memory, "train"), start_step=30, process_index=1, process_count=2
+  )
+  for _ in range(30):
+    next(disk)
+  for _ in range(4):  # steps 30–33: the first epoch's last batches and the second epoch's first
+    want, got = next(disk), next(from_memory)
+    assert all((got[k] == want[k][len(want[k]) // 2 :]).all() for k in want)
+  evals = [list(pipeline.eval_batches(c, pipeline.source(c, "eval"))) for c in (config, memory)]
+  assert len(evals[0]) == len(evals[1])
+  for want, got in zip(*evals):
+    assert all((got[k] == want[k]).all() for k in want)

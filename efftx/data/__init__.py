@@ -55,6 +55,9 @@ class Task:
   # text classification tasks: (raw TFDS example) -> (text, second text of a pair or None), what a checkpoint's
   # tokenizer encodes in place of bytes (config.data.tokenizer; `resolve`)
   text: Callable[[dict], tuple[str, str | None]] | None = None
+  # tasks that score a few positions per example (MQAR's queries; their batches carry "positions"): how many, per
+  # variant; 0: targets at every position
+  scored_positions: int | dict[str, int] = 0
 
   @property
   def local(self) -> bool:
@@ -75,6 +78,9 @@ class Task:
 
   def classes(self, variant: str) -> int:
     return self.num_classes[variant] if isinstance(self.num_classes, dict) else self.num_classes
+
+  def scored(self, variant: str) -> int:
+    return self.scored_positions[variant] if isinstance(self.scored_positions, dict) else self.scored_positions
 
   def vocab(self, variant: str) -> int:
     return self.vocab_size[variant] if isinstance(self.vocab_size, dict) else self.vocab_size
@@ -209,6 +215,7 @@ TASKS = {
     num_classes=0,
     objective="lm",
     encode=_mqar,
+    scored_positions={c.name: c.num_kv for c in mqar.Mqar.BUILDER_CONFIGS},
   ),
   "bytes": Task(
     byte_text.ByteText,

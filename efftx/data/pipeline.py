@@ -210,7 +210,7 @@ def source(config: ml_collections.ConfigDict, split: str):
   split = {"train": train_split, "eval": eval_split}.get(split, split)
   name = task.tfds_name(config.data.variant)
   try:
-    return tfds.data_source(name, split=split, data_dir=data_dir(config), download=False, try_gcs=False)
+    src = tfds.data_source(name, split=split, data_dir=data_dir(config), download=False, try_gcs=False)
   except Exception as e:  # pylint: disable=broad-except  # e.g. prepared as tfrecord: no random access
     first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise UserError(
@@ -218,6 +218,38 @@ def source(config: ml_collections.ConfigDict, split: str):
       f"{first_line}); it must be prepared as array_record: tfds build {name} "
       f"--file_format=array_record --data_dir={data_dir(config)}"
     ) from None
+  return in_memory(config, src, f"{name} {split}") if config.data.get("in_memory") else src
+
+
+class InMemory:
+  """A split read once and encoded (Encode), held in memory: random access without a file read and a decode per
+  example. Its elements are what `_encoded`'s Encode step would make of the source's."""
+
+  encoded = True
+
+  def __init__(self, examples: list[dict[str, np.ndarray]]):
+    self._examples = examples
+
+  def __len__(self) -> int:
+    return len(self._examples)
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return self._examples[index]
+
+
+_IN_MEMORY: dict[tuple, InMemory] = {}  # one copy per process of each split and encoding
+
+
+def in_memory(config: ml_collections.ConfigDict, src, what: str) -> InMemory:
+  """src read in chunks (the data source's batched read) and encoded, once per process and encoding."""
+  encode = _encode_step(config)
+  key = (data_dir(config), what, encode)
+  if key not in _IN_MEMORY:
+    examples, chunk = [], 4096
+    for start in tqdm.trange(0, len(src), chunk, desc=f"reading {what} into memory", disable=None, leave=False):
+      examples += [encode(x) for x in src.__getitems__(list(range(start, min(start + chunk, len(src)))))]
+    _IN_MEMORY[key] = InMemory(examples)
+  return _IN_MEMORY[key]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,20 +277,23 @@ class Encode:
     return out
 
 
-def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset) -> grain.MapDataset:
-  """Encodes the elements of ds, then lets the objective corrupt them (masked-LM does), seeded from config.seed
-  and the element's index in ds."""
-  task = task_of(config)
-  ds = ds.map(
-    Encode(
-      config.data.task,
-      config.model.max_len,
-      config.data.truncate,
-      config.data.variant,
-      config.data.tokenizer,
-      config.data.vocab_size,
-    )
+def _encode_step(config: ml_collections.ConfigDict) -> Encode:
+  return Encode(
+    config.data.task,
+    config.model.max_len,
+    config.data.truncate,
+    config.data.variant,
+    config.data.tokenizer,
+    config.data.vocab_size,
   )
+
+
+def _encoded(config: ml_collections.ConfigDict, ds: grain.MapDataset, encoded: bool = False) -> grain.MapDataset:
+  """Encodes the elements of ds (unless `encoded`: an InMemory source's are), then lets the objective corrupt them
+  (masked-LM does), seeded from config.seed and the element's index in ds."""
+  task = task_of(config)
+  if not encoded:
+    ds = ds.map(_encode_step(config))
   seed = int(np.random.SeedSequence([config.seed, 0]).generate_state(1)[0])
   return objectives.for_run(config, task).corrupt(ds, task, seed)
 
@@ -269,7 +304,7 @@ def check(config: ml_collections.ConfigDict, *sources, num_examples: int = 10_00
   for src in sources:
     if not len(src):
       raise UserError(f"task '{config.data.task}' ({config.data.variant}): a split is empty")
-    ds = _encoded(config, grain.MapDataset.source(src))
+    ds = _encoded(config, grain.MapDataset.source(src), getattr(src, "encoded", False))
     for i in tqdm.trange(min(num_examples, len(src)), desc="checking examples", unit="ex", disable=None, leave=False):
       ds[i]  # pylint: disable=pointless-statement
 
@@ -297,7 +332,8 @@ def train_iterator(
   """
   index, count = _process(process_index, process_count)
   ds = grain.MapDataset.source(train_source).seed(config.seed).shuffle().repeat()  # a new order each epoch
-  ds = _encoded(config, ds)  # (masked-LM corruption is seeded by the element's place in the stream)
+  # (masked-LM corruption is seeded by the element's place in the stream)
+  ds = _encoded(config, ds, getattr(train_source, "encoded", False))
   # Local batches of B/n consecutive examples; global batch k is local batches k·n … k·n + n − 1.
   local = ds.batch(config.data.batch_size // count, drop_remainder=True)[index::count][start_step:]
   it_ds = local.to_iter_dataset(grain.ReadOptions(num_threads=config.data.read_threads, prefetch_buffer_size=8))
@@ -322,7 +358,7 @@ def eval_batches(
   index, count = _process(process_index, process_count)
   local_batch = config.data.batch_size // count
   # Sharded after encoding: masked-LM corruption is seeded by the global index, the same for any process count.
-  encoded = _encoded(config, grain.MapDataset.source(eval_source))
+  encoded = _encoded(config, grain.MapDataset.source(eval_source), getattr(eval_source, "encoded", False))
   if examples:
     encoded = encoded[:examples]
   shard = encoded[index::count]

@@ -136,10 +136,11 @@ def load_config(spec: dict) -> tuple[ml_collections.ConfigDict, int]:
   return config, devices
 
 
-def _random_batch(model, objective, params, batch_size: int, length: int) -> dict:
+def _random_batch(model, objective, params, batch_size: int, length: int, scored: int = 0) -> dict:
   """Random tokens, every position real, and the objective's own keys: labels (as many classes as the model has
-  outputs), targets, weights of 1."""
-  keys = jax.random.split(jax.random.key(1), 3)
+  outputs), targets, weights of 1; where the task scores `scored` positions per example (MQAR's queries), that
+  many distinct random "positions" per row, with their targets and weights, as its batches carry them."""
+  keys = jax.random.split(jax.random.key(1), 4)
   out = {
     "tokens": jax.random.randint(keys[0], (batch_size, length), 0, model.vocab_size),
     "mask": jnp.ones((batch_size, length), bool),
@@ -147,11 +148,15 @@ def _random_batch(model, objective, params, batch_size: int, length: int) -> dic
   logits = jax.eval_shape(
     lambda p: model.apply({"params": p}, out["tokens"][:1], mask=out["mask"][:1], deterministic=True), params
   )
+  per_row = scored or length
   makers = {
     "label": lambda: jax.random.randint(keys[1], (batch_size,), 0, logits.shape[-1]),
-    "targets": lambda: jax.random.randint(keys[2], (batch_size, length), 0, model.vocab_size),
-    "weights": lambda: jnp.ones((batch_size, length), jnp.float32),
+    "targets": lambda: jax.random.randint(keys[2], (batch_size, per_row), 0, model.vocab_size),
+    "weights": lambda: jnp.ones((batch_size, per_row), jnp.float32),
   }
+  if scored:
+    order_BxL = jax.vmap(lambda k: jax.random.permutation(k, length))(jax.random.split(keys[3], batch_size))
+    out["positions"] = jnp.sort(order_BxL[:, :scored], axis=1).astype(jnp.int32)
   return {**out, **{k: makers[k]() for k in objective.batch_keys}}
 
 
@@ -166,6 +171,7 @@ def prepare(spec: dict) -> tuple[Callable[[int], float], dict]:
       f"devices={devices}: there are {jax.device_count()} devices and the batch of {batch_size} "
       "must split evenly over the ones used"
     )
+  scored = 0
   if spec["mixer"]:  # a next-token head at every position, vocabulary 256, as efftx.bench's mixers mode
     m = config.model
     try:
@@ -180,12 +186,15 @@ def prepare(spec: dict) -> tuple[Callable[[int], float], dict]:
     config_lib.validate(config, devices)
     parts = trainer.parts(config)
     model, objective = parts.model, parts.objective
+    scored = getattr(parts.task, "scored", lambda _: 0)(config.data.variant)  # older trees: every position
   mesh = sharding.make_mesh(config.mesh.fsdp, devices=jax.devices()[:devices])
   tx, schedule = trainer.make_optimizer(config)
   init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
   state_sharding = sharding.shardings(mesh, jax.eval_shape(lambda: trainer.create_state(model, tx, init_key)))
   state = jax.jit(lambda: trainer.create_state(model, tx, init_key), out_shardings=state_sharding)()
-  batch = jax.device_put(_random_batch(model, objective, state.params, batch_size, length), sharding.batch(mesh))
+  batch = jax.device_put(
+    _random_batch(model, objective, state.params, batch_size, length, scored), sharding.batch(mesh)
+  )
   train_options = getattr(sharding, "step_compiler_options", lambda *_: {})(batch_size, mesh)  # older trees: none
   options = {**train_options, **{k: _xla_value(v) for k, v in spec["compiler"].items()}}
   start = time.perf_counter()
