@@ -505,10 +505,11 @@ OUTPUT_PROJECTIONS = ("out", "out_proj")  # a mixer's output projection: init_re
 
 def initialize(model: Transformer, key: jax.Array) -> Any:
   """Fresh parameters of `model` (shapes from one sequence of model.max_len tokens). With model.init_std > 0,
-  every dense layer's kernel (a "kernel" beside a "bias": nn.Dense, nn.DenseGeneral, also when stacked by the
-  reversible layers) is redrawn from N(0, init_std²) (a mixer's output projection from N(0, init_std²/(2·num_layers))
-  with init_rescale_out); biases stay 0, embeddings N(0, 0.02²), and other parameters as their module makes them
-  (AFT-conv's "kernel", which is renormalised in use, among them)."""
+  every dense layer's kernel (a "kernel" beside a "bias", or alone in its module: nn.Dense, nn.DenseGeneral, with or
+  without a bias, also when stacked by the reversible layers) is redrawn from N(0, init_std²) (a mixer's output
+  projection from N(0, init_std²/(2·num_layers)) with init_rescale_out); biases stay 0, embeddings N(0, 0.02²), and
+  other parameters as their module makes them (AFT-conv's "kernel", which sits beside its γ and β and is
+  renormalised in use, among them)."""
   params = model.init(key, jnp.zeros((1, model.max_len), jnp.int32))["params"]
   if not model.init_std:
     return params
@@ -516,7 +517,7 @@ def initialize(model: Transformer, key: jax.Array) -> Any:
   def redraw(path, leaf):
     keys = [getattr(p, "key", None) for p in path]
     parent = functools.reduce(lambda node, k: node[k], keys[:-1], params)
-    if keys[-1] != "kernel" or not isinstance(parent.get("bias"), jax.Array):
+    if keys[-1] != "kernel" or not (isinstance(parent.get("bias"), jax.Array) or set(parent) == {"kernel"}):
       return leaf
     leaf_key = jax.random.fold_in(key, zlib.crc32("/".join(map(str, keys)).encode()))
     std = model.init_std

@@ -85,6 +85,8 @@ CASES = [
   ("linear", {"chunk": 128}),
   ("lsh", {}),
   ("lsh", {"lsh_buckets": 1, "lsh_lookback": "across_rounds"}),
+  ("hyena", {}),
+  ("hyena", {"order": 3}),
 ]
 
 

@@ -176,6 +176,10 @@ def test_fnet_cannot_be_causal_and_checks_its_impl():
 
 CAUSAL_MIXERS = sorted(n for n, spec in MIXERS.items() if spec.can_be_causal)
 DECODING_MIXERS = sorted(n for n, spec in MIXERS.items() if spec.can_decode)
+# Causal through an FFT of the whole sequence (efftx.mixers.conv.causal_long_conv): the future's weights are exactly
+# zero, but the transform's roundoff reaches every position, ~eps of float32 times the largest entries (4e-8 of
+# the largest here).
+FFT_CAUSAL = {"hyena"}
 
 
 @pytest.mark.parametrize("name", CAUSAL_MIXERS)
@@ -187,7 +191,10 @@ def test_causal_mixers_gradients_never_reach_the_past(name):
   jac = jax.jit(jax.jacrev(lambda x: module.apply(variables, x)))(x)
   per_position_LxL = np.abs(np.asarray(jac)).sum(axis=(0, 2, 3, 5))
   future = np.triu(np.ones((L, L), bool), k=1)  # t' > t
-  assert np.all(per_position_LxL[future] == 0.0)
+  if name in FFT_CAUSAL:
+    assert per_position_LxL[future].max() <= 1e-6 * per_position_LxL.max()
+  else:
+    assert np.all(per_position_LxL[future] == 0.0)
   if name == "ff_only":  # mixes nothing: only an output's own position reaches it
     assert np.all(per_position_LxL[~np.eye(L, dtype=bool)] == 0.0)
   else:

@@ -18,6 +18,7 @@ from efftx.mixers import attention
 from efftx.mixers import block_local
 from efftx.mixers import ff_only
 from efftx.mixers import fourier
+from efftx.mixers import hyena
 from efftx.mixers import linear
 from efftx.mixers import linear_mixing
 from efftx.mixers import local
@@ -42,5 +43,6 @@ MIXERS.update(
     "block_local": block_local.SPEC,
     "linear": linear.SPEC,
     "lsh": lsh.SPEC,
+    "hyena": hyena.SPEC,
   }
 )
