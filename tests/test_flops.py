@@ -85,6 +85,7 @@ CASES = [
   ("linear", {"chunk": 128}),
   ("lsh", {}),
   ("lsh", {"lsh_buckets": 1, "lsh_lookback": "across_rounds"}),
+  ("rwkv", {}),
 ]
 
 

@@ -23,6 +23,7 @@ from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
 from efftx.mixers import random_mixing
+from efftx.mixers import rwkv
 from efftx.mixers.spec import REGISTRY
 from efftx.mixers.spec import MixerSpec
 
@@ -42,5 +43,6 @@ MIXERS.update(
     "block_local": block_local.SPEC,
     "linear": linear.SPEC,
     "lsh": lsh.SPEC,
+    "rwkv": rwkv.SPEC,
   }
 )
