@@ -400,8 +400,12 @@ class Transformer(nn.Module):
     return self.head(x_BxLxD, mask_BxL)  # the heads run in float32
 
   def mixer_of(self, layer: int) -> Callable[..., nn.Module]:
-    """The mixer maker of a layer (0-based)."""
-    return self.make_mixer[layer] if isinstance(self.make_mixer, tuple) else self.make_mixer
+    """The mixer maker of a layer (0-based), with the layer's index where the mixer takes one (layer_idx)."""
+    maker = self.make_mixer[layer] if isinstance(self.make_mixer, tuple) else self.make_mixer
+    module = getattr(maker, "func", None)
+    if dataclasses.is_dataclass(module) and any(f.name == "layer_idx" for f in dataclasses.fields(module)):
+      return functools.partial(maker, layer_idx=layer)
+    return maker
 
   @property
   def grid(self) -> tuple[int, int] | None:

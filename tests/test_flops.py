@@ -87,6 +87,7 @@ CASES = [
   ("lsh", {"lsh_buckets": 1, "lsh_lookback": "across_rounds"}),
   ("hyena", {}),
   ("hyena", {"order": 3}),
+  ("rwkv", {}),
 ]
 
 

@@ -24,6 +24,7 @@ from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
 from efftx.mixers import random_mixing
+from efftx.mixers import rwkv
 from efftx.mixers.spec import REGISTRY
 from efftx.mixers.spec import MixerSpec
 
@@ -44,5 +45,6 @@ MIXERS.update(
     "linear": linear.SPEC,
     "lsh": lsh.SPEC,
     "hyena": hyena.SPEC,
+    "rwkv": rwkv.SPEC,
   }
 )

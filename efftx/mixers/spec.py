@@ -13,8 +13,9 @@ Each mixer file ends with a `SPEC = MixerSpec(...)`; `efftx.mixers.MIXERS` maps 
   - `efftx.trainer` decays the parameters named in `spec.decayed` besides every dense kernel and embedding.
 
 Besides its options, a mixer module may have the fields `causal` (every mixer has it), `max_len` (mixers with
-per-position parameters) and `grid` (mixers that know a 2-D layout of the positions: (rows, columns) of an image's
-patches, None for sequences); the model fills those from `config.model` and the task.
+per-position parameters), `grid` (mixers that know a 2-D layout of the positions: (rows, columns) of an image's
+patches, None for sequences) and `layer_idx` (mixers whose initialisation depends on the layer: its index from 0 at
+the input, as Zoology passes it); the model fills those from `config.model`, the task and the layer.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import flax.linen as nn
 from efftx.errors import UserError
 from efftx.fields import Field
 
-MODEL_FIELDS = ("causal", "max_len", "grid")  # module fields filled from the model, not options
+MODEL_FIELDS = ("causal", "max_len", "grid", "layer_idx")  # module fields filled from the model, not options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,10 @@ class MixerSpec:
   @property
   def takes_max_len(self) -> bool:
     return any(f.name == "max_len" for f in dataclasses.fields(self.module))
+
+  @property
+  def takes_layer_idx(self) -> bool:
+    return any(f.name == "layer_idx" for f in dataclasses.fields(self.module))
 
   @property
   def takes_grid(self) -> bool:
@@ -169,6 +174,7 @@ class MixerSpec:
     d_model: int | None = None,
     max_len: int | None = None,
     grid: tuple[int, int] | None = None,
+    layer_idx: int | None = None,
   ) -> functools.partial:
     """`maker(name=...)` → the module with these options (the rest at their defaults), after `check` (d_model, if
     given, is checked against num_heads). `max_len` (the positions the mixer sees) goes to mixers with
@@ -176,6 +182,8 @@ class MixerSpec:
     layer's mixer with this (efftx.model.build_model)."""
     self.check(options, d_model, causal)
     extra = {"max_len": max_len} if max_len is not None and self.takes_max_len else {}
+    if layer_idx is not None and self.takes_layer_idx:
+      extra["layer_idx"] = layer_idx
     if grid is not None and self.takes_grid:
       if causal:
         raise UserError(
@@ -192,10 +200,11 @@ class MixerSpec:
     max_len: int | None = None,
     d_model: int | None = None,
     grid: tuple[int, int] | None = None,
+    layer_idx: int | None = None,
     **options,
   ) -> nn.Module:
     """The module with these options: `maker(options, ...)()`."""
-    return self.maker(options, causal=causal, d_model=d_model, max_len=max_len, grid=grid)()
+    return self.maker(options, causal=causal, d_model=d_model, max_len=max_len, grid=grid, layer_idx=layer_idx)()
 
 
 def padded(length: int, block: int) -> int:
