@@ -38,7 +38,7 @@ PATTERNS: dict[str, tuple[str, str]] = {
   ),
 }
 
-_ITEM = re.compile(r"^([a-z_]+)(?:\*(\d+))?$")
+_ITEM = re.compile(r"^([a-z_][a-z0-9_]*)(?:\*(\d+))?$")  # names may hold digits: h3
 
 
 def expand(pattern: str) -> str:
