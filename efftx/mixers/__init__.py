@@ -15,6 +15,7 @@ mixers, capabilities and options that README.md shows.
 from efftx.mixers import aft
 from efftx.mixers import aft_conv
 from efftx.mixers import attention
+from efftx.mixers import base_conv
 from efftx.mixers import block_local
 from efftx.mixers import ff_only
 from efftx.mixers import fourier
@@ -42,5 +43,7 @@ MIXERS.update(
     "block_local": block_local.SPEC,
     "linear": linear.SPEC,
     "lsh": lsh.SPEC,
+    "base_conv": base_conv.SPEC,
+    "base_conv_long": base_conv.SPEC_LONG,
   }
 )
