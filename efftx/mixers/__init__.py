@@ -19,6 +19,7 @@ from efftx.mixers import base_conv
 from efftx.mixers import block_local
 from efftx.mixers import ff_only
 from efftx.mixers import fourier
+from efftx.mixers import h3
 from efftx.mixers import linear
 from efftx.mixers import linear_mixing
 from efftx.mixers import local
@@ -45,5 +46,6 @@ MIXERS.update(
     "lsh": lsh.SPEC,
     "base_conv": base_conv.SPEC,
     "base_conv_long": base_conv.SPEC_LONG,
+    "h3": h3.SPEC,
   }
 )
