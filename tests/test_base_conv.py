@@ -98,20 +98,26 @@ def _module(kernel_size, max_len):
   return MIXERS["base_conv"](causal=True, kernel_size=kernel_size)
 
 
-def _run(module, xs, mask=None):
-  """One jitted program: the module's parameters (biases redrawn from N(0, 1), where flax starts them at 0, so that
-  the comparison sees them) and its outputs on each of xs."""
+def _params(module, x, seed=1):
+  """Parameters of the module's shapes (jax.eval_shape: nothing compiled) drawn in numpy: dense kernels N(0, 1/fan-in),
+  the short convolution's taps U(±1/√W) as torch's Conv1d, every bias N(0, 1) (flax starts dense biases at 0; the
+  comparison should see them)."""
+  rng = np.random.default_rng(seed)
+  shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
 
-  @jax.jit
-  def run(xs, mask):
-    params = module.init(jax.random.key(1), xs[0])["params"]
-    keys = iter(jax.random.split(jax.random.key(2), 8))
-    params = jax.tree_util.tree_map_with_path(
-      lambda path, a: jax.random.normal(next(keys), a.shape) if path[-1].key == "bias" else a, params
-    )
-    return params, [module.apply({"params": params}, x, mask=mask) for x in xs]
+  def draw(path, leaf):
+    if path[-1].key == "kernel":
+      return rng.normal(size=leaf.shape) / math.sqrt(leaf.shape[0])
+    if path[-1].key == "taps":
+      return rng.uniform(-1, 1, size=leaf.shape) / math.sqrt(leaf.shape[0])
+    return rng.normal(size=leaf.shape)
 
-  return run(xs, mask)
+  return jax.tree.map(np.float32, jax.tree_util.tree_map_with_path(draw, shapes))
+
+
+def _apply(module, params, xs, mask=None):
+  """The module's outputs on each of xs, in one jitted program."""
+  return jax.jit(lambda p, xs, mask: [module.apply({"params": p}, x, mask=mask) for x in xs])(params, xs, mask)
 
 
 # kernel_size −1 is the implicit long convolution (Figure 2's second layer), max_len its l_max: above the length,
@@ -119,7 +125,9 @@ def _run(module, xs, mask=None):
 @pytest.mark.parametrize("kernel_size,L,max_len", [(3, 1, 16), (4, 6, 16), (-1, 1, 13), (-1, 9, 5)])
 def test_base_conv_equals_zoology(kernel_size, L, max_len):
   x = np.random.default_rng(0).normal(size=(2, L, D)).astype(np.float32)
-  params, (y,) = _run(_module(kernel_size, max_len), [x])
+  module = _module(kernel_size, max_len)
+  params = _params(module, x)
+  (y,) = _apply(module, params, [x])
   want = _zoology_base_conv(x.astype(np.float64), _state_dict(params), kernel_size, max_len)
   assert_close_sums(y, want, n_terms=2 * (D + L) + 2)
 
@@ -134,7 +142,9 @@ def test_padding_at_both_ends_reaches_no_real_position(kernel_size):
   mask = np.zeros((2, L), bool)
   mask[:, 2:8] = True
   noisy = np.where(mask[..., None], x, 10 * rng.normal(size=x.shape)).astype(np.float32)
-  params, (y, y_noisy) = _run(_module(kernel_size, 13), [x, noisy], mask)
+  module = _module(kernel_size, 13)
+  params = _params(module, x)
+  y, y_noisy = _apply(module, params, [x, noisy], mask)
   zeroed = np.where(mask[..., None], x, 0).astype(np.float64)
   want = _zoology_base_conv(zeroed, _state_dict(params), kernel_size, 13)
   assert_close_sums(np.asarray(y)[mask], want[mask], n_terms=2 * (D + L) + 2)
@@ -149,12 +159,11 @@ def test_gradients_are_finite_and_bfloat16_follows_float32(kernel_size):
   module = _module(kernel_size, L)
 
   @jax.jit
-  def run(x32, x16):
-    variables = module.init(jax.random.key(1), x32)
-    _, grads = jax.value_and_grad(lambda v, x: module.apply(v, x).sum(), argnums=(0, 1))(variables, x32)
-    return grads, module.apply(variables, x16), module.apply(variables, x32)
+  def run(params, x32, x16):
+    y32, vjp = jax.vjp(lambda p, x: module.apply({"params": p}, x), params, x32)
+    return vjp(jnp.ones_like(y32)), module.apply({"params": params}, x16), y32
 
-  grads, y16, y32 = run(np.asarray(x16, np.float32), x16)
+  grads, y16, y32 = run(_params(module, x), np.asarray(x16, np.float32), x16)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
   assert y16.dtype == jnp.bfloat16
   # bfloat16 rounds the projection's inputs, weights and output (2⁻⁸ relative each) and the result: a few 2⁻⁸.
@@ -164,7 +173,7 @@ def test_gradients_are_finite_and_bfloat16_follows_float32(kernel_size):
 def test_initialisation_is_the_references():
   """Conv1d's U(±1/√W) taps and bias; the filter's input is PositionalEmbedding(3, l_max) row for row."""
   module = MIXERS["base_conv"](causal=True, kernel_size=4)
-  variables = jax.jit(module.init)(jax.random.key(0), np.zeros((1, 3, 64), np.float32))
+  variables = jax.jit(module.lazy_init)(jax.random.key(0), np.zeros((1, 3, 64), np.float32))
   for leaf in variables["params"]["conv"].values():
     assert 0.4 < np.abs(leaf).max() <= 0.5 and np.abs(leaf).mean() > 0.2  # U(±1/√4): 256 draws, mean |.| 0.25
   for l_max in (1, 64):

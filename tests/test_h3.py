@@ -104,21 +104,34 @@ def _state_dict(params):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _run(module, xs, mask=None):
-  """One jitted program: the initial parameters, the parameters the comparison uses (biases redrawn from N(0, 1),
-  where flax starts them at 0, and the diagonal SSM's B moved by N(0, 1): the reference trains both) and the
-  outputs on each of xs."""
+def _params(module, x, seed=1):
+  """Parameters of the module's shapes (jax.eval_shape: nothing compiled) drawn in numpy from the reference's initial
+  distributions, with the biases (0 at first), the SSMs' B (constants at first) and A moved off their starting
+  values, as training moves them, so that the comparison sees every parameter."""
+  rng = np.random.default_rng(seed)
+  shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
 
-  @jax.jit
-  def run(xs, mask):
-    initial = module.init(jax.random.key(1), xs[0])["params"]
-    keys = iter(jax.random.split(jax.random.key(2), 8))
-    params = jax.tree_util.tree_map_with_path(
-      lambda path, a: a + jax.random.normal(next(keys), a.shape) if path[-1].key in ("bias", "B") else a, initial
-    )
-    return initial, params, [module.apply({"params": params}, x, mask=mask) for x in xs]
+  def draw(path, leaf):
+    name, shape = "/".join(k.key for k in path), leaf.shape
+    if path[-1].key == "kernel":  # q_proj, k_proj, v_proj, output_linear
+      return rng.normal(size=shape) / math.sqrt(shape[0])
+    moved = 0.3 * rng.normal(size=shape)
+    return {
+      "ssm_k_kernel/B": lambda: np.eye(shape[1])[[0] * shape[0]] + moved,
+      "ssm_k_kernel/C": lambda: rng.uniform(-1, 1, size=shape) / math.sqrt(shape[1]),
+      "ssm_kernel/log_dt": lambda: rng.uniform(math.log(1e-3), math.log(1e-1), size=shape),
+      "ssm_kernel/inv_A_real": lambda: math.log(0.5) + moved,
+      "ssm_kernel/A_imag": lambda: math.pi * np.arange(shape[1]) + moved,
+      "ssm_kernel/B": lambda: np.stack([np.ones(shape[:2]), np.zeros(shape[:2])], -1) + moved,
+      "ssm_kernel/C": lambda: math.sqrt(0.5) * rng.normal(size=shape),
+    }.get(name, lambda: rng.normal(size=shape))()  # biases, D, D_k
 
-  return run(xs, mask)
+  return jax.tree.map(np.float32, jax.tree_util.tree_map_with_path(draw, shapes))
+
+
+def _apply(module, params, xs, mask=None):
+  """The module's outputs on each of xs, in one jitted program."""
+  return jax.jit(lambda p, xs, mask: [module.apply({"params": p}, x, mask=mask) for x in xs])(params, xs, mask)
 
 
 def _assert_initialised_as_the_reference(p, N, dt_min=0.001, dt_max=0.1):
@@ -148,11 +161,11 @@ def _n_terms(L, d_state, head_dim):
 # taps zero-padded) and an odd d_state (the diagonal SSM has its floor(N/2) modes). Figure 2's setting at a length
 # that is no power of two: the padding test below.
 @pytest.mark.parametrize("head_dim,d_state,L,max_len", [(1, 64, 11, 16), (2, 0, 1, 2), (4, 5, 9, 6)])
-def test_h3_is_initialised_and_computes_as_zoology(head_dim, d_state, L, max_len):
+def test_h3_equals_zoology(head_dim, d_state, L, max_len):
   x = np.random.default_rng(0).normal(size=(2, L, D)).astype(np.float32)
   module = MIXERS["h3"](causal=True, head_dim=head_dim, d_state=d_state, max_len=max_len)
-  initial, params, (y,) = _run(module, [x])
-  _assert_initialised_as_the_reference(initial, d_state or max_len)
+  params = _params(module, x)
+  (y,) = _apply(module, params, [x])
   want = _zoology_h3(x.astype(np.float64), _state_dict(params), head_dim, max_len)
   assert_close_sums(y, want, n_terms=_n_terms(L, d_state or max_len, head_dim))
 
@@ -168,7 +181,8 @@ def test_padding_at_both_ends_reaches_no_real_position():
   mask[:, 2:8] = True
   noisy = np.where(mask[..., None], x, 10 * rng.normal(size=x.shape)).astype(np.float32)
   module = MIXERS["h3"](causal=True, head_dim=2, d_state=0, max_len=L)
-  _, params, (y, y_noisy) = _run(module, [x, noisy], mask)
+  params = _params(module, x)
+  y, y_noisy = _apply(module, params, [x, noisy], mask)
   want = _zoology_h3(x.astype(np.float64), _state_dict(params), 2, L, mask=mask)
   assert_close_sums(np.asarray(y)[mask], want[mask], n_terms=_n_terms(L, L, 2))
   # The same sums of the same numbers, but in another fusion of the program: within their rounding.
@@ -183,19 +197,19 @@ def test_decoding_runs_the_references_recurrences():
   x = np.random.default_rng(5).normal(size=(2, L, D)).astype(np.float32)
   module = MIXERS["h3"](causal=True, head_dim=2, d_state=0, max_len=L)
 
-  @jax.jit
-  def run(x):
-    variables = module.init(jax.random.key(1), x)
-    cache = module.init(jax.random.key(1), x, decode=True)["cache"]
+  cache_shapes = jax.eval_shape(lambda x: module.init(jax.random.key(0), x, decode=True)["cache"], x)
 
+  @jax.jit
+  def run(params, x):
     def step(cache, x_t):
-      y_t, mutated = module.apply({**variables, "cache": cache}, x_t[:, None], decode=True, mutable=["cache"])
+      y_t, mutated = module.apply({"params": params, "cache": cache}, x_t[:, None], decode=True, mutable=["cache"])
       return mutated["cache"], y_t[:, 0]
 
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache_shapes)
     _, ys = jax.lax.scan(step, cache, x.swapaxes(0, 1))
-    return module.apply(variables, x), ys.swapaxes(0, 1)
+    return module.apply({"params": params}, x), ys.swapaxes(0, 1)
 
-  full, stepped = run(x)
+  full, stepped = run(_params(module, x), x)
   assert_close_sums(stepped, full, n_terms=_n_terms(L, L, 2))
 
 
@@ -206,16 +220,23 @@ def test_gradients_are_finite_and_bfloat16_follows_float32():
   module = MIXERS["h3"](causal=True, head_dim=2, d_state=0, max_len=L)
 
   @jax.jit
-  def run(x32, x16):
-    variables = module.init(jax.random.key(1), x32)
-    y32, vjp = jax.vjp(module.apply, variables, x32)
-    return vjp(jnp.ones_like(y32)), module.apply(variables, x16), y32
+  def run(params, x32, x16):
+    y32, vjp = jax.vjp(lambda p, x: module.apply({"params": p}, x), params, x32)
+    return vjp(jnp.ones_like(y32)), module.apply({"params": params}, x16), y32
 
-  grads, y16, y32 = run(np.asarray(x16, np.float32), x16)
+  grads, y16, y32 = run(_params(module, x), np.asarray(x16, np.float32), x16)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
   assert y16.dtype == jnp.bfloat16
   # bfloat16 rounds the three projections' and the output projection's inputs and results (2⁻⁸ relative each).
   np.testing.assert_allclose(np.asarray(y16, np.float32), y32, atol=0.05 * np.abs(y32).max())
+
+
+def test_initialisation_is_the_references():
+  """The SSMs' parameters as SSKernel makes them (dt_min and dt_max set: the options reach Δ's range)."""
+  module = MIXERS["h3"](causal=True, d_state=64, dt_min=0.01, dt_max=0.2)
+  params = jax.jit(module.lazy_init)(jax.random.key(0), np.zeros((1, 3, D), np.float32))["params"]
+  _assert_initialised_as_the_reference(params, 64, dt_min=0.01, dt_max=0.2)
+  assert np.all(params["ssm_k_D"] != 0) and np.all(params["D"] != 0)  # N(0, 1)
 
 
 def test_options_are_checked():
