@@ -6,7 +6,9 @@
 
 Arguments: mixer= attention, hyena, rwkv, h3 or base_conv (Figure 2's rows; any causal mixer or layer pattern
 runs too); L= 64, 128, 256 or 512 (with 4, 8, 16, 64 key-value pairs); d_model= (Figure 2: 64, 128, 256,
-512); lr= (Figure 2 sweeps 1e-4, 4.6e-4, 2.2e-3, 1e-2 and plots the best); smoke.
+512); lr= (Figure 2 sweeps 1e-4, 4.6e-4, 2.2e-3, 1e-2 and plots the best); layers= (2, as Zoology's config has
+had since its "Fix number of layers" commit; the config first published with the figure gave the non-attention
+mixers 4); smoke.
 
 Everything follows zoology/experiments/paper_configs/iclr24_zoology_figure2/configs.py, zoology/config.py,
 zoology/model.py and zoology/train.py:
@@ -18,7 +20,7 @@ zoology/model.py and zoology/train.py:
   every dense kernel N(0, 0.02²), biases 0, the mixers' output projections (out_proj) N(0, 0.02²/(2·2));
 - mixers: attention 1 head; Hyena and RWKV at their defaults with l_max = L; H3 with d_state = L and head_dim 2;
   BaseConv with kernel sizes [3, -1]: a short convolution in layer 1, an implicit long one in layer 2
-  (the pattern base_conv+base_conv_long);
+  (the pattern zoology_base_conv: base_conv+base_conv_long);
 - training: AdamW (torch's defaults, weight decay 0.1 on every parameter), no warmup, no clipping, cosine from
   lr to 0 over 64 epochs stepped once per epoch; validation after every epoch on all 3k examples, stopping when
   its accuracy is above 0.99 (config.stop_metric). Figure 2 plots the final validation accuracy, best of the 4 rates.
@@ -40,13 +42,13 @@ ROWS = {
   "attention": ("attention", {"num_heads": 1, "attention_dropout": 0.1}),
   "hyena": ("hyena", {}),
   "rwkv": ("rwkv", {}),
-  "h3": ("h3", {"d_state": "L", "head_dim": 2}),
-  "base_conv": ("base_conv+base_conv_long", {}),
+  "h3": ("h3", {"d_state": 0, "head_dim": 2}),  # d_state 0: the sequence length (Figure 2: d_state = L)
+  "base_conv": ("zoology_base_conv", {}),
 }
 
 
 def get_config(arg: str | None = None):
-  args = config_lib.parse_arg(arg, mixer="attention", L=64, d_model=64, lr=1e-3, smoke=False)
+  args = config_lib.parse_arg(arg, mixer="attention", L=64, d_model=64, lr=1e-3, layers=2, smoke=False)
   if args.L not in SETTINGS:
     raise config_lib.UserError(f"L={args.L}: Figure 2's lengths are {', '.join(map(str, SETTINGS))}")
   mixer, options = ROWS.get(args.mixer, (args.mixer, {}))
@@ -54,7 +56,7 @@ def get_config(arg: str | None = None):
   config.model.update(
     causal=True,
     d_model=args.d_model,
-    num_layers=2,
+    num_layers=args.layers,
     d_ff=0,
     state_mixer="identity",
     max_len=args.L,
@@ -66,7 +68,6 @@ def get_config(arg: str | None = None):
     tie_embeddings=True,
     position_embedding="learned" if mixer == "attention" else "none",
   )
-  options = {k: (args.L if v == "L" else v) for k, v in options.items()}
   config_lib.set_where_declared(config.mixer, **options)
   batch_size = BATCH[args.L]
   config.data.update(task="mqar", variant=SETTINGS[args.L], batch_size=batch_size, eval_examples=0, in_memory=True)

@@ -31,6 +31,11 @@ LAYOUTS = ("bottom", "middle", "mixed", "top")
 
 # Named patterns: name → (pattern, what it is).
 PATTERNS: dict[str, tuple[str, str]] = {
+  "zoology_base_conv": (
+    "base_conv+base_conv_long",
+    "Zoology's BaseConv with kernel sizes [3, -1] per layer (Figure 2): a short convolution, then an implicit "
+    "long one, repeating",
+  ),
   "fnet_hybrid": (
     "fnet+attention*2@top",
     "FNet-Hybrid (Lee-Thorp et al.): attention in the last two layers, "
@@ -38,7 +43,7 @@ PATTERNS: dict[str, tuple[str, str]] = {
   ),
 }
 
-_ITEM = re.compile(r"^([a-z_]+)(?:\*(\d+))?$")
+_ITEM = re.compile(r"^([a-z_][a-z0-9_]*)(?:\*(\d+))?$")  # names may hold digits: h3
 
 
 def expand(pattern: str) -> str:

@@ -107,12 +107,16 @@ SHARDED_KINDS = {
   "linear_mixing": "a D × D hidden matrix split, a sequence matrix kept whole",
   "fnet": "no parameters: its per-device FFT (custom_partitioning) on a mesh that splits the others",
 }
+# The causal-only mixers' own kinds, in a model of their own (fnet cannot be causal, they cannot be bidirectional).
+CAUSAL_SHARDED_KINDS = {
+  "h3": "SSM parameters (B, C: D × N and D × N × 2) split, kernels made from them and applied through an FFT",
+}
 
 
 def test_the_sharded_mixers_stand_for_every_mixer():
   """Each mixer left out of the test below splits only parameters that one in it splits too: the same kind of leaf
   (a kernel, ...), of the same rank, along the same axis."""
-  assert set(SHARDED_KINDS) <= set(MIXERS)
+  assert set(SHARDED_KINDS) | set(CAUSAL_SHARDED_KINDS) <= set(MIXERS)
   split = {}
   for mixer in MIXERS:
     config = mixer_config(mixer, d_model=64, d_ff=128, num_layers=1, max_len=32, num_heads=4, lsh_chunk=8)
@@ -123,8 +127,9 @@ def test_the_sharded_mixers_stand_for_every_mixer():
       for path, x in jax.tree_util.tree_leaves_with_path(params["block_0"]["mixing"])
       if sharding.spec(path, x.shape, 8) != jax.sharding.PartitionSpec()
     }
-  covered = set().union(*(split[m] for m in SHARDED_KINDS))
-  for mixer in set(MIXERS) - set(SHARDED_KINDS):
+  kinds = {**SHARDED_KINDS, **CAUSAL_SHARDED_KINDS}
+  covered = set().union(*(split[m] for m in kinds))
+  for mixer in set(MIXERS) - set(kinds):
     assert split[mixer] <= covered, (mixer, split[mixer] - covered)
 
 
@@ -137,13 +142,16 @@ def _first_moments(state) -> list:
   ]
 
 
-@pytest.mark.parametrize("reversible", [False, True])
-def test_mixers_train_the_same_with_sharded_parameters(reversible):
-  """A train step at fsdp 8 equals one at fsdp 1 (data 8): loss, gradient norm and updated parameters. Without
-  reversible, one model whose layers are the SHARDED_KINDS mixers, one each (a layer pattern), every mixer's split
-  parameters in one program; with, a reversible attention stack (a leading layer axis the rule never splits)."""
-  mixer = "attention" if reversible else "+".join(SHARDED_KINDS)
-  num_layers = 1 if reversible else len(SHARDED_KINDS)
+@pytest.mark.parametrize("model", ["kinds", "reversible", "causal_kinds"])
+def test_mixers_train_the_same_with_sharded_parameters(model):
+  """A train step at fsdp 8 equals one at fsdp 1 (data 8): loss, gradient norm and updated parameters. "kinds":
+  one model whose layers are the SHARDED_KINDS mixers, one each (a layer pattern), every mixer's split parameters
+  in one program; "causal_kinds": the same of CAUSAL_SHARDED_KINDS; "reversible": a reversible attention stack (a
+  leading layer axis the rule never splits)."""
+  reversible = model == "reversible"
+  kinds = CAUSAL_SHARDED_KINDS if model == "causal_kinds" else SHARDED_KINDS
+  mixer = "attention" if reversible else "+".join(kinds)
+  num_layers = 1 if reversible else len(kinds)
   config = mixer_config(
     mixer,
     d_model=64,
@@ -186,10 +194,10 @@ def test_mixers_train_the_same_with_sharded_parameters(reversible):
   else:  # every layer's mixer but fnet's (which has no parameters) has a split parameter
     mixing = {
       kind
-      for i, kind in enumerate(SHARDED_KINDS)
+      for i, kind in enumerate(kinds)
       if any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(state_8.params[f"block_{i}"]["mixing"]))
     }
-    assert mixing == set(SHARDED_KINDS) - {"fnet"}, mixing
+    assert mixing == set(kinds) - {"fnet"}, mixing
 
 
 @pytest.mark.parametrize("mixer", ["aft_simple", "attention"])

@@ -87,15 +87,15 @@ def test_weight_decay_applies_to_weight_matrices_only(smoke_config):
 
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_weight_decay_mask_is_the_dense_rule_and_the_mixer_s_declared_matrices(mixer):
-  """trainer.decay_mask, from MixerSpec.decayed, picks in every mixer's model what one fixed rule picked before
-  the mixers declared their matrices: the leaves named kernel, embedding, w_seq or w_hidden; and each name a mixer
-  declares is one of its parameters."""
+  """trainer.decay_mask, from MixerSpec.decayed, picks in every mixer's model what one fixed rule picks: the leaves
+  named kernel, embedding, w_seq or w_hidden (linear_mixing), taps (base_conv's convolution) or C (h3's SSMs); and
+  each name a mixer declares is one of its parameters."""
   config = mixer_config(mixer, d_model=16, d_ff=32, max_len=16, num_heads=2, reversible=mixer == "attention")
   params = jax.eval_shape(lambda: lm_model(config).init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32)))["params"]
-  old_rule = jax.tree_util.tree_map_with_path(
-    lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding", "w_seq", "w_hidden"), params
+  fixed_rule = jax.tree_util.tree_map_with_path(
+    lambda path, _: getattr(path[-1], "key", None) in ("kernel", "embedding", "w_seq", "w_hidden", "taps", "C"), params
   )
-  assert trainer.decay_mask(params) == old_rule
+  assert trainer.decay_mask(params) == fixed_rule
   names = {getattr(path[-1], "key", None) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
   assert set(MIXERS[mixer].decayed) <= names
 

@@ -15,9 +15,11 @@ mixers, capabilities and options that README.md shows.
 from efftx.mixers import aft
 from efftx.mixers import aft_conv
 from efftx.mixers import attention
+from efftx.mixers import base_conv
 from efftx.mixers import block_local
 from efftx.mixers import ff_only
 from efftx.mixers import fourier
+from efftx.mixers import h3
 from efftx.mixers import hyena
 from efftx.mixers import linear
 from efftx.mixers import linear_mixing
@@ -46,5 +48,8 @@ MIXERS.update(
     "lsh": lsh.SPEC,
     "hyena": hyena.SPEC,
     "rwkv": rwkv.SPEC,
+    "base_conv": base_conv.SPEC,
+    "base_conv_long": base_conv.SPEC_LONG,
+    "h3": h3.SPEC,
   }
 )
