@@ -244,7 +244,18 @@ def _fake_runs(study, workdir, rng):
 
 
 @pytest.mark.parametrize(
-  "name", ["aft_window", "image_ar", "mqar", "lra_reduced", "fnet_model_set", "vision", "cost_vs_length", "reversible"]
+  "name",
+  [
+    "aft_window",
+    "image_ar",
+    "mqar",
+    "lra_reduced",
+    "fnet_model_set",
+    "vision",
+    "cost_vs_length",
+    "reversible",
+    "zoology_fig2",
+  ],
 )
 def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
   """Each experiments/<study>/sweep.py at scale cpu, on made-up runs of every point: its report states both
@@ -266,7 +277,8 @@ def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
   )
   assert "**Verdicts**" in table
   paper_claims = [v for v in verdicts if "FF-only" not in v["claim"] and "ff_only" not in v["claim"]]
-  if any(p.program == "train" for p in study.points) and name != "mqar":
+  if any(p.program == "train" for p in study.points) and name not in ("mqar", "zoology_fig2"):  # zoology_fig2: the
+    # paper's own setting at every scale
     assert all(v["verdict"] == stats.UNTESTED for v in paper_claims), verdicts
 
 

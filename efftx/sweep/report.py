@@ -87,7 +87,7 @@ def aggregate(
   study.best_then_seeds' search, the chosen rate), with the 95 % interval of its mean ("ci95", None
   with one seed) and its seeds' values ("seeds": {seed: {"value": ..., metric: ...}}). Groups in the order given
   (default: first seen). Each of `metrics` (points' "values") is aggregated over the same runs, into the row's
-  "metrics"."""
+  "metrics"; "seconds" is the run time of every finished run of the group, searched rates included."""
   order = groups or list(dict.fromkeys(p["group"] for p in points))
   out = []
   for group in order:
@@ -108,7 +108,8 @@ def aggregate(
           "learning_rate": None,
           "by_learning_rate": {},
           "seeds": {},
-          "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics},
+            "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics},
+          "seconds": sum(p.get("seconds") or 0 for p in points if p["group"] == group),
         }
       )
       continue
@@ -138,6 +139,7 @@ def aggregate(
         "by_learning_rate": {str(lr): m for lr, m in means.items()},
         "metrics": extra,
         "seeds": {p["seed"]: {"value": p["value"], **p.get("values", {})} for p in runs},
+        "seconds": sum(p.get("seconds") or 0 for p in points if p["group"] == group),  # every run of the group
       }
     )
   return out
