@@ -79,7 +79,9 @@ SCALES = {
   "cpu": {"lengths": (64, 128), "widths": (64, 128)},
   "paper": {"lengths": (64, 128, 256, 512), "widths": WIDTHS},
 }
-LEARNING_RATES = (1e-4, 4.6e-4, 2.2e-3, 1e-2)  # np.logspace(-4, -2, 4), as Zoology's run names print them
+# np.logspace(-4, -2, 4), as Zoology's run names print them; the middle rates first, so that the first runs (which
+# stop early once they solve their cell) show soonest whether the protocol works. The order changes no result.
+LEARNING_RATES = (2.2e-3, 4.6e-4, 1e-2, 1e-4)
 SEEDS = (0, 1, 2)  # declared before the runs: seed 0 searches the rates, seeds 1 and 2 are the fresh estimate
 
 
