@@ -52,7 +52,9 @@ RUN_FIELDS: dict[str, Field] = {  # the top level: config.total_steps, ...
 OPTIM_FIELDS: dict[str, Field] = {
   "learning_rate": Field("peak learning rate of AdamW, reached after warmup", 1e-3, above=0),
   "warmup_steps": Field("linear warmup from 0 (steps); cosine decay to 0 at total_steps afterwards", 100, at_least=0),
-  "weight_decay": Field("decoupled AdamW weight decay (not applied to biases and norms)", 0.01, at_least=0),
+  "weight_decay": Field(
+    "decoupled AdamW weight decay (not applied to biases and norms, unless decay_all)", 0.01, at_least=0
+  ),
   "decay_all": Field(
     "weight decay on every parameter, biases and norms too (torch's AdamW over model.parameters(), as Zoology trains)",
     False,
@@ -266,9 +268,15 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
       "config.model.reversible=True needs block_layout='pre_ln': a reversible coupling's branches "
       "normalise their own inputs"
     )
-  if m.state_mixer == "identity" and (m.reversible or m.block_layout != "pre_ln"):
+  if m.state_mixer == "identity" and (m.reversible or m.block_layout != "pre_ln" or m.d_ff):
     raise UserError(
-      "config.model.state_mixer='identity' (Zoology's blocks) needs block_layout='pre_ln' and reversible=False"
+      "config.model.state_mixer='identity' (Zoology's blocks) needs block_layout='pre_ln', reversible=False and "
+      "d_ff=0 (its blocks have no feed-forward sublayer)"
+    )
+  if d.in_memory and d.worker_count:
+    raise UserError(
+      "config.data.in_memory=True holds the splits in this process: set config.data.worker_count=0 (worker "
+      "processes would each get a copy)"
     )
   if m.tie_embeddings and (m.patch_size or "lm_head" not in objectives.for_run(config, task).fresh_params):
     raise UserError(

@@ -396,7 +396,8 @@ class Transformer(nn.Module):
     if self.tie_embeddings:
       if self.patch_size:
         raise ValueError("tie_embeddings: patch embeddings have no token embeddings to tie")
-      return embed.attend(x_BxLxD.astype(jnp.float32)).astype(jnp.float32)  # in float32, as the heads
+      # In float32, as the heads: the embedding itself, not its compute-dtype copy that Embed.attend would use.
+      return x_BxLxD.astype(jnp.float32) @ embed.embedding.astype(jnp.float32).T
     return self.head(x_BxLxD, mask_BxL)  # the heads run in float32
 
   def mixer_of(self, layer: int) -> Callable[..., nn.Module]:
@@ -511,17 +512,27 @@ def initialize(model: Transformer, key: jax.Array) -> Any:
   """Fresh parameters of `model` (shapes from one sequence of model.max_len tokens). With model.init_std > 0,
   every dense layer's kernel (a "kernel" beside a "bias", or alone in its module: nn.Dense, nn.DenseGeneral, with or
   without a bias, also when stacked by the reversible layers) is redrawn from N(0, init_std²) (a mixer's output
-  projection from N(0, init_std²/(2·num_layers)) with init_rescale_out); biases stay 0, embeddings N(0, 0.02²), and
-  other parameters as their module makes them (AFT-conv's "kernel", which sits beside its γ and β and is
-  renormalised in use, among them)."""
+  projection from N(0, init_std²/(2·num_layers)) with init_rescale_out), but for the dense layers a mixer keeps
+  (MixerSpec.keep_init); biases stay 0, embeddings N(0, 0.02²), and other parameters as their module makes them
+  (AFT-conv's "kernel", which sits beside its γ and β and is renormalised in use, among them)."""
   params = model.init(key, jnp.zeros((1, model.max_len), jnp.int32))["params"]
   if not model.init_std:
     return params
+
+  kept = {  # (block, dense layer) pairs whose mixer keeps their initialisation (MixerSpec.keep_init)
+    (f"block_{i}", name)
+    for i in range(model.num_layers)
+    for spec in MIXERS.values()
+    if spec.module is getattr(model.mixer_of(i), "func", None)
+    for name in spec.keep_init
+  }
 
   def redraw(path, leaf):
     keys = [getattr(p, "key", None) for p in path]
     parent = functools.reduce(lambda node, k: node[k], keys[:-1], params)
     if keys[-1] != "kernel" or not (isinstance(parent.get("bias"), jax.Array) or set(parent) == {"kernel"}):
+      return leaf
+    if keys[1:3] == ["mixing", "mixer"] and (keys[0], keys[-2]) in kept:
       return leaf
     leaf_key = jax.random.fold_in(key, zlib.crc32("/".join(map(str, keys)).encode()))
     std = model.init_std

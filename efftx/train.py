@@ -171,6 +171,7 @@ def _train(
       step,
       lambda params: evaluate(params, prefix="eval_"),
       lambda step, state: checkpoints_lib.save(checkpoints, step, state),
+      checkpoints.wait_until_finished,
     )
   finally:
     checkpoints.wait_until_finished()
@@ -349,7 +350,7 @@ class Diverged(UserError):
   """A non-finite loss, gradient norm or parameter: the run stops without saving (its last checkpoint is good)."""
 
 
-def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dict[str, float]:
+def _loop(config, workdir, state, start_step, train_step, evaluate, save, save_wait=lambda: None) -> dict[str, float]:
   """Steps to config.total_steps: log every log_every, evaluate every eval_every, save every checkpoint_every
   (and at the end, and when a signal asks to stop). Returns the last metrics with "step".
 
@@ -386,9 +387,11 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
 
   if start_step >= config.total_steps:
     logging.info("%s is already trained to step %d (config.total_steps=%d)", workdir, start_step, config.total_steps)
-  stopped_early = _stopped_early(config, workdir, start_step)
+  stopped_early, written = _stopped_early(config, workdir, start_step)
   if stopped_early is not None:
     logging.info("%s stopped early at step %d (%s > %g)", workdir, start_step, config.stop_metric, config.stop_above)
+    if not written:  # killed after its checkpoint, before the row: the row now
+      log(start_step, stopped_early)
     last.update(stopped_early)
   step, last_saved = start_step, start_step or None
   try:
@@ -435,7 +438,8 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
         save(step, state)
         last_saved = step
       if stopped_early is not None:
-        log(step, stopped_early)  # after the checkpoint: a row that says finished has its checkpoint
+        save_wait()  # the checkpoint complete before the row that says the run is finished
+        log(step, stopped_early)
         report(f"step {step}: {config.stop_metric} above {config.stop_above:g}: stopped early")
       if stopping:
         logging.warning("stopped by signal at step %d (checkpoint saved); re-run the same command to resume", step)
@@ -448,17 +452,21 @@ def _loop(config, workdir, state, start_step, train_step, evaluate, save) -> dic
   return {**last, "step": int(step)}
 
 
-def _stopped_early(config, workdir, start_step: int) -> dict | None:
-  """{"stopped_early": value} where the run in workdir stopped early at the step it resumes from, with stop_metric
-  still set; else None."""
+def _stopped_early(config, workdir, start_step: int) -> tuple[dict | None, bool]:
+  """({"stopped_early": value}, whether metrics.jsonl says so already) where the run resumes at a step whose
+  evaluation had stop_metric above stop_above (a run killed between that evaluation and its row still stops
+  there); (None, False) otherwise, or without stop_metric."""
   if not config.stop_metric or not start_step:
-    return None
-  rows = metrics_file.rows(workdir) if jax.process_index() == 0 else []
-  row = next((r for r in rows if metrics_file.STOPPED_EARLY in r and r["step"] == start_step), None)
-  found = row is not None
+    return None, False
+  value, written = None, False
+  if jax.process_index() == 0:
+    rows = [r for r in metrics_file.rows(workdir) if r["step"] == start_step]
+    value = next((r[config.stop_metric] for r in rows if config.stop_metric in r), None)
+    written = any(metrics_file.STOPPED_EARLY in r for r in rows)
+  stopped = value is not None and value > config.stop_above
   if jax.process_count() > 1:  # every process must agree, or the others train on alone
-    found = bool(multihost_utils.broadcast_one_to_all(np.int32(found)))
-  return {metrics_file.STOPPED_EARLY: row[metrics_file.STOPPED_EARLY] if row else 0.0} if found else None
+    stopped = bool(multihost_utils.broadcast_one_to_all(np.int32(stopped)))
+  return ({metrics_file.STOPPED_EARLY: value if value is not None else 0.0}, written) if stopped else (None, False)
 
 
 def _first_nonfinite(window: dict[str, np.ndarray], step: int, leaf_names: list[str]) -> str | None:

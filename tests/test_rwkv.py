@@ -234,3 +234,20 @@ def test_options_are_checked_and_the_model_gives_each_layer_its_index():
   for layer in (0, 1):
     got = params[f"block_{layer}"]["mixing"]["mixer"]["time_decay"]
     np.testing.assert_allclose(got, _reference_init(D, layer, 12)["time_decay"], rtol=2 * EPS, atol=2 * EPS)
+
+
+def test_the_models_redraw_leaves_the_projections_at_torchs_initialisation():
+  """Zoology's _init_weights never reaches RWKVTimeMixer's nn.Linear layers (a torch.jit.ScriptModule's submodules
+  are not nn.Linear instances), so under init_std 0.02 they keep torch's U(±1/√D) (std 1/√(3D)), in every layer."""
+  from configs import zoology_fig2  # pylint: disable=g-import-not-at-top
+  from efftx import model as model_lib  # pylint: disable=g-import-not-at-top
+
+  config = zoology_fig2.get_config("mixer=rwkv,L=64,d_model=64")
+  config.model.max_len = 8
+  params = model_lib.initialize(lm_model(config), jax.random.key(0))
+  for layer in (0, 1):
+    mixer = params[f"block_{layer}"]["mixing"]["mixer"]
+    for name in ("key", "value", "receptance", "output"):
+      kernel = np.asarray(mixer[name]["kernel"])
+      assert np.abs(kernel).max() <= 1 / 8 and np.std(kernel) == pytest.approx(1 / np.sqrt(3 * 64), rel=0.05), name
+  assert np.std(params["embed"]["embedding"]) == pytest.approx(0.02, rel=0.05)

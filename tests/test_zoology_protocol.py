@@ -142,6 +142,11 @@ def test_a_run_stops_early_once_its_metric_is_above_the_threshold_and_stays_fini
   assert points.state(train.checkpoints_lib.run_folder(workdir)) == "done"
   again = train.train_and_evaluate(config, workdir)  # finished: nothing trained, nothing written
   assert again["step"] == 2 and len(open(os.path.join(workdir, "metrics.jsonl")).readlines()) == len(rows)
+  # Killed after the checkpoint and the evaluation's row, before the stop row: the run stops there, and says so.
+  lines = open(os.path.join(workdir, "metrics.jsonl")).readlines()
+  open(os.path.join(workdir, "metrics.jsonl"), "w").writelines(lines[:-1])
+  assert train.train_and_evaluate(config, workdir)["step"] == 2
+  assert [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))] == rows
   config.stop_metric = "eval_recall"
   with pytest.raises(Exception, match="not an evaluation metric of this run; its metrics: eval_accuracy"):
     train.train_and_evaluate(config, str(tmp_path / "other"))
@@ -151,10 +156,11 @@ def test_a_cell_is_reproduced_where_its_value_and_fresh_seeds_lie_within_the_rea
   import runpy  # pylint: disable=g-import-not-at-top
 
   sweep = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "experiments", "zoology_fig2", "sweep.py"))
-  row = lambda group, *values: {
+  row = lambda group, *values, rates=4: {
     "group": group,
     "learning_rate": 1e-3,
     "seconds": 7200,
+    "by_learning_rate": {str(lr): 0.5 for lr in sweep["LEARNING_RATES"][:rates]},
     "seeds": {k: {"value": v} for k, v in enumerate(values)},
   }
   claims = sweep["claim"](
@@ -163,7 +169,8 @@ def test_a_cell_is_reproduced_where_its_value_and_fresh_seeds_lie_within_the_rea
       row("hyena L=64 d=128", 0.60, 0.62, 0.58),  # paper .75: all below
       row("hyena L=64 d=256", 0.85, 0.70, 0.86),  # paper .85: one of three outside
       row("rwkv L=64 d=128", 0.88),  # paper ~.92 (hidden: ± .06), fresh seeds not run
-      row("rwkv L=64 d=64"),  # the search has not finished: no claim
+      row("rwkv L=64 d=64"),  # the search has not started: no claim
+      row("h3 L=64 d=64", 0.93, rates=3),  # one rate of the search left: no claim yet
     ],
     "cpu",
   )

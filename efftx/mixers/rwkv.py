@@ -179,6 +179,7 @@ SPEC = MixerSpec(
   can_be_bidirectional=False,
   can_decode=True,
   flops=_flops,
+  keep_init=("key", "value", "receptance", "output"),
   options={
     "n_layer": Field("layers the initialisation formulas assume (Zoology never passes it: its default 12)", at_least=2),
   },

@@ -70,6 +70,10 @@ class MixerSpec:
   # weight matrices of its own (linear_mixing's w_seq, w_hidden). Biases, scales and position biases are not
   # decayed. efftx.trainer decays every leaf whose name one of the registry's mixers declares here.
   decayed: tuple[str, ...] = ()
+  # Dense layers of this mixer (module names) whose kernels keep the mixer's own initialisation when
+  # config.model.init_std redraws every other dense kernel: RWKV's projections, which Zoology's re-initialisation
+  # does not reach (its module is a torch.jit.ScriptModule).
+  keep_init: tuple[str, ...] = ()
 
   def __post_init__(self):
     fields = {f.name: f for f in dataclasses.fields(self.module)}

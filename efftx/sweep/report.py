@@ -108,7 +108,7 @@ def aggregate(
           "learning_rate": None,
           "by_learning_rate": {},
           "seeds": {},
-            "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics},
+          "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics},
           "seconds": sum(p.get("seconds") or 0 for p in points if p["group"] == group),
         }
       )
