@@ -460,10 +460,16 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   with_paper = study.paper_in_table(scale) if scale else True
   # Measurements get ratios to the baseline; training runs their paired differences from it.
   deltas = [r for r in rows if (r.get("delta") or {}).get(study.metric)] if not study.measured else []
-  panels = [("metric", m) for m in metrics] + ([("delta", study.metric)] if deltas else [])
+  # Against plot.x with plot.panel: the metric once per panel (Figure 2's one panel per sequence length).
+  titles = list(dict.fromkeys(study.plot.panel(r["group"]) for r in rows)) if study.plot.x and study.plot.panel else []
+  panels = [("metric", m, t) for m in metrics for t in titles or [None]] + (
+    [("delta", study.metric, None)] if deltas else []
+  )
   tall = max(4.5, 0.35 * len(rows) + 1.5) if not study.plot.x else 4.5
   fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), tall), squeeze=False)
-  for ax, (kind, metric) in zip(axes[0], panels):
+  all_rows = rows
+  for ax, (kind, metric, title) in zip(axes[0], panels):
+    rows = [r for r in all_rows if title is None or study.plot.panel(r["group"]) == title]
     if kind == "delta" and study.plot.x:  # the paired difference against plot.x, with its 95 % interval
       label, xs = study.plot.x
       shown = [r for r in rows if r["delta"].get(metric) and r["group"] in xs]
@@ -514,7 +520,10 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
           sorted(
             (xs[g], study.paper_value(g, metric))
             for g in study.paper
-            if g in xs and study.plot.series.get(g, "ours") == series and study.paper_value(g, metric) is not None
+            if g in xs
+            and study.plot.series.get(g, "ours") == series
+            and study.paper_value(g, metric) is not None
+            and (title is None or study.plot.panel(g) == title)
           )
           if with_paper
           else []
@@ -572,7 +581,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       shown = [value(r) for r in done]
       if shown and min(shown) > 0 and max(shown) / min(shown) >= 10:
         (ax.set_yscale if study.plot.x else ax.set_xscale)("log")
-    ax.set_title(study.name if len(metrics) == 1 else f"{study.name}: {metric}")
+    ax.set_title((study.name if len(metrics) == 1 else f"{study.name}: {metric}") + (f", {title}" if title else ""))
     ax.grid(alpha=0.3)
   fig.tight_layout()
   buffer = io.BytesIO()

@@ -127,7 +127,7 @@ class Plot:
   series: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> its line against x
   xscale: str = ""  # "linear" or "log" (base 2); "": log where x spans 16× or more
   chance: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # metric -> {line label: value}
-  panel: Callable[[str], str] | None = None  # group -> its learning-curve panel (e.g. its task)
+  panel: Callable[[str], str] | None = None  # group -> its panel: learning curves, and with x the metric's plot
 
 
 @dataclasses.dataclass

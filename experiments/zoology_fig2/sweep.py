@@ -94,9 +94,16 @@ def _group(row: str, L: int, d: int) -> str:
 _CELLS = {_group(r, L, d): (r, L, d) for L in _FIGURE for r in ROWS for d in WIDTHS}
 PAPER = {g: abs(_FIGURE[L][r][WIDTHS.index(d)]) for g, (r, L, d) in _CELLS.items()}
 READING_ERROR = {g: 0.06 if _FIGURE[L][r][WIDTHS.index(d)] < 0 else 0.03 for g, (r, L, d) in _CELLS.items()}
+
+
+def _length(group: str) -> str:
+  return group.split()[1]  # "L=64": one panel per sequence length, as Figure 2 has
+
+
 PLOT = Plot(
   x=("d_model", {g: d for g, (_, _, d) in _CELLS.items()}),
-  series={g: f"{r} L={L}" for g, (r, L, _) in _CELLS.items()},
+  series={g: r for g, (r, _, _) in _CELLS.items()},
+  panel=_length,
   xscale="log",
   chance={"eval_accuracy": {"a guess among the 4,096 values": 1 / 4096}},
 )
