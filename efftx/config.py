@@ -273,6 +273,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
       "config.model.state_mixer='identity' (Zoology's blocks) needs block_layout='pre_ln', reversible=False and "
       "d_ff=0 (its blocks have no feed-forward sublayer)"
     )
+  if config.get("stop_metric") and not config.stop_metric.startswith("eval_"):
+    raise UserError(
+      f"config.stop_metric='{config.stop_metric}': the run stops on an evaluation metric, eval_<name> (e.g. "
+      "eval_accuracy, eval_loss)"
+    )
   if d.in_memory and d.worker_count:
     raise UserError(
       "config.data.in_memory=True holds the splits in this process: set config.data.worker_count=0 (worker "

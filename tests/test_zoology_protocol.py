@@ -147,6 +147,9 @@ def test_a_run_stops_early_once_its_metric_is_above_the_threshold_and_stays_fini
   open(os.path.join(workdir, "metrics.jsonl"), "w").writelines(lines[:-1])
   assert train.train_and_evaluate(config, workdir)["step"] == 2
   assert [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))] == rows
+  config.stop_metric = "accuracy"  # a training metric: refused before anything runs
+  with pytest.raises(Exception, match="the run stops on an evaluation metric, eval_<name>"):
+    train.train_and_evaluate(config, str(tmp_path / "other"))
   config.stop_metric = "eval_recall"
   with pytest.raises(Exception, match="not an evaluation metric of this run; its metrics: eval_accuracy"):
     train.train_and_evaluate(config, str(tmp_path / "other"))
