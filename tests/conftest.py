@@ -340,3 +340,24 @@ def assert_decodes_like_forward(model, tokens_BxL, atol: float = 1e-4):
     logits, mutated = step(cache, tokens_BxL[:, t : t + 1])
     cache = mutated["cache"]
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], rtol=atol, atol=atol)
+
+
+def assert_finite_grads_and_bfloat16_close(module, params, x_f32):
+  """In one program: the gradients of module's output sum (parameters and input) are finite, and the output for
+  the input rounded to bfloat16 is bfloat16 and within 0.05 of the float32 output's largest value (a few of
+  bfloat16's 2⁻⁸ roundings of the projections' inputs, weights and results)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  x16 = jnp.asarray(x_f32, jnp.bfloat16)
+
+  @jax.jit
+  def run(params, x32, x16):
+    y32, vjp = jax.vjp(lambda p, x: module.apply({"params": p}, x), params, x32)
+    return vjp(jnp.ones_like(y32)), module.apply({"params": params}, x16), y32
+
+  grads, y16, y32 = run(params, np.asarray(x16, np.float32), x16)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+  assert y16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(y16, np.float32), y32, atol=0.05 * np.abs(y32).max())

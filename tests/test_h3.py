@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_close_sums
+from conftest import assert_finite_grads_and_bfloat16_close
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
@@ -216,19 +217,9 @@ def test_decoding_runs_the_references_recurrences():
 def test_gradients_are_finite_and_bfloat16_follows_float32():
   L = 11
   x = np.random.default_rng(4).normal(size=(2, L, D)).astype(np.float32)
-  x16 = jnp.asarray(x, jnp.bfloat16)
   module = MIXERS["h3"](causal=True, head_dim=2, d_state=0, max_len=L)
 
-  @jax.jit
-  def run(params, x32, x16):
-    y32, vjp = jax.vjp(lambda p, x: module.apply({"params": p}, x), params, x32)
-    return vjp(jnp.ones_like(y32)), module.apply({"params": params}, x16), y32
-
-  grads, y16, y32 = run(_params(module, x), np.asarray(x16, np.float32), x16)
-  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
-  assert y16.dtype == jnp.bfloat16
-  # bfloat16 rounds the three projections' and the output projection's inputs and results (2⁻⁸ relative each).
-  np.testing.assert_allclose(np.asarray(y16, np.float32), y32, atol=0.05 * np.abs(y32).max())
+  assert_finite_grads_and_bfloat16_close(module, _params(module, x), x)
 
 
 def test_initialisation_is_the_references():
