@@ -69,9 +69,84 @@ def test_the_verdict_needs_an_interval_that_clears_the_effect_and_a_run_in_regim
   assert stats.verdict(above, 0.0, False, "loss still falling") == (stats.UNTESTED, "loss still falling")
   assert stats.verdict(stats.Interval(0.5, 0.4, 0.6, 2), 0.0, True)[0] == stats.UNTESTED  # two seeds
   assert stats.verdict(None, 0.0, True)[0] == stats.UNTESTED
-  assert "[0.4, 0.6], the claim > 0" in stats.verdict(above, 0.0, True)[1]
+  assert "[0.4, 0.6] (t, 5 seeds), the claim > 0" in stats.verdict(above, 0.0, True)[1]
   assert stats.verdict(below, 0.0, True, above=False)[0] == stats.HELD  # a claim that the difference lies below
-  assert stats.verdict(above, 0.0, True, above=False) == (stats.DID_NOT_HOLD, "95 % interval [0.4, 0.6], the claim < 0")
+  assert stats.verdict(above, 0.0, True, above=False) == (
+    stats.DID_NOT_HOLD,
+    "95 % interval [0.4, 0.6] (t, 5 seeds), the claim < 0",
+  )
+
+
+def _binomial_tail(k: int, n: int, p: float, upper: bool) -> float:
+  """P(X ≥ k) (upper) or P(X ≤ k) for X ~ Binomial(n, p), summed from the probability mass function."""
+  ks = range(k, n + 1) if upper else range(0, k + 1)
+  return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in ks)
+
+
+@pytest.mark.parametrize("k, n", [(0, 8), (2, 8), (5, 8), (8, 8), (1, 3)])
+def test_a_count_has_the_clopper_pearson_interval(k, n):
+  """Clopper–Pearson: the rates at which the observed count lies in a 2.5 % tail, found from the binomial sums
+  (not from the beta quantiles the code uses); 0 of n has the upper bound 1 − 0.025^(1/n); at either bound the
+  test's p-value is 0.05 (the interval is the test's acceptance region)."""
+  c = stats.Count(k, n)
+  if k == 0:
+    assert c.low == 0 and c.high == pytest.approx(1 - 0.025 ** (1 / n))
+  else:
+    assert _binomial_tail(k, n, c.low, upper=True) == pytest.approx(0.025, abs=1e-9)
+    assert stats.p_value(c, c.low) == pytest.approx(0.05, abs=1e-9)
+  if k == n:
+    assert c.high == 1 and c.low == pytest.approx(0.025 ** (1 / n))
+  else:
+    assert _binomial_tail(k, n, c.high, upper=False) == pytest.approx(0.025, abs=1e-9)
+    assert stats.p_value(c, c.high) == pytest.approx(0.05, abs=1e-9)
+  assert c.text() == f"{k}/{n} [{c.low:.3g}, {c.high:.3g}]"
+  assert stats.p_value(c, k / n) == 1.0
+
+
+def test_a_split_outcome_is_judged_as_a_count():
+  """LSH on MQAR as published: 2 of 8 seeds learn. The count's exact interval puts the rate in [0.032, 0.65]
+  (Clopper–Pearson's table for 2 of 8): "half the seeds solve it" is inconclusive, "more than 1 in 50" held, "more
+  than 70 %" did not hold."""
+  accuracies = [0.99, 0.31, 0.28, 0.995, 0.30, 0.29, 0.33, 0.27]
+  c = stats.count(accuracies, solved=0.99)
+  assert (c.k, c.n) == (2, 8) and c.low == pytest.approx(0.0319, abs=1e-4) and c.high == pytest.approx(0.6509, abs=1e-4)
+  assert stats.verdict(c, 0.5, True)[0] == stats.INCONCLUSIVE
+  assert stats.verdict(c, 0.02, True)[0] == stats.HELD
+  assert stats.verdict(c, 0.7, True)[0] == stats.DID_NOT_HOLD
+  assert "2 of 8 seeds, Clopper–Pearson" in stats.verdict(c, 0.02, True)[1]
+  assert stats.count([None, float("nan")], 0.99) is None
+
+
+def test_a_t_claims_p_value_is_students():
+  """Values 1, 2, 3, 4 against 0: t = 2.5 / (1.291 / 2) = 3.873 on 3 degrees of freedom, two-sided p = 0.0305
+  (Student's t); at the interval's end the p-value is 0.05 (to the table's three decimals)."""
+  i = stats.interval([1.0, 2.0, 3.0, 4.0])
+  assert stats.p_value(i, 0.0) == pytest.approx(0.0305, abs=2e-4)
+  assert stats.p_value(i, i.low) == pytest.approx(0.05, abs=1e-4)
+  assert stats.p_value(stats.exact(3.0), 2.0) == 0.0 and stats.p_value(stats.exact(3.0), 3.0) == 1.0
+  claim = stats.judge("c", "p", "o", i, 0.0, True)
+  assert claim.verdict == stats.HELD and claim.p == pytest.approx(0.0305, abs=2e-4)
+  assert stats.judge("c", "p", "o", i, 0.0, False, "no").p is None  # untested: no test, no p-value
+
+
+def test_holm_adjusts_a_studys_claims_together():
+  """Holm's step-down correction on the textbook example p = 0.01, 0.04, 0.03, 0.005: adjusted 0.03, 0.06, 0.06,
+  0.02 (in sorted order 4·0.005, 3·0.01, 2·0.03, then 1·0.04 raised to the 0.06 before it); at 0.05 the two
+  smallest keep their verdict and the others become inconclusive. Untested claims and text pass through; one
+  claim alone is unchanged; an inconclusive claim stays inconclusive however small its p."""
+  verdicts = [stats.HELD, stats.DID_NOT_HOLD, stats.HELD, stats.HELD]
+  claims = [
+    stats.Claim(f"c{i}", "", "", v, "why", p=p) for i, (v, p) in enumerate(zip(verdicts, (0.01, 0.04, 0.03, 0.005)))
+  ]
+  untested = stats.Claim("u", "", "", stats.UNTESTED, "2 seeds")
+  got = stats.holm([*claims, untested, "a line"])
+  assert [c.p for c in got[:4]] == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  assert [c.verdict for c in got[:4]] == [stats.HELD, stats.INCONCLUSIVE, stats.INCONCLUSIVE, stats.HELD]
+  assert "Holm over 4 claims: adjusted p = 0.06" in got[1].why
+  assert got[4] == untested and got[5] == "a line"
+  assert stats.holm([claims[1]])[0].verdict == stats.DID_NOT_HOLD
+  weak = stats.Claim("w", "", "", stats.INCONCLUSIVE, "why", p=1e-6)
+  assert stats.holm([weak, claims[3]])[0].verdict == stats.INCONCLUSIVE
 
 
 def test_last_fifth_change_of_a_learning_curve():
@@ -219,7 +294,7 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
   # The difference moved 0 over the last fifth (the same 1/s on both): settled, so the verdict is earned.
   assert (
     "| FNet's loss is within 0.1 of attention's | +0.1 (12 layers) | 0.2 [0.2, 0.2] | **held**: 95 % interval "
-    "[0.2, 0.2], the claim > 0.1 |"
+    "[0.2, 0.2] (t, 3 seeds), the claim > 0.1; Holm over 2 claims: adjusted p = 0 |"
   ) in table, table
   verdicts = json.loads(open(paths["json"]).read())["verdicts"]
   assert [v["verdict"] for v in verdicts] == [stats.HELD, stats.HELD]

@@ -225,10 +225,11 @@ def _with_curves(study: Study, rows: list[dict], points: list[dict], found: dict
 
 
 def _claims(study: Study, rows: list[dict], scale: str) -> list:
-  """The sweep file's claim(rows, scale) (or claim(rows)) as a list: stats.Claim entries, or one line of text."""
+  """The sweep file's claim(rows, scale) (or claim(rows)) as a list: stats.Claim entries, Holm-corrected together
+  (stats.holm), or one line of text."""
   takes_scale = len(inspect.signature(study.claim).parameters) > 1
   found = study.claim(rows, scale) if takes_scale else study.claim(rows)
-  return [found] if isinstance(found, (str, stats.Claim)) else list(found)
+  return [found] if isinstance(found, str) else stats.holm([found] if isinstance(found, stats.Claim) else list(found))
 
 
 def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, str]:
@@ -314,8 +315,9 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   claims = _claims(study, rows, scale) if study.claim and all(r["mean"] is not None for r in rows) else []
   if claims and isinstance(claims[0], stats.Claim):
     lines += [
-      "**Verdicts** (held / did not hold only where the 95 % interval clears the paper's effect and the "
-      "run is in the claim's regime; efftx.sweep.stats.verdict):",
+      "**Verdicts** (held / did not hold only where the 95 % interval clears the paper's effect, the run is in "
+      "the claim's regime, and Holm's correction over the study's tested claims keeps the p-value below 0.05; "
+      "efftx.sweep.stats.verdict and holm):",
       "",
       "| claim | paper (its setting) | ours | verdict |",
       "|---|---|---|---|",

@@ -3,7 +3,11 @@ baseline (the same seeds, so the same data order and initialisation), a learning
 (is the run still improving?), and the verdict rule every claim uses.
 
 Intervals are Student-t intervals (mean ± t₀.₉₇₅(n − 1) · s / √n): exact for normal per-seed values, the usual
-reading for seeds. With one seed there is no interval (None), and no verdict either way.
+reading for seeds. With one seed there is no interval (None), and no verdict either way. Where seeds split into
+solved and unsolved, a count: k of n with its exact (Clopper–Pearson) interval and the exact binomial test.
+
+Each judged claim carries its test's two-sided p-value; `holm` adjusts a study's claims together (Holm's step-down
+correction over the claims that were tested), so a study of twenty claims does not hold one by chance.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+
+from scipy import stats as scipy_stats  # scipy comes with jax
 
 # t quantiles 0.975 by degrees of freedom (Student's table); between entries the smaller df's (wider: conservative).
 _T975 = {
@@ -99,6 +105,61 @@ def between(row: dict, baseline_row: dict, key: str = "value") -> Interval | Non
   )
 
 
+@dataclasses.dataclass(frozen=True)
+class Count:
+  """k successes (seeds that solved the task) of n, with the exact 95 % Clopper–Pearson interval of the rate."""
+
+  k: int
+  n: int
+
+  def __post_init__(self):
+    if not 0 <= self.k <= self.n:
+      raise ValueError(f"a count of {self.k} of {self.n}")
+
+  @property
+  def mean(self) -> float:
+    return self.k / self.n if self.n else float("nan")
+
+  @property
+  def low(self) -> float:
+    return 0.0 if self.k == 0 else float(scipy_stats.beta.ppf(0.025, self.k, self.n - self.k + 1))
+
+  @property
+  def high(self) -> float:
+    return 1.0 if self.k == self.n else float(scipy_stats.beta.ppf(0.975, self.k + 1, self.n - self.k))
+
+  def as_dict(self) -> dict:
+    return {"k": self.k, "n": self.n, "rate": self.mean, "ci95": [self.low, self.high]}
+
+  def text(self, digits: int = 3) -> str:
+    """ "k/n [low, high]": the count and its rate's interval."""
+    return f"{self.k}/{self.n} [{self.low:.{digits}g}, {self.high:.{digits}g}]"
+
+
+def count(values: list[float | None], solved: float) -> Count | None:
+  """The seeds whose value reaches `solved` (≥), of the seeds that finished; None without any."""
+  values = [v for v in values if v is not None and math.isfinite(v)]
+  return Count(sum(v >= solved for v in values), len(values)) if values else None
+
+
+def p_value(measured: Interval | Count, threshold: float) -> float:
+  """The two-sided p-value of "the true mean (or rate) equals threshold": Student's t on n − 1 degrees of freedom
+  for an Interval (its standard error read back from the interval), the exact binomial test for a Count (twice
+  the smaller tail: the test whose 95 % acceptance region is the Clopper–Pearson interval); 0 or 1 for a
+  zero-width Interval (a deterministic measurement) off or on the threshold."""
+  if isinstance(measured, Count):
+    rate = min(max(threshold, 0.0), 1.0)
+    tails = scipy_stats.binom.sf(measured.k - 1, measured.n, rate), scipy_stats.binom.cdf(measured.k, measured.n, rate)
+    return float(min(1.0, 2 * min(tails)))
+  if measured.low is None:
+    return 1.0
+  half = (measured.high - measured.low) / 2
+  if half == 0:
+    return 1.0 if measured.mean == threshold else 0.0
+  t = (measured.mean - threshold) / (half / t975(measured.n - 1))
+  return float(2 * scipy_stats.t.sf(abs(t), measured.n - 1))
+
+
 def exact(value: float) -> Interval:
   """A deterministic measurement (compiled memory, a count) as an interval of zero width: a verdict may rest on
   it without seeds."""
@@ -106,18 +167,24 @@ def exact(value: float) -> Interval:
 
 
 def verdict(
-  difference: Interval | None, threshold: float, in_regime: bool, why_not: str = "", above: bool = True
+  difference: Interval | Count | None, threshold: float, in_regime: bool, why_not: str = "", above: bool = True
 ) -> tuple[str, str]:
   """(verdict, reason) of a claim "the difference exceeds threshold" (above=False: "lies below it"): held where the
   whole interval lies on the claimed side of the threshold, did not hold where it lies on the other, inconclusive
   where it straddles it; untested at this scale where the run has fewer than MIN_SEEDS seeds or is not in the
-  claim's regime (why_not says how)."""
+  claim's regime (why_not says how). A Count is judged by its rate's Clopper–Pearson interval."""
   if difference is None or difference.n < MIN_SEEDS:
     return UNTESTED, f"{0 if difference is None else difference.n} seeds (a verdict needs {MIN_SEEDS})"
   if not in_regime:
     return UNTESTED, why_not or "the run is not in the claim's regime"
+  test = (
+    f"{difference.k} of {difference.n} seeds, Clopper–Pearson"
+    if isinstance(difference, Count)
+    else f"t, {difference.n} seeds"
+  )
   where = (
-    f"95 % interval [{difference.low:.3g}, {difference.high:.3g}], the claim {'>' if above else '<'} {threshold:.3g}"
+    f"95 % interval [{difference.low:.3g}, {difference.high:.3g}] ({test}), the claim {'>' if above else '<'} "
+    f"{threshold:.3g}"
   )
   if difference.low > threshold:
     return (HELD if above else DID_NOT_HOLD), where
@@ -136,10 +203,32 @@ class Claim:
   ours: str
   verdict: str
   why: str
+  # The two-sided p-value of "the difference equals the threshold" (p_value), after `holm` the adjusted one: None
+  # where the claim was not tested.
+  p: float | None = None
 
   def __post_init__(self):
     if self.verdict not in (HELD, DID_NOT_HOLD, INCONCLUSIVE, UNTESTED):
       raise ValueError(f"verdict '{self.verdict}' is not one of {HELD}, {DID_NOT_HOLD}, {INCONCLUSIVE}, {UNTESTED}")
+
+
+def holm(claims: list, alpha: float = 0.05) -> list:
+  """The claims with Holm's step-down correction over those tested (p not None; other entries unchanged): the
+  i-th smallest of m p-values is multiplied by m − i + 1 (made monotone, capped at 1), and a claim that held or did
+  not hold keeps its verdict only where its adjusted p-value stays below alpha; else it becomes inconclusive (the
+  correction never strengthens a verdict). With one tested claim nothing changes. The reason gives the p-value
+  and names the correction."""
+  tested = sorted((c.p, i) for i, c in enumerate(claims) if isinstance(c, Claim) and c.p is not None)
+  m = len(tested)
+  out = list(claims)
+  running = 0.0
+  for rank, (p, i) in enumerate(tested):
+    running = max(running, min(1.0, (m - rank) * p))
+    c = claims[i]
+    decided = c.verdict if running < alpha or m == 1 else INCONCLUSIVE
+    note = f"; Holm over {m} claims: adjusted p = {running:.2g}" if m > 1 else f"; p = {p:.2g}"
+    out[i] = dataclasses.replace(c, verdict=decided, why=c.why + note, p=running)
+  return out
 
 
 def regime(setting_ok: bool, setting_why: str, converged: tuple[bool, str] = (True, "")) -> tuple[bool, str]:
@@ -162,8 +251,11 @@ def judge(
   why_not: str = "",
   above: bool = True,
 ) -> Claim:
-  """A Claim whose verdict is verdict(difference, threshold, in_regime, why_not, above)."""
-  return Claim(claim, paper, ours, *verdict(difference, threshold, in_regime, why_not, above))
+  """A Claim whose verdict is verdict(difference, threshold, in_regime, why_not, above), with its test's p-value
+  where it was tested (for `holm`)."""
+  decided, why = verdict(difference, threshold, in_regime, why_not, above)
+  p = None if decided == UNTESTED else p_value(difference, threshold)
+  return Claim(claim, paper, ours, decided, why, p=p)
 
 
 def at_fraction(curve: list[tuple[int, float]], fraction: float) -> tuple[int, float] | None:
