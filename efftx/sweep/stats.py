@@ -278,32 +278,38 @@ def last_fifth_change(curve: list[tuple[int, float]]) -> float | None:
   return None if before is None or before[0] == curve[-1][0] else curve[-1][1] - before[1]
 
 
-def settled(curves: dict, baseline_curves: dict, fraction: float = 0.8) -> tuple[bool, str]:
-  """Whether a paired difference has stopped moving: (ours − baseline) over the seeds both logged ({seed: curve}),
-  at the end and at `fraction` of training. Settled where the mean difference moved by no more than the final
-  difference's 95 % half-width (a reviewer's test of convergence: the change over the last fifth within the
-  interval). Returns (settled, a phrase saying by how much it moved)."""
+def settled(curves: dict, baseline_curves: dict, within: float, fraction: float = 0.8) -> tuple[bool, str]:
+  """Whether a paired difference has been shown to stop moving: (ours − baseline) over the seeds both logged
+  ({seed: curve}), at the end against at `fraction` of training, seed by seed. Settled only where the 95 %
+  interval of those moves lies inside ±within (an equivalence test, two one-sided t-tests at 2.5 % each): the
+  tolerance is the study's, fixed before the runs (a fraction of the effect its claim is about). Noisy seeds
+  widen the interval and so fail it, as a curve still moving does; fewer than MIN_SEEDS seeds cannot show it.
+  Under a schedule that decays the learning rate to 0 every curve flattens at its end, so this shows that the
+  difference stopped moving, not that longer training would not move it. Returns (settled, a phrase saying by how
+  much it moved)."""
+  if within <= 0:
+    raise ValueError(f"settled: the tolerance within={within} must be > 0")
   seeds = sorted(s for s in curves if s in baseline_curves and curves[s] and baseline_curves[s])
   if not seeds:
     return False, "no learning curves"
-  end, before = [], []
+  moves = []
   for s in seeds:
     ours, theirs = dict(curves[s]), dict(baseline_curves[s])
     steps = sorted(set(ours) & set(theirs))
     if len(steps) < 2:
       return False, "fewer than two evaluations"
-    end.append(ours[steps[-1]] - theirs[steps[-1]])
     mark = at_fraction([(t, 0.0) for t in steps], fraction)[0]
     if mark == steps[-1]:
       return False, "no evaluation before the last fifth"
-    before.append(ours[mark] - theirs[mark])
-  final, earlier = interval(end), interval(before)
-  moved = final.mean - earlier.mean
-  half = None if final.low is None else (final.high - final.low) / 2
-  ok = half is not None and abs(moved) <= half
+    moves.append((ours[steps[-1]] - theirs[steps[-1]]) - (ours[mark] - theirs[mark]))
+  moved = interval(moves)
+  if moved.n < MIN_SEEDS:
+    return False, f"the difference moved {moved.mean:+.3g} over the last fifth on {moved.n} seeds (too few to show)"
+  ok = -within < moved.low and moved.high < within
   return ok, (
-    f"the difference moved {moved:+.3g} over the last fifth "
-    + (f"(within its ±{half:.3g})" if ok else f"(more than its ±{half:.3g})" if half is not None else "")
+    f"the difference moved {moved.text(3)} over the last fifth ("
+    + ("inside" if ok else "not inside")
+    + f" ±{within:.3g})"
   )
 
 

@@ -64,6 +64,11 @@ def points(scale):
   return grid(groups, seeds=seeds)
 
 
+# The convergence test's tolerance (stats.settled): a difference counts as settled only where its move over the
+# last fifth of training lies within ±1 accuracy point (the paper's effect: 1.1 points).
+SETTLED_WITHIN = 0.01
+
+
 def claim(rows, scale):
   """AFT-conv above attention (the paper: +1.1 points), a paired difference over the seeds; at the cpu scale (not
   ImageNet, not the DeiT recipe) "untested at this scale", with what the runs showed. And every mixer against
@@ -78,7 +83,7 @@ def claim(rows, scale):
     ok, why = stats.regime(
       scale == "paper",
       "Fashion-MNIST patches for 1.2 epochs, not ImageNet with DeiT's recipe",
-      stats.settled(row[m]["curves"], row["attention"]["curves"]),
+      stats.settled(row[m]["curves"], row["attention"]["curves"], SETTLED_WITHIN),
     )
     paper = "81.0 vs 79.9 (+1.1)" if m == "aft_conv" else "— (not in the paper's table)"
     out.append(
