@@ -106,6 +106,9 @@ def test_a_group_may_start_from_its_own_config_file(tmp_path, data_dir):
 
 
 def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
+  """Every seed at every rate (a full grid): the best rate is chosen on those seeds, and since every seed took
+  part in the choice none is left to judge it (n = 0, the row's values None; "search" keeps them). After a search
+  on seed 0 (best_then_seeds), the row is the fresh seeds' at the rate the search chose."""
   rng = np.random.default_rng(0)
   values = rng.normal(size=(2, 3, 3))  # group × learning rate × seed
   points = [
@@ -124,9 +127,19 @@ def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
       means = [k.mean() if len(k) == 3 else (np.inf if goal == "min" else -np.inf) for k in kept]
       best = int(pick(means))
       assert row["group"] == f"g{g}" and row["learning_rate"] == (1e-3, 3e-4, 1e-4)[best]
-      assert row["mean"] == pytest.approx(means[best])
-      assert row["std"] == pytest.approx(kept[best].std(ddof=1) if len(kept[best]) > 1 else 0.0)
-      assert row["n"] == len(kept[best]) and row["of"] == 3  # of the 3 seeds run at the best learning rate
+      assert row["by_learning_rate"][str((1e-3, 3e-4, 1e-4)[best])] == pytest.approx(means[best])
+      assert row["mean"] is None and row["n"] == 0 and row["of"] == 0 and row["seeds"] == {}
+      assert row["search"] == {"seeds": [0, 1, 2], "at_best": dict(enumerate(kept[best].tolist()))}
+  # A search on seed 0, then seeds 1-3 at its best rate (3e-4): the row is theirs alone.
+  searched = [
+    {"group": "g", "learning_rate": lr, "seed": 0, "state": "done", "value": v}
+    for lr, v in ((1e-3, 0.5), (3e-4, 0.9), (1e-4, 0.7))
+  ]
+  fresh = [{"group": "g", "learning_rate": 3e-4, "seed": s, "state": "done", "value": 0.6 + 0.1 * s} for s in (1, 2, 3)]
+  (row,) = report.aggregate(searched + fresh, "max")
+  assert row["learning_rate"] == 3e-4 and row["mean"] == pytest.approx(0.8) and (row["n"], row["of"]) == (3, 3)
+  assert sorted(row["seeds"]) == [1, 2, 3] and row["search"] == {"seeds": [0], "at_best": {0: 0.9}}
+  assert row["ci95"] == pytest.approx([0.8 - 4.303 * 0.1 / np.sqrt(3), 0.8 + 4.303 * 0.1 / np.sqrt(3)])
 
 
 def test_report_from_existing_workdirs(tmp_path, data_dir):
@@ -312,7 +325,7 @@ def points(scale, finished):
     "reuse        a-lr0.01-seed0",
     "reuse        a-lr0.01-seed1",
   ]
-  assert "| a | — | 0.65 [0.0147, 1.285] | 2/2 | 0.01 |" in proc.stdout  # seeds 0 and 1 at the best rate
+  assert "| a | — | 0.7 | 1/1 | 0.01 |" in proc.stdout, proc.stdout  # the fresh seed 1 at the rate seed 0 chose
 
 
 def test_a_points_outcome_names_the_commit_it_ran():

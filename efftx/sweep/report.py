@@ -87,15 +87,26 @@ def aggregate(
   study.best_then_seeds' search, the chosen rate), with the 95 % interval of its mean ("ci95", None
   with one seed) and its seeds' values ("seeds": {seed: {"value": ..., metric: ...}}). Groups in the order given
   (default: first seen). Each of `metrics` (points' "values") is aggregated over the same runs, into the row's
-  "metrics"; "seconds" is the run time of every finished run of the group, searched rates included."""
+  "metrics"; "seconds" is the run time of every finished run of the group, searched rates included.
+
+  Selection apart from judgement: where seeds of a group ran more than one learning rate (a search), the rate is
+  chosen on those seeds alone ("by_learning_rate": their means), and the row's values, interval and "seeds" are
+  the other seeds' at that rate (fresh seeds; none yet: n = 0). "search" keeps the search seeds and their values
+  at the chosen rate ({"seeds": [...], "at_best": {seed: value}}); None where nothing was searched."""
   order = groups or list(dict.fromkeys(p["group"] for p in points))
   out = []
   for group in order:
+    rates_of: dict[Any, set] = {}
+    for p in points:
+      if p["group"] == group:
+        rates_of.setdefault(p["seed"], set()).add(p["learning_rate"])
+    searched = {seed for seed, rates in rates_of.items() if len(rates) > 1}
     by_lr: dict[Any, list[dict]] = {}
+    fresh_by_lr: dict[Any, list[dict]] = {}
     for p in points:
       if p["group"] == group and p["state"] == "done" and p["value"] is not None and math.isfinite(p["value"]):
-        by_lr.setdefault(p["learning_rate"], []).append(p)
-    total = sum(1 for p in points if p["group"] == group)
+        (by_lr if not searched or p["seed"] in searched else fresh_by_lr).setdefault(p["learning_rate"], []).append(p)
+    total = sum(1 for p in points if p["group"] == group and p["seed"] not in searched)
     if not by_lr:
       out.append(
         {
@@ -108,6 +119,7 @@ def aggregate(
           "learning_rate": None,
           "by_learning_rate": {},
           "seeds": {},
+          "search": {"seeds": sorted(searched), "at_best": {}} if searched else None,
           "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics},
           "seconds": sum(p.get("seconds") or 0 for p in points if p["group"] == group),
         }
@@ -116,8 +128,15 @@ def aggregate(
     means = {lr: _mean_std([p["value"] for p in runs])[0] for lr, runs in by_lr.items()}
     most = max(len(runs) for runs in by_lr.values())  # rates with every seed run (a search's chosen rate) first
     best = (min if goal == "min" else max)((lr for lr in means if len(by_lr[lr]) == most), key=means.get)
+    search = None
+    planned = {p["learning_rate"] for p in points if p["group"] == group and p["seed"] not in searched}
+    if searched and len(planned) == 1 and next(iter(planned)) in by_lr:
+      best = next(iter(planned))  # the rate the sweep chose for the fresh seeds (best_then_seeds)
     runs = by_lr[best]
-    mean, std = _mean_std([p["value"] for p in runs])
+    if searched:
+      search = {"seeds": sorted(searched), "at_best": {p["seed"]: p["value"] for p in runs}}
+      runs = fresh_by_lr.get(best, [])
+    mean, std = _mean_std([p["value"] for p in runs]) if runs else (None, None)
     extra = {}
     for m in metrics:
       values = [p["values"][m] for p in runs if p["values"].get(m) is not None and math.isfinite(p["values"][m])]
@@ -126,7 +145,9 @@ def aggregate(
         if values
         else {"mean": None, "std": None, "ci95": None}
       )
-    of = sum(1 for p in points if p["group"] == group and p["learning_rate"] == best)  # seeds at that rate
+    of = sum(  # seeds judged at that rate
+      1 for p in points if p["group"] == group and p["learning_rate"] == best and p["seed"] not in searched
+    )
     out.append(
       {
         "group": group,
@@ -139,6 +160,7 @@ def aggregate(
         "by_learning_rate": {str(lr): m for lr, m in means.items()},
         "metrics": extra,
         "seeds": {p["seed"]: {"value": p["value"], **p.get("values", {})} for p in runs},
+        "search": search,
         "seconds": sum(p.get("seconds") or 0 for p in points if p["group"] == group),  # every run of the group
       }
     )

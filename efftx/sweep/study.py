@@ -106,8 +106,8 @@ def best_then_seeds(
   groups: dict[str, dict[str, Any]], learning_rates, seeds, finished: Callable[[Point], Any], goal: str
 ) -> list[Point]:
   """A learning-rate search at a third of the cost of every rate × every seed: every rate on seeds[0]; once all
-  of a group's have finished, its other seeds at its best rate (lowest or highest final metric by goal). Its
-  interval is then over the seeds at the chosen rate, seed 0 included (it took part in the choice). `finished` is
+  of a group's have finished, its other seeds at its best rate (lowest or highest final metric by goal). The
+  report judges the group on those fresh seeds alone (seeds[0] chose the rate: report.aggregate). `finished` is
   what a sweep file's points(scale, finished) receives: a point's final metric, None until it is done."""
   first = grid(groups, seeds=seeds[:1], learning_rates=learning_rates)
   out = list(first)

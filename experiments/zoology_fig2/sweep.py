@@ -127,12 +127,12 @@ def claim(rows, scale):
   for r in rows:
     group = r["group"]
     paper, error = PAPER[group], READING_ERROR[group]
-    seeds = {k: v["value"] for k, v in r["seeds"].items()}
+    search = (r.get("search") or {}).get("at_best", {})
     hours = (r.get("seconds") or 0) / 3600
-    if 0 not in seeds or len(r["by_learning_rate"]) < len(LEARNING_RATES):
+    if SEEDS[0] not in search or len(r["by_learning_rate"]) < len(LEARNING_RATES):
       continue  # the rate search has not finished
-    cell = seeds[0]
-    fresh = [v for k, v in sorted(seeds.items()) if k != 0]
+    cell = search[SEEDS[0]]  # Zoology's protocol value: the search seed at its best rate
+    fresh = [v["value"] for _, v in sorted(r["seeds"].items())]  # the report's rows hold only fresh seeds
     values = [cell, *fresh]
     ours = (
       f"{cell:.3f} (lr {r['learning_rate']:g}); fresh seeds "
