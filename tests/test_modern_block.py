@@ -15,6 +15,8 @@ from conftest import assert_decodes_like_forward
 from conftest import compiled
 from conftest import lm_model
 from conftest import mixer_config
+from efftx import config as config_lib
+from efftx import hf
 from efftx import model as model_lib
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
@@ -153,8 +155,19 @@ def test_rotary_goes_to_the_layers_that_take_it_and_is_refused_where_none_does()
   config.model.position_embedding = "rotary"
   with pytest.raises(UserError, match="rotary"):
     lm_model(config)
-  with pytest.raises(UserError, match="even head width"):
-    MIXERS["attention"].maker({"num_heads": 2}, d_model=6, rotary=True)
+  with pytest.raises(UserError, match="position_embedding='rotary' rotates attention's"):
+    config_lib.validate(config, 1)
+  config = mixer_config("attention", d_model=12, num_heads=4, position_embedding="rotary")
+  with pytest.raises(UserError, match="even head width, not d_model / num_heads = 12/4"):
+    config_lib.validate(config, 1)
+
+
+@pytest.mark.parametrize("field,value", [("norm", "rms"), ("activation", "swiglu"), ("position_embedding", "rotary")])
+def test_hugging_face_export_refuses_the_modern_options(field, value, tmp_path):
+  config = mixer_config("attention", block_layout="post_ln")
+  config.model[field] = value
+  with pytest.raises(UserError, match=f"cannot export to Hugging Face: {field}"):
+    hf.export(config, {}, str(tmp_path))
 
 
 def test_mixer_only_rms_pattern_trains():
