@@ -308,6 +308,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if m.ff_chunk_size and m.max_len % m.ff_chunk_size:
     raise UserError(f"config.model.ff_chunk_size={m.ff_chunk_size} must be 0 or divide max_len={m.max_len}")
   patterns.check(m.mixer, config.mixer, m.num_layers, m.d_model, m.causal)
+  if m.position_embedding == "rotary":  # some layer's mixer takes it, with an even head width
+    model_lib.check_rotary(m.mixer, m.position_embedding)
+    for name, options in patterns.sections(m.mixer, config.mixer).items():
+      MIXERS[name].maker(options, causal=m.causal, d_model=m.d_model, rotary=True)
   if m.patch_size:
     shape = task.image_shape
     if shape is None:

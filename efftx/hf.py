@@ -64,6 +64,8 @@ ARCHITECTURE = {
     "embed_projection",
     "norm_eps",
     "activation",
+    "norm",
+    "position_embedding",
     "type_vocab_size",
     "reversible",
     "patch_size",
@@ -293,6 +295,9 @@ def _exportable(config: ml_collections.ConfigDict) -> str:
     (m.reversible, "reversible=True: HF has no reversible BERT or FNet"),
     (not m.d_ff, "d_ff=0: HF's blocks have a feed-forward sublayer"),
     (m.patch_size > 0, "patch_size > 0: HF's BERT and FNet embed tokens"),
+    (m.norm != "layer", f"norm='{m.norm}': HF's BERT and FNet use LayerNorm"),
+    (m.activation not in _EXPORTED_ACTIVATIONS, f"activation='{m.activation}': HF's BERT and FNet use GELU"),
+    (m.position_embedding != "learned", "position_embedding: HF's BERT and FNet learn absolute positions"),
     (m.pooling == "cls", "pooling='cls': a learned [CLS] vector has no HF counterpart (pooling='first' does)"),
     (
       m.embed_projection != (kind == "fnet"),

@@ -27,6 +27,7 @@ from efftx import patterns
 from efftx.errors import UserError
 from efftx.fields import Field
 from efftx.mixers import MIXERS
+from efftx.mixers.spec import mixer_module
 from efftx.reversible import ReversibleStack
 
 
@@ -55,21 +56,40 @@ def _gelu_erf_bwd(x, g):
 gelu_erf.defvjp(_gelu_erf_fwd, _gelu_erf_bwd)
 
 # The feed-forward nonlinearity: GELU's tanh approximation (Flax's default; HF FNet's "gelu_new") or exact (erf,
-# BERT's "gelu").
-ACTIVATIONS = {"gelu_tanh": lambda x: nn.gelu(x, approximate=True), "gelu": gelu_erf}
+# BERT's "gelu"); or a gated unit (GATED): SwiGLU, SiLU(gate x) ⊙ up x (Shazeer 2020; Llama's MLP).
+ACTIVATIONS = {"gelu_tanh": lambda x: nn.gelu(x, approximate=True), "gelu": gelu_erf, "swiglu": nn.silu}
+GATED = ("swiglu",)  # activations of a gated feed-forward: gate and up projections, no biases
 BLOCK_LAYOUTS = ("pre_ln", "post_ln")
+POSITION_EMBEDDINGS = ("learned", "none", "rotary")
+# The norms: LayerNorm (mean and variance; scale and bias) or RMSNorm, x / √(mean(x²) + ε) · scale (Zhang & Sennrich
+# 2019; Llama's and Mamba's), both with statistics in float32 whatever the compute dtype.
+NORMS = {"layer": nn.LayerNorm, "rms": nn.RMSNorm}
+
+
+def make_norm(kind: str, eps: float, dtype: Any, name: str) -> nn.Module:
+  """A norm of kind "layer" or "rms" (NORMS) over the last axis, its output in dtype."""
+  return NORMS[kind](epsilon=eps, dtype=dtype, name=name)
 
 
 class FeedForward(nn.Module):
+  """down(act(up x)), biases in both; gated (GATED: "swiglu"), down(act(gate x) ⊙ up x) without biases (Llama's
+  MLP). d_ff is the hidden width either way."""
+
   d_ff: int
   dropout: float
   activation: str = "gelu_tanh"
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, deterministic: bool) -> jax.Array:
-    h_BxLxF = ACTIVATIONS[self.activation](nn.Dense(self.d_ff, dtype=x_BxLxD.dtype, name="up")(x_BxLxD))
+    gated = self.activation in GATED
+    dense = functools.partial(nn.Dense, dtype=x_BxLxD.dtype, use_bias=not gated)
+    h_BxLxF = dense(self.d_ff, name="up")(x_BxLxD)
+    if gated:
+      h_BxLxF = ACTIVATIONS[self.activation](dense(self.d_ff, name="gate")(x_BxLxD)) * h_BxLxF
+    else:
+      h_BxLxF = ACTIVATIONS[self.activation](h_BxLxF)
     h_BxLxF = nn.Dropout(self.dropout)(h_BxLxF, deterministic=deterministic)
-    return nn.Dense(x_BxLxD.shape[-1], dtype=x_BxLxD.dtype, name="down")(h_BxLxF)
+    return dense(x_BxLxD.shape[-1], name="down")(h_BxLxF)
 
 
 class _FeedForwardChunk(nn.Module):
@@ -92,12 +112,13 @@ class MixingSublayer(nn.Module):
   dropout: float
   pre_norm: bool = True
   norm_eps: float = 1e-6
+  norm: str = "layer"  # a key of NORMS
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool, decode: bool = False):
     h_BxLxD = x_BxLxD
     if self.pre_norm:  # statistics in float32 regardless
-      h_BxLxD = nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name="norm")(x_BxLxD)
+      h_BxLxD = make_norm(self.norm, self.norm_eps, x_BxLxD.dtype, "norm")(x_BxLxD)
     h_BxLxD = self.make_mixer(name="mixer")(
       h_BxLxD, mask=mask_BxL, deterministic=deterministic, **({"decode": True} if decode else {})
     )
@@ -114,12 +135,13 @@ class FeedForwardSublayer(nn.Module):
   pre_norm: bool = True
   norm_eps: float = 1e-6
   activation: str = "gelu_tanh"
+  norm: str = "layer"  # a key of NORMS
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, deterministic: bool) -> jax.Array:
     h_BxLxD = x_BxLxD
     if self.pre_norm:
-      h_BxLxD = nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name="norm")(x_BxLxD)
+      h_BxLxD = make_norm(self.norm, self.norm_eps, x_BxLxD.dtype, "norm")(x_BxLxD)
     B, L, D = h_BxLxD.shape
     C = self.ff_chunk_size
     if C and L > C and L % C == 0:
@@ -146,7 +168,7 @@ class Block(nn.Module):
   the published FNet's layout): LN(x + F(x)), then LN(x + G(x)), the branches without a norm of their own. With
   d_ff = 0 there is no G. With state_mixer "identity" (pre_ln only), G(x) = dropout(LN(x)): Zoology's blocks with
   torch.nn.Identity as their state mixer (zoology/model.py TransformerBlock), whose normalised output the next
-  residual addition adds to the stream."""
+  residual addition adds to the stream. Every "LN" is the norm of kind `norm` (NORMS: LayerNorm or RMSNorm)."""
 
   make_mixer: Callable[..., nn.Module]
   d_ff: int
@@ -156,26 +178,27 @@ class Block(nn.Module):
   norm_eps: float = 1e-6
   activation: str = "gelu_tanh"
   state_mixer: str = "mlp"
+  norm: str = "layer"  # a key of NORMS
 
   @nn.compact
   def __call__(self, x_BxLxD: jax.Array, mask_BxL: jax.Array, deterministic: bool, decode: bool = False) -> jax.Array:
     pre = self.layout == "pre_ln"
-    post_norm = lambda name: (lambda x: x) if pre else nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name=name)
+    post_norm = lambda name: (lambda x: x) if pre else make_norm(self.norm, self.norm_eps, x_BxLxD.dtype, name)
     x_BxLxD = post_norm("mixing_norm")(
       x_BxLxD
-      + MixingSublayer(self.make_mixer, self.dropout, pre, self.norm_eps, name="mixing")(
+      + MixingSublayer(self.make_mixer, self.dropout, pre, self.norm_eps, self.norm, name="mixing")(
         x_BxLxD, mask_BxL, deterministic, decode
       )
     )
     if self.state_mixer == "identity":
-      normed_BxLxD = nn.LayerNorm(self.norm_eps, dtype=x_BxLxD.dtype, name="identity_norm")(x_BxLxD)
+      normed_BxLxD = make_norm(self.norm, self.norm_eps, x_BxLxD.dtype, "identity_norm")(x_BxLxD)
       return x_BxLxD + nn.Dropout(self.dropout)(normed_BxLxD, deterministic=deterministic)
     if not self.d_ff:
       return x_BxLxD
     return post_norm("feed_forward_norm")(
       x_BxLxD
       + FeedForwardSublayer(
-        self.d_ff, self.dropout, self.ff_chunk_size, pre, self.norm_eps, self.activation, name="feed_forward"
+        self.d_ff, self.dropout, self.ff_chunk_size, pre, self.norm_eps, self.activation, self.norm, name="feed_forward"
       )(x_BxLxD, deterministic)
     )
 
@@ -237,7 +260,9 @@ class Transformer(nn.Module):
     choices=BLOCK_LAYOUTS,
   )
   embed_projection: bool = declared(False, "a dense D→D layer on the (normalised) embeddings (published FNet)")
-  norm_eps: float = declared(1e-6, "LayerNorm epsilon (HF BERT and FNet checkpoints: 1e-12)", above=0, below=1)
+  norm_eps: float = declared(
+    1e-6, "epsilon of the norms, LayerNorm or RMSNorm (HF BERT and FNet checkpoints: 1e-12)", above=0, below=1
+  )
   init_std: float = declared(
     0.0,
     "0: flax's LeCun-normal dense kernels (std 1/√fan-in); > 0: every dense kernel "
@@ -254,14 +279,16 @@ class Transformer(nn.Module):
   )
   activation: str = declared(
     "gelu_tanh",
-    'feed-forward GELU: "gelu_tanh" (the tanh approximation; HF FNet) or "gelu" (erf; BERT)',
+    'feed-forward nonlinearity: GELU "gelu_tanh" (the tanh approximation; HF FNet) or "gelu" (erf; BERT); "swiglu": '
+    "down(SiLU(gate x) ⊙ up x), no biases, d_ff the hidden width (Llama)",
     choices=tuple(ACTIVATIONS),
   )
   position_embedding: str = declared(
     "learned",
     '"learned": a learned vector per position added to the embeddings; "none": no position information but what '
-    "the mixers make (Zoology's non-attention models)",
-    choices=("learned", "none"),
+    "the mixers make (Zoology's non-attention models); \"rotary\": RoPE (rotate-half, base 10000) on the queries "
+    "and keys of the layers whose mixer takes it (attention), nothing elsewhere, no learned positions",
+    choices=POSITION_EMBEDDINGS,
   )
   state_mixer: str = declared(
     "mlp",
@@ -285,6 +312,12 @@ class Transformer(nn.Module):
     "tokenizer) embedded and added to the input, as BERT and FNet do; 0: none (a "
     "batch's token_types are not read)",
     at_least=0,
+  )
+  norm: str = declared(
+    "layer",
+    'every norm of the model (blocks, final, post_ln\'s): "layer": LayerNorm; "rms": RMSNorm, '
+    "x / √(mean(x²) + norm_eps) · scale, no bias (Llama, Mamba); statistics in float32 either way",
+    choices=tuple(NORMS),
   )
 
   @nn.compact
@@ -346,7 +379,7 @@ class Transformer(nn.Module):
       )(types_BxL)
     post_ln = self.block_layout == "post_ln"
     if post_ln:
-      x_BxLxD = nn.LayerNorm(self.norm_eps, dtype=dtype, name="embed_norm")(x_BxLxD)
+      x_BxLxD = make_norm(self.norm, self.norm_eps, dtype, "embed_norm")(x_BxLxD)
     if self.embed_projection:
       x_BxLxD = nn.Dense(self.d_model, dtype=dtype, name="embed_projection")(x_BxLxD)
     embed_dropout = self.dropout if self.embed_dropout < 0 else self.embed_dropout
@@ -359,13 +392,21 @@ class Transformer(nn.Module):
         (maker, len(list(run))) for maker, run in itertools.groupby(map(self.mixer_of, range(self.num_layers)))
       ]
       make_fs = tuple(
-        functools.partial(lambda maker: MixingSublayer(maker, self.dropout, norm_eps=self.norm_eps, parent=None), maker)
+        functools.partial(
+          lambda maker: MixingSublayer(maker, self.dropout, norm_eps=self.norm_eps, norm=self.norm, parent=None), maker
+        )
         for maker, _ in segments
       )
       x_BxLxD = ReversibleStack(
         make_f=make_fs[0] if len(make_fs) == 1 else make_fs,
         make_g=lambda: FeedForwardSublayer(
-          self.d_ff, self.dropout, self.ff_chunk_size, norm_eps=self.norm_eps, activation=self.activation, parent=None
+          self.d_ff,
+          self.dropout,
+          self.ff_chunk_size,
+          norm_eps=self.norm_eps,
+          activation=self.activation,
+          norm=self.norm,
+          parent=None,
         ),
         num_layers=self.num_layers,
         segment_sizes=tuple(n for _, n in segments) if len(segments) > 1 else (),
@@ -382,12 +423,13 @@ class Transformer(nn.Module):
           self.norm_eps,
           self.activation,
           self.state_mixer,
+          self.norm,
           name=f"block_{i}",
         )(x_BxLxD, mask_BxL, deterministic, decode)
     if post_ln:  # each block ended with a LayerNorm already
       x_BxLxD = x_BxLxD.astype(jnp.float32)
     else:
-      x_BxLxD = nn.LayerNorm(self.norm_eps, dtype=jnp.float32, name="final_norm")(x_BxLxD)
+      x_BxLxD = make_norm(self.norm, self.norm_eps, jnp.float32, "final_norm")(x_BxLxD)
     if positions is not None:
       if self.cls_token:
         raise ValueError("positions select per-position logits; a [CLS] position is for classification")
@@ -490,9 +532,13 @@ def build_model(
       raise UserError(f"config.model.patch_size={m.patch_size} must divide the image's height {H} and width {W}")
     grid = (H // m.patch_size, W // m.patch_size)
   positions = (grid[0] * grid[1] if grid else m.max_len) + (m.pooling == "cls")  # what the mixers see
+  check_rotary(m.mixer, m.position_embedding)
   makers = {}
+  rotary = m.position_embedding == "rotary"
   for name, options in patterns.sections(m.mixer, config.mixer).items():
-    makers[name] = MIXERS[name].maker(options, causal=m.causal, d_model=m.d_model, max_len=positions, grid=grid)
+    makers[name] = MIXERS[name].maker(
+      options, causal=m.causal, d_model=m.d_model, max_len=positions, grid=grid, rotary=rotary
+    )
   layers = tuple(makers[name] for name in patterns.layer_mixers(m.mixer, m.num_layers))
   make_mixer = layers[0] if len(makers) == 1 else layers
   return Transformer(
@@ -503,6 +549,17 @@ def build_model(
     image_shape=tuple(image_shape) if m.patch_size else None,
     **{name: m[name] for name in _DECLARED},
   )
+
+
+def check_rotary(mixer: str, position_embedding: str) -> None:
+  """position_embedding="rotary" applies in the layers whose mixer takes it (MixerSpec.takes_rotary) and is nothing
+  in the others; a pattern where no layer does would have no positions at all: UserError."""
+  names = patterns.mixer_names(mixer)
+  if position_embedding == "rotary" and not any(MIXERS[n].takes_rotary for n in names):
+    raise UserError(
+      f"config.model.position_embedding='rotary' rotates attention's queries and keys, but mixer '{mixer}' has none "
+      f"(mixers that take it: {', '.join(n for n, s in MIXERS.items() if s.takes_rotary)}); use 'learned' or 'none'"
+    )
 
 
 OUTPUT_PROJECTIONS = ("out", "out_proj")  # a mixer's output projection: init_rescale_out's names
@@ -523,7 +580,7 @@ def initialize(model: Transformer, key: jax.Array) -> Any:
     (f"block_{i}", name)
     for i in range(model.num_layers)
     for spec in MIXERS.values()
-    if spec.module is getattr(model.mixer_of(i), "func", None)
+    if spec.module is mixer_module(model.mixer_of(i))
     for name in spec.keep_init
   }
 

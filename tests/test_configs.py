@@ -125,23 +125,32 @@ def test_each_model_field_is_declared_once_and_reaches_the_model():
   assert model.make_mixer.func is MIXERS["attention"].module
 
 
+@pytest.mark.parametrize("norm", ["layer", "rms"])
 @pytest.mark.parametrize("reversible,layout", [(False, "pre_ln"), (False, "post_ln"), (True, "pre_ln")])
-def test_norm_eps_reaches_every_layer_norm(reversible, layout):
-  """Every LayerNorm the model builds — the blocks', the reversible stack's branches', the embedding and final
-  norms — uses config.model.norm_eps."""
+def test_norm_eps_reaches_every_layer_norm(reversible, layout, norm):
+  """Every norm the model builds — the blocks', the reversible stack's branches', the embedding and final norms —
+  is of kind config.model.norm (LayerNorm or RMSNorm) and uses config.model.norm_eps."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   config = config_lib.default_config("attention")
   config.model.update(
-    d_model=32, d_ff=64, num_layers=2, max_len=16, norm_eps=0.25, reversible=reversible, block_layout=layout
+    d_model=32,
+    d_ff=64,
+    num_layers=2,
+    max_len=16,
+    norm_eps=0.25,
+    reversible=reversible,
+    block_layout=layout,
+    norm=norm,
   )
   model = model_lib.build_model(config, head=lambda x_BxLxD, mask_BxL: x_BxLxD, vocab_size=16)
   epsilons = []
 
   def record(next_fun, args, kwargs, context):
-    if isinstance(context.module, nn.LayerNorm):
+    if isinstance(context.module, (nn.LayerNorm, nn.RMSNorm)):
+      assert isinstance(context.module, model_lib.NORMS[norm]), type(context.module)
       epsilons.append(context.module.epsilon)
     return next_fun(*args, **kwargs)
 

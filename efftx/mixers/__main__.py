@@ -13,6 +13,10 @@ from efftx.mixers import MIXERS
 
 
 def _causal(spec) -> str:
+  """yes (causal or not), no (bidirectional only), only (causal only), or "yes; both ways by reversal" (causal only
+  itself, bidirectional as ByReversal: efftx/mixers/spec.py)."""
+  if spec.bidirectional_by_reversal:
+    return "yes; both ways by reversal"
   return "only" if not spec.can_be_bidirectional else "yes" if spec.can_be_causal else "no"
 
 

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec
 from efftx.errors import UserError
 from efftx.fields import Field
 from efftx.mixers import cache
+from efftx.mixers import rotary as rotary_lib
 from efftx.mixers.spec import MixerSpec
 from efftx.mixers.spec import padded
 from efftx.platform import target_platform
@@ -342,6 +343,8 @@ class Attention(nn.Module):
   from "plain", and from "splash" a mean of V over the blocks it visits; nothing reads it.
   With `attention_dropout` > 0 and deterministic=False the normalised probabilities are dropped and rescaled by
   1 / (1 − rate), drawing from the "dropout" rng stream; "flash", "fused" and "splash" cannot, and raise.
+  With `rotary` (set by the model for config.model.position_embedding="rotary"), queries and keys are rotated by
+  their absolute positions (efftx/mixers/rotary.py) before any path; decoding caches the rotated key at its position.
   """
 
   num_heads: int = 4
@@ -349,6 +352,7 @@ class Attention(nn.Module):
   attention_dropout: float = 0.0  # dropout rate on the attention probabilities (not "flash", "fused", "splash")
   attention_impl: str = "auto"  # see ATTENTION_IMPLS
   attention_chunk: int = 256  # block size of "chunked" and "flash" (positions)
+  rotary: bool = False  # RoPE on queries and keys (a model field: config.model.position_embedding="rotary")
 
   @nn.compact
   def __call__(
@@ -356,6 +360,10 @@ class Attention(nn.Module):
   ) -> jax.Array:
     B, L, _ = x_BxLxD.shape
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_heads(x_BxLxD, self.num_heads)
+    if self.rotary:  # decoding: the positions from the cache's index (0 in the init pass)
+      start = self.get_variable("cache", "index") if decode and self.has_variable("cache", "index") else 0
+      positions_L = start + jnp.arange(L)
+      q_BxLxHxK, k_BxLxHxK = rotary_lib.rotate(q_BxLxHxK, positions_L), rotary_lib.rotate(k_BxLxHxK, positions_L)
     if decode and (cached := decode_step(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)) is not None:
       return merge_heads(cached)
     key_mask_BxL = jnp.ones((B, L), bool) if mask is None else mask.astype(bool)

@@ -14,8 +14,13 @@ Each mixer file ends with a `SPEC = MixerSpec(...)`; `efftx.mixers.MIXERS` maps 
 
 Besides its options, a mixer module may have the fields `causal` (every mixer has it), `max_len` (mixers with
 per-position parameters), `grid` (mixers that know a 2-D layout of the positions: (rows, columns) of an image's
-patches, None for sequences) and `layer_idx` (mixers whose initialisation depends on the layer: its index from 0 at
-the input, as Zoology passes it); the model fills those from `config.model`, the task and the layer.
+patches, None for sequences), `layer_idx` (mixers whose initialisation depends on the layer: its index from 0 at
+the input, as Zoology passes it) and `rotary` (mixers that can rotate queries and keys by their positions, RoPE:
+set where config.model.position_embedding is "rotary"); the model fills those from `config.model`, the task and the
+layer.
+
+A causal-only mixer (a recurrence) can declare `bidirectional_by_reversal=True`: with causal=False it is built as
+`ByReversal`, the mixer run causally over the sequence and over the reversed sequence, the two outputs summed.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ import functools
 from typing import Any
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
 from efftx.errors import UserError
 from efftx.fields import Field
 
-MODEL_FIELDS = ("causal", "max_len", "grid", "layer_idx")  # module fields filled from the model, not options
+MODEL_FIELDS = ("causal", "max_len", "grid", "layer_idx", "rotary")  # module fields filled from the model, not options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +49,10 @@ class MixerSpec:
   options: dict[str, Field]  # each names a module field, whose default is the option's
   can_be_causal: bool = True  # causal=True is allowed (FNet: no)
   can_be_bidirectional: bool = True  # causal=False is allowed (recurrences and causal convolutions: no)
+  # A causal-only module that causal=False runs in both directions: causally over the sequence and over the reversed
+  # sequence, separate parameters, outputs summed (ByReversal). Such a spec keeps can_be_bidirectional=True: causal=
+  # False is allowed; the module itself is always built causal.
+  bidirectional_by_reversal: bool = False
   can_decode: bool = False  # causal and decodes one token at a time with a cache (`decode=True`)
   # Relations between options and the model that a single option cannot state: (every option, d_model or None,
   # causal) → raises UserError. Runs after the per-option checks.
@@ -84,6 +95,11 @@ class MixerSpec:
       raise TypeError(f"{self.module.__name__}: a mixer is causal, bidirectional or both")
     if "causal" not in fields:
       raise TypeError(f"{self.module.__name__}: a mixer module needs a `causal` field")
+    if self.bidirectional_by_reversal and not (self.can_be_causal and self.can_be_bidirectional):
+      raise TypeError(
+        f"{self.module.__name__}: bidirectional_by_reversal runs a causal module both ways: it needs can_be_causal "
+        "and allows causal=False (leave can_be_bidirectional at True)"
+      )
 
   @property
   def name(self) -> str:
@@ -110,6 +126,11 @@ class MixerSpec:
   def takes_grid(self) -> bool:
     return any(f.name == "grid" for f in dataclasses.fields(self.module))
 
+  @property
+  def takes_rotary(self) -> bool:
+    """The module can rotate its queries and keys by position (RoPE; config.model.position_embedding="rotary")."""
+    return any(f.name == "rotary" for f in dataclasses.fields(self.module))
+
   def defaults(self) -> dict[str, Any]:
     """Every option at its default (the module field's default)."""
     fields = {f.name: f.default for f in dataclasses.fields(self.module)}
@@ -119,6 +140,8 @@ class MixerSpec:
     """`flops` with the options not given at their defaults; None if the mixer declares no count."""
     if self.flops is None:
       return None
+    if self.bidirectional_by_reversal and not causal:  # the causal mixing twice, once per direction
+      return 2.0 * float(self.flops({**self.defaults(), **options}, length, d_model, True))
     return float(self.flops({**self.defaults(), **options}, length, d_model, causal))
 
   def train_flops(
@@ -179,15 +202,25 @@ class MixerSpec:
     max_len: int | None = None,
     grid: tuple[int, int] | None = None,
     layer_idx: int | None = None,
+    rotary: bool = False,
   ) -> functools.partial:
     """`maker(name=...)` → the module with these options (the rest at their defaults), after `check` (d_model, if
     given, is checked against num_heads). `max_len` (the positions the mixer sees) goes to mixers with
-    per-position parameters, `grid` to grid-aware ones, which refuse it with causal=True. The model builds every
-    layer's mixer with this (efftx.model.build_model)."""
+    per-position parameters, `grid` to grid-aware ones, which refuse it with causal=True, `rotary` to those that
+    take it (others ignore it). With causal=False, a mixer bidirectional by reversal is a ByReversal around its
+    causal module. The model builds every layer's mixer with this (efftx.model.build_model)."""
     self.check(options, d_model, causal)
     extra = {"max_len": max_len} if max_len is not None and self.takes_max_len else {}
     if layer_idx is not None and self.takes_layer_idx:
       extra["layer_idx"] = layer_idx
+    if rotary and self.takes_rotary:
+      resolved = {**self.defaults(), **options}
+      if self.has_heads and d_model is not None and (d_model // resolved["num_heads"]) % 2:
+        raise UserError(
+          f"position_embedding='rotary' rotates pairs of features: mixer '{self.name}' needs an even head width, "
+          f"not d_model / num_heads = {d_model}/{resolved['num_heads']}"
+        )
+      extra["rotary"] = True
     if grid is not None and self.takes_grid:
       if causal:
         raise UserError(
@@ -195,6 +228,8 @@ class MixerSpec:
           "config.model.causal=False for patches"
         )
       extra["grid"] = grid
+    if self.bidirectional_by_reversal and not causal:
+      return functools.partial(ByReversal, make=functools.partial(self.module, causal=True, **extra, **options))
     return functools.partial(self.module, causal=causal, **extra, **options)
 
   def __call__(
@@ -205,10 +240,65 @@ class MixerSpec:
     d_model: int | None = None,
     grid: tuple[int, int] | None = None,
     layer_idx: int | None = None,
+    rotary: bool = False,
     **options,
   ) -> nn.Module:
     """The module with these options: `maker(options, ...)()`."""
-    return self.maker(options, causal=causal, d_model=d_model, max_len=max_len, grid=grid, layer_idx=layer_idx)()
+    return self.maker(
+      options, causal=causal, d_model=d_model, max_len=max_len, grid=grid, layer_idx=layer_idx, rotary=rotary
+    )()
+
+
+class ByReversal(nn.Module):
+  """A causal-only mixer used bidirectionally: y = M_fwd(x) + rev(M_bwd(rev(x))), each direction causal.
+
+  The two directions have separate parameters ("forward", "backward" submodules), as Vision Mamba gives its forward
+  and backward SSMs their own (Zhu et al. 2024); Caduceus ties them (BiMamba with weight tying, for reverse-
+  complement equivariance of DNA and half the parameters), which a comparison of mixers at equal width would count
+  as a smaller model. Padding is irrelevant anywhere (left, right, inside): per example, the real positions are
+  gathered to the front in order for the forward direction and in reverse order for the backward one, padding
+  after them, so each real position sees exactly the real positions before (resp. after) it; the outputs are
+  scattered back, and padded positions get whatever the mixer gives padding (read by nothing). No decoding: decode
+  with the causal mixer (causal=True).
+  """
+
+  make: Callable[..., nn.Module]  # (name=...) → the causal mixer module (its options, causal=True)
+  layer_idx: int | None = None  # passed on to a mixer that takes one
+  causal: bool = False
+
+  @nn.compact
+  def __call__(
+    self, x_BxLxD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True, decode: bool = False
+  ) -> jax.Array:
+    if decode:
+      raise UserError("a mixer bidirectional by reversal cannot decode: decoding needs causal=True")
+    make = self.make
+    inner = getattr(make, "func", None)
+    if self.layer_idx is not None and dataclasses.is_dataclass(inner):
+      if any(f.name == "layer_idx" for f in dataclasses.fields(inner)):
+        make = functools.partial(make, layer_idx=self.layer_idx)
+    forward, backward = make(name="forward"), make(name="backward")
+    if mask is None:  # the whole sequence is real: the plain reversal
+      y_BxLxD = forward(x_BxLxD, deterministic=deterministic)
+      return y_BxLxD + jnp.flip(backward(jnp.flip(x_BxLxD, 1), deterministic=deterministic), 1)
+    L = x_BxLxD.shape[1]
+    pos_L, mask_BxL = jnp.arange(L), mask.astype(bool)
+    take = lambda a, idx_BxL: jnp.take_along_axis(a, idx_BxL.reshape(idx_BxL.shape + (1,) * (a.ndim - 2)), axis=1)
+    y_BxLxD = 0
+    # Sort keys: the real positions first (in order, resp. reversed), then the padding in order (a stable argsort).
+    for mixer, key_L in ((forward, pos_L), (backward, L - 1 - pos_L)):
+      order_BxL = jnp.argsort(jnp.where(mask_BxL, key_L, L + pos_L), axis=1)  # place j ← position order_BxL[:, j]
+      y_sorted_BxLxD = mixer(take(x_BxLxD, order_BxL), mask=take(mask_BxL, order_BxL), deterministic=deterministic)
+      y_BxLxD = y_BxLxD + take(y_sorted_BxLxD, jnp.argsort(order_BxL, axis=1))  # each output back at its position
+    return y_BxLxD.astype(x_BxLxD.dtype)
+
+
+def mixer_module(maker: Callable[..., nn.Module]) -> type[nn.Module] | None:
+  """The mixer module class a maker builds (the causal module inside a ByReversal); None if not a partial."""
+  module = getattr(maker, "func", None)
+  if module is ByReversal:
+    return getattr(maker.keywords["make"], "func", None)
+  return module
 
 
 def padded(length: int, block: int) -> int:
