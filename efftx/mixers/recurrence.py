@@ -44,6 +44,7 @@ def chunked_delta_rule(
   divide L); state: the state before the first position (None: zeros)."""
   B, L, H, K = k_BxLxHxK.shape
   V = v_BxLxHxV.shape[-1]
+  chunk = min(chunk, L)  # no work on padding beyond the sequence
   f32 = lambda a: a.astype(jnp.float32)
   beta_BxLxH = f32(beta_BxLxH)
   g_BxLxH = jnp.zeros((B, L, H), jnp.float32) if g_BxLxH is None else f32(g_BxLxH)
