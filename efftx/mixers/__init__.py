@@ -27,6 +27,7 @@ from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
 from efftx.mixers import random_mixing
+from efftx.mixers import retnet
 from efftx.mixers import rwkv
 from efftx.mixers.spec import REGISTRY
 from efftx.mixers.spec import MixerSpec
@@ -53,5 +54,6 @@ MIXERS.update(
     "base_conv_long": base_conv.SPEC_LONG,
     "h3": h3.SPEC,
     "gated_deltanet": gated_deltanet.SPEC,
+    "retnet": retnet.SPEC,
   }
 )
