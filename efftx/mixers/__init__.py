@@ -19,6 +19,7 @@ from efftx.mixers import base_conv
 from efftx.mixers import block_local
 from efftx.mixers import ff_only
 from efftx.mixers import fourier
+from efftx.mixers import gated_deltanet
 from efftx.mixers import h3
 from efftx.mixers import hyena
 from efftx.mixers import linear
@@ -26,6 +27,7 @@ from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
 from efftx.mixers import random_mixing
+from efftx.mixers import retnet
 from efftx.mixers import rwkv
 from efftx.mixers.spec import REGISTRY
 from efftx.mixers.spec import MixerSpec
@@ -51,5 +53,7 @@ MIXERS.update(
     "base_conv": base_conv.SPEC,
     "base_conv_long": base_conv.SPEC_LONG,
     "h3": h3.SPEC,
+    "gated_deltanet": gated_deltanet.SPEC,
+    "retnet": retnet.SPEC,
   }
 )

@@ -2,7 +2,8 @@
 
 - `ShortConv`: a depthwise causal convolution of a few taps with a bias, y_t = b + Σ_{j<W} w_j ⊙ x_{t−j}
   (torch's `Conv1d(C, C, W, groups=C, padding=W − 1)` cut to the first L outputs, and its default initialisation,
-  U(±1/√W) for weights and bias). Decoding keeps the last W − 1 inputs: a state of constant size.
+  U(±1/√W) for weights and bias; `use_bias=False`: no b, as fla's ShortConvolution by default). Decoding keeps the
+  last W − 1 inputs: a state of constant size.
 - `causal_long_conv`: y_t = Σ_{s≤t} k_{t−s} ⊙ u_s with a kernel as long as the sequence, per channel, through an
   FFT of length 2L (no wrap-around), in float32 — the `fftconv` of Hyena, H3 and BaseConv (zoology/mixers/hyena.py).
   `long_conv_step` is the same sum for one new position over the inputs buffered so far (efftx/mixers/cache.py).
@@ -39,12 +40,13 @@ class ShortConv(nn.Module):
   features: int
   width: int
   causal: bool = True
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxC: jax.Array, mask: jax.Array | None = None, decode: bool = False) -> jax.Array:
     # "taps", not "kernel": torch's init, and not one of the dense kernels the optimizer decays by name.
     w_WxC = self.param("taps", _torch_uniform(self.width), (self.width, self.features))
-    b_C = self.param("bias", _torch_uniform(self.width), (self.features,))
+    b_C = self.param("bias", _torch_uniform(self.width), (self.features,)) if self.use_bias else jnp.zeros(())
     if mask is not None:
       x_BxLxC = jnp.where(mask[:, :, None], x_BxLxC, 0)
     if decode:
