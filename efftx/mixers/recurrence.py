@@ -110,6 +110,8 @@ def delta_rule_step(
   if real_B is not None:
     S = jnp.where(real_B[:, None, None, None], S, f32(state_BxHxKxV))
   return jnp.einsum("bhkv,bhk->bhv", S, q), S
+
+
 SUB_CHUNK = 16  # per-key decays: positions per sub-chunk (flash-linear-attention's chunk_gla BC)
 
 
