@@ -141,7 +141,7 @@ SPEC = MixerSpec(
   GatedDeltaNet,
   "Gated DeltaNet (fla's): short convs, L2-normed q, k, gated delta rule per head, gated RMSNorm; O(L·d²/heads), "
   "chunked",
-  can_be_bidirectional=False,
+  bidirectional_by_reversal=True,
   can_decode=True,
   relations=_relations,
   options={

@@ -124,7 +124,7 @@ SPEC = MixerSpec(
   Retention,
   "RetNet multi-scale retention (fla's): rotary q, k, fixed decay 1 − 2^(−5−h) per head, swish-gated RMSNorm; "
   "O(L·d²/heads), chunked",
-  can_be_bidirectional=False,
+  bidirectional_by_reversal=True,
   can_decode=True,
   relations=_relations,
   options={
