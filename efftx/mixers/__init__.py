@@ -25,6 +25,7 @@ from efftx.mixers import linear
 from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
+from efftx.mixers import mamba2
 from efftx.mixers import random_mixing
 from efftx.mixers import rwkv
 from efftx.mixers.spec import REGISTRY
@@ -51,5 +52,6 @@ MIXERS.update(
     "base_conv": base_conv.SPEC,
     "base_conv_long": base_conv.SPEC_LONG,
     "h3": h3.SPEC,
+    "mamba2": mamba2.SPEC,
   }
 )
