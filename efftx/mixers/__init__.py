@@ -19,6 +19,7 @@ from efftx.mixers import base_conv
 from efftx.mixers import block_local
 from efftx.mixers import ff_only
 from efftx.mixers import fourier
+from efftx.mixers import gla
 from efftx.mixers import h3
 from efftx.mixers import hyena
 from efftx.mixers import linear
@@ -53,5 +54,6 @@ MIXERS.update(
     "base_conv_long": base_conv.SPEC_LONG,
     "h3": h3.SPEC,
     "mamba2": mamba2.SPEC,
+    "gla": gla.SPEC,
   }
 )
