@@ -20,12 +20,14 @@ from efftx.mixers import block_local
 from efftx.mixers import ff_only
 from efftx.mixers import fourier
 from efftx.mixers import gated_deltanet
+from efftx.mixers import gla
 from efftx.mixers import h3
 from efftx.mixers import hyena
 from efftx.mixers import linear
 from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
+from efftx.mixers import mamba2
 from efftx.mixers import random_mixing
 from efftx.mixers import retnet
 from efftx.mixers import rwkv
@@ -55,5 +57,7 @@ MIXERS.update(
     "h3": h3.SPEC,
     "gated_deltanet": gated_deltanet.SPEC,
     "retnet": retnet.SPEC,
+    "mamba2": mamba2.SPEC,
+    "gla": gla.SPEC,
   }
 )
