@@ -187,8 +187,7 @@ def test_options_are_checked():
     "chunk": 64,
     "norm_eps": 1e-5,
   }
-  with pytest.raises(UserError, match="causal only"):
-    spec(causal=False)
+  assert type(spec(causal=False)).__name__ == "ByReversal"  # bidirectional: both ways by reversal
   with pytest.raises(UserError, match="expand_v=1.5 × the head dim 3"):
     spec.check({"num_heads": 4, "expand_v": 1.5}, 12, True)
   spec.check({"num_heads": 4, "expand_v": 1.5}, 16, True)

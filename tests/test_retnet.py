@@ -171,8 +171,7 @@ def test_decoding_equals_the_forward_pass_with_a_state_of_constant_size():
 def test_options_are_checked():
   spec = MIXERS["retnet"]
   assert spec.defaults() == {"num_heads": 4, "expand_v": 2.0, "chunk": 64, "norm_eps": 1e-5}
-  with pytest.raises(UserError, match="causal only"):
-    spec(causal=False)
+  assert type(spec(causal=False)).__name__ == "ByReversal"  # bidirectional: both ways by reversal
   with pytest.raises(UserError, match="even head dim"):
     spec.check({"num_heads": 4}, 12, True)
   with pytest.raises(UserError, match="expand_v=0.25"):
