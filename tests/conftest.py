@@ -62,6 +62,21 @@ def smoke_config(data_dir):
   return make
 
 
+# Mixers bidirectional by reversal run causal=False as their causal module both ways (efftx.mixers.spec.ByReversal):
+# what that adds (both directions, padding anywhere ignored) does not depend on the mixer and is tested once
+# (tests/test_modern_block.py), so the per-mixer tests check such a mixer causally, and one representative both ways.
+REVERSAL_REPRESENTATIVE = "retnet"
+
+
+def tested_causal_settings(name: str) -> tuple[bool, ...]:
+  """The causal settings a per-mixer test runs: the spec's, but only causal=True for a mixer bidirectional by
+  reversal other than REVERSAL_REPRESENTATIVE."""
+  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+
+  spec = MIXERS[name]
+  return (True,) if spec.bidirectional_by_reversal and name != REVERSAL_REPRESENTATIVE else spec.causal_settings
+
+
 def mixer_config(mixer: str, **fields):
   """default_config(mixer) with `fields` set: config.model fields by name, and mixer options (window, num_heads,
   ...) for the mixers that declare them — so one call serves every mixer in a parametrized test."""
