@@ -25,7 +25,9 @@ from efftx.mixers import linear
 from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
+from efftx.mixers import mamba
 from efftx.mixers import random_mixing
+from efftx.mixers import rg_lru
 from efftx.mixers import rwkv
 from efftx.mixers.spec import REGISTRY
 from efftx.mixers.spec import MixerSpec
@@ -51,5 +53,7 @@ MIXERS.update(
     "base_conv": base_conv.SPEC,
     "base_conv_long": base_conv.SPEC_LONG,
     "h3": h3.SPEC,
+    "mamba": mamba.SPEC,
+    "rg_lru": rg_lru.SPEC,
   }
 )
