@@ -104,13 +104,15 @@ def _padded_inputs(L=13, left=3, right=4, seed=0):
 
 
 def _params(module, x, dt_bias=None, seed=1):
-  """The module's initial parameters with D, A_log and the biases moved off their starting values (as training
-  moves them), so that the comparison sees every parameter; dt_bias, if given, sets Δ's offset."""
+  """The module's initial parameters with D, A_log and the biases moved off their starting values and x_proj's B and
+  C columns ×10 (as training moves them: at torch's U(±1/√E) the SSM's part h·C is ~0.1 % of the output, here
+  ~15 %), so that the comparison sees every parameter; dt_bias, if given, sets Δ's offset."""
   params = jax.tree.map(np.asarray, compiled(module).init(jax.random.key(seed), x)["params"])
   rng = np.random.default_rng(seed)
   params["D"] = params["D"] + rng.normal(size=params["D"].shape).astype(np.float32)
   params["A_log"] = params["A_log"] + 0.3 * rng.normal(size=params["A_log"].shape).astype(np.float32)
   params["conv1d"]["bias"] = params["conv1d"]["bias"] + 0.3 * rng.normal(size=(E,)).astype(np.float32)
+  params["x_proj"]["kernel"] = params["x_proj"]["kernel"] * np.where(np.arange(R + 2 * N) < R, 1, 10).astype(np.float32)
   if dt_bias is not None:
     params["dt_proj"]["bias"] = np.asarray(dt_bias, np.float32) + np.zeros((E,), np.float32)
   return params
@@ -139,7 +141,7 @@ def test_gradients_equal_the_references_derivatives():
   decays on alternate channels; padded inputs get no gradient."""
   module = MIXERS["mamba"](causal=True)
   x, mask = _padded_inputs(L=6, left=1, right=2, seed=2)
-  params = _params(module, x, np.where(np.arange(E) % 2, 6.0, -10.0))
+  params = _params(module, x, np.where(np.arange(E) % 2, 0.5, -5.0))
   g = np.random.default_rng(3).normal(size=x.shape) * mask[..., None]
 
   @jax.jit
@@ -161,13 +163,13 @@ def test_gradients_equal_the_references_derivatives():
     functools.reduce(lambda n, k: n[k], path, down)[index] -= h
     want = (loss64(up, x) - loss64(down, x)) / (2 * h)
     got = functools.reduce(lambda n, k: n[k], path, got_p)[index]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=f"{path}{index}")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7, err_msg=f"{path}{index}")
   for b, t, c in ((0, 1, 0), (0, 5, 3), (1, 0, 7), (1, 3, 2)):
     up, down = np.array(x, np.float64), np.array(x, np.float64)
     up[b, t, c] += h
     down[b, t, c] -= h
     want = (loss64(p64, up) - loss64(p64, down)) / (2 * h)
-    np.testing.assert_allclose(got_x[b, t, c], want, rtol=1e-4, atol=1e-6, err_msg=f"x[{b}, {t}, {c}]")
+    np.testing.assert_allclose(got_x[b, t, c], want, rtol=1e-4, atol=1e-7, err_msg=f"x[{b}, {t}, {c}]")
   assert np.all(np.asarray(got_x)[~mask] == 0)
 
 
