@@ -1,7 +1,6 @@
 """The diagonal recurrence h_t = a_t ⊙ h_{t−1} + b_t (efftx/mixers/diagonal.py) against a float64 loop over the
-real positions, in every form (associative, sequential, chunked), in values and gradients. The gradients' reference
-is JAX's own differentiation of a float64 jax.lax.scan of the step (jax.enable_x64), so it shares
-nothing with the custom backward pass under test.
+real positions, in values and gradients. The gradients' reference is JAX's own differentiation of a float64
+jax.lax.scan of the step (jax.enable_x64), so it shares nothing with the custom backward pass under test.
 
 Tolerance: h_t = Σ_{s≤t} (Π_{s<r≤t} a_r) b_s is a sum of up to L terms, each a product of up to L factors; any
 evaluation order rounds each partial sum and product once, so two orders agree within 2L·eps32 of the same sum taken
@@ -13,14 +12,9 @@ sums (4L terms).
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from conftest import assert_close_sums
-from efftx.errors import UserError
 from efftx.mixers import diagonal
-
-FORMS = [dict(impl="associative"), dict(impl="sequential"), dict(impl="chunked", chunk=8)]
-IDS = ["associative", "sequential", "chunked-8"]
 
 
 def _loop(a, b, h0, real):
@@ -66,14 +60,14 @@ def _inputs(B=2, L=37, S=(3, 2), low=0.0, high=1.0, seed=0):
   return a, b, h0, real, g
 
 
-def _check(form, a, b, h0, real, g, min_abs=None):
-  """Values and gradients of `form` against the references; with min_abs, also that every reference entry above it
+def _check(a, b, h0, real, g, min_abs=None):
+  """Values and gradients against the references; with min_abs, also that every reference entry above it
   is nonzero here (no gradient lost to underflow or a wrong 0)."""
   L = a.shape[1]
 
   @jax.jit
   def run(a, b, h0):
-    h, vjp = jax.vjp(lambda a, b, h0: diagonal.scan(a, b, h0, real, **form), a, b, h0)
+    h, vjp = jax.vjp(lambda a, b, h0: diagonal.scan(a, b, h0, real), a, b, h0)
     return h, vjp(g)
 
   h, (ga, gb, gh0) = run(a, b, h0)
@@ -96,30 +90,28 @@ def _check(form, a, b, h0, real, g, min_abs=None):
       assert np.all(np.asarray(got)[np.abs(want) > min_abs] != 0)
 
 
-@pytest.mark.parametrize("form", FORMS, ids=IDS)
-def test_every_form_equals_the_loop_with_padding_at_both_ends(form):
-  """L = 37 (chunks of 8 do not divide it), a state of 3×2 per position, an initial state, padding at both ends."""
-  _check(form, *_inputs())
+def test_equals_the_loop_with_padding_at_both_ends():
+  """L = 37, a state of 3×2 per position, an initial state, padding at both ends."""
+  _check(*_inputs())
 
 
-@pytest.mark.parametrize("form", FORMS, ids=IDS)
-def test_strong_and_weak_decay(form):
+def test_strong_and_weak_decay():
   """a ∈ [0, 1e-6] (the past gone after a step; a exactly 0 at one position) and a ∈ [1 − 1e-6, 1] (nothing decays
   over the sequence: h a running sum): no NaN, and no entry the reference has above 1e-30 comes out 0."""
   a, b, h0, real, g = _inputs(low=0.0, high=1e-6, seed=1)
   a[:, 5] = 0.0
-  _check(form, a, b, h0, real, g, min_abs=1e-30)
+  _check(a, b, h0, real, g, min_abs=1e-30)
   a, b, h0, real, g = _inputs(low=1 - 1e-6, high=1.0, seed=2)
   a[:, 7] = 1.0
-  _check(form, a, b, h0, real, g, min_abs=1e-30)
+  _check(a, b, h0, real, g, min_abs=1e-30)
 
 
-def test_length_4096_in_the_chosen_form():
+def test_length_4096():
   """One long sequence of width 2, a ∈ [0.99, 1] (memory of ~100 … 4096 steps), padded at both ends."""
   a, b, h0, real, g = _inputs(B=2, L=4096, S=(2,), low=0.99, high=1.0, seed=3)
   real[0, :100] = False
   real[1, -100:] = False
-  _check({}, a, b, h0, real, g)
+  _check(a, b, h0, real, g)
 
 
 def test_the_scan_equals_the_step_looped():
@@ -138,14 +130,10 @@ def test_the_scan_equals_the_step_looped():
   assert_close_sums(scanned, stepped, n_terms=2 * a.shape[1], scale=np.abs(stepped).max())
 
 
-def test_bfloat16_inputs_run_in_float32_and_bad_options_are_refused():
+def test_bfloat16_inputs_run_in_float32():
   a, b, h0, real, _ = _inputs(L=5, seed=5)
   a16, b16 = jnp.asarray(a, jnp.bfloat16), jnp.asarray(b, jnp.bfloat16)
   h = jax.jit(lambda a, b: diagonal.scan(a, b, None, real))(a16, b16)
   assert h.dtype == jnp.float32
   want = _loop(np.asarray(a16, np.float64), np.asarray(b16, np.float64), np.zeros_like(h0), real)
   assert_close_sums(h, want, n_terms=10)
-  with pytest.raises(UserError, match="impl='fast'"):
-    diagonal.scan(a, b, impl="fast")
-  with pytest.raises(UserError, match="chunk=0"):
-    diagonal.scan(a, b, impl="chunked", chunk=0)

@@ -125,12 +125,19 @@ def _relations(options: dict[str, Any], d_model: int | None, causal: bool) -> No
     )
 
 
+def _flops(options, L: int, d: int, causal: bool) -> float:
+  """The readout y_t = h_t·C_t: E × N multiply-adds a position; the scan and the convolution are elementwise."""
+  del L, causal
+  return 2.0 * options["expand"] * d * options["d_state"]
+
+
 SPEC = MixerSpec(
   Mamba,
   "Mamba-1: gated causal conv + input-dependent (selective) diagonal SSM, d_state per channel; O(L·d·d_state), a scan",
   can_be_bidirectional=False,
   can_decode=True,
   relations=_relations,
+  flops=_flops,
   keep_init=("dt_proj",),
   options={
     "d_state": Field("SSM state size N per channel (the reference's d_state)", at_least=1),

@@ -152,12 +152,19 @@ def _relations(options: dict[str, Any], d_model: int | None, causal: bool) -> No
     )
 
 
+def _flops(options, L: int, d: int, causal: bool) -> float:
+  """0: the block-diagonal gates are "kernel"s, counted with the projections; the rest is elementwise."""
+  del options, L, d, causal
+  return 0.0
+
+
 SPEC = MixerSpec(
   RGLRUBlock,
   "Griffin's recurrent block: GeLU gate ⊙ RG-LRU(conv(x)), a gated real diagonal recurrence; O(L·d), a scan",
   can_be_bidirectional=False,
   can_decode=True,
   relations=_relations,
+  flops=_flops,
   options={
     "num_heads": Field("blocks of the block-diagonal gates (the reference's num_heads)", at_least=1),
     "lru_width": Field("width of the recurrence and its branches; 0: d_model (the reference's default)", at_least=0),
