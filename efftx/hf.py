@@ -1,5 +1,5 @@
-"""Hugging Face FNet and BERT checkpoints as efftx encoders, and efftx encoders as HF checkpoints (numpy and
-safetensors only; no torch).
+"""Hugging Face FNet and BERT checkpoints as efftx encoders, Mamba and Mamba-2 checkpoints as efftx causal models,
+and efftx encoders as HF checkpoints (numpy and safetensors only; no torch).
 
     config, params = efftx.hf.load("path/to/google-fnet-base")   # a folder with config.json, model.safetensors
     model = efftx.model.build_model(config, head, vocab_size=params["embed"]["embedding"].shape[0])
@@ -33,6 +33,30 @@ not FNet's Fourier output): the same model, regularised a little more in fine-tu
 Legacy LayerNorm names (gamma / beta) are read as HF reads them. FNet's padding: HF mixes padded positions in, so
 the converted FNet mixer has padding="mix" (pad with the tokenizer's pad id, as HF's users do).
 Checked against the HF models' outputs in tests/test_hf.py (fixtures made by tests/fixtures/make_hf_fixtures.py).
+
+Mamba and Mamba-2 (model_type "mamba" / "mamba2": transformers' MambaModel / Mamba2Model folders, or their
+*ForCausalLM with the names under "backbone."; mamba_ssm's "embedding.weight" read as HF renames it) become a causal
+stack of pre-norm blocks with mixer mamba / mamba2 and no feed-forward sublayer: token embeddings, no positions
+(position_embedding="none"), x + mixer(RMSNorm(x)) per layer (norm="rms", d_ff=0), a final RMSNorm (norm_f) whose
+output is HF's last_hidden_state (tests/test_hf_recurrent.py, fixtures by tests/fixtures/make_recurrent_fixtures.py).
+config.model.max_len is `load`'s max_len, else RECURRENT_MAX_LEN (the checkpoint stores none). Fields:
+  read:    model_type, hidden_size, num_hidden_layers (checked against the weights' layers), vocab_size (the
+           weights' rows), layer_norm_epsilon (config.model.norm_eps; mamba2: also config.mixer.norm_eps, the
+           gated RMSNorm's), state_size (d_state), conv_kernel (d_conv), expand, time_step_min / time_step_max
+           (dt_min / dt_max: initialisation only); mamba: time_step_rank ("auto": ⌈hidden_size/16⌉; dt_rank),
+           intermediate_size (must be expand·hidden_size); mamba2: num_heads and head_dim (headdim; num_heads·head_dim
+           must be expand·hidden_size), n_groups (ngroups; must divide num_heads), chunk_size (chunk: the same
+           function in other chunks), time_step_limit (must be (0, inf)), use_conv_bias (False: zero biases, the same
+           function, which fine-tuning then trains);
+  refused: hidden_act other than silu, use_bias=True (in_proj / out_proj biases), mamba2's time_step_limit other
+           than (0, inf) (efftx does not clamp Δ), the shape inconsistencies above, a missing tensor;
+  ignored: residual_in_fp32 (efftx's residual stream is in config.model.dtype: the same in float32; in bfloat16 HF
+           keeps it in float32), rescale_prenorm_residual, initializer_range, time_step_floor / time_step_scale /
+           time_step_init_scheme (initialisation only), mamba2's time_step_rank (unused by HF's Mamba2 too),
+           use_mambapy / use_associative_scan (the same scan computed another way), tie_word_embeddings and
+           lm_head.weight (efftx's head is new; config.model.tie_embeddings=True ties an LM head as HF's tied
+           Mamba does), token ids, use_cache, the dtype (read as float32). Padding: efftx's mixers zero padded
+           positions' inputs and skip them in the recurrence, as HF's attention_mask does (not compared here).
 """
 
 from __future__ import annotations
@@ -70,7 +94,7 @@ ARCHITECTURE = {
     "reversible",
     "patch_size",
   ),
-  "mixer": ("num_heads", "padding"),
+  "mixer": ("num_heads", "padding", "d_state", "d_conv", "expand", "headdim", "ngroups", "dt_rank", "norm_eps"),
 }
 
 
@@ -101,6 +125,8 @@ def _named(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     for old, new in _LEGACY_NAMES.items():
       if name.endswith(old):
         name = name[: -len(old)] + new
+    if name in ("embedding.weight", "backbone.embedding.weight"):  # mamba_ssm's name, which HF's Mamba renames
+      name = name.replace("embedding.", "embeddings.")
     out[name] = value
   return out
 
@@ -165,8 +191,10 @@ def _config(
   """(config, the weights' name prefix) from an HF config and its tensors' shapes by (current) name; raises
   UserError for what would convert into another model."""
   kind = hf_config.get("model_type")
+  if kind in _RECURRENT:
+    return _recurrent_config(hf_config, shapes, max_len)
   if kind not in ("fnet", "bert"):
-    raise UserError(f"model_type '{kind}': efftx reads fnet and bert checkpoints")
+    raise UserError(f"model_type '{kind}': efftx reads fnet, bert, mamba and mamba2 checkpoints")
   act = hf_config.get("hidden_act", "gelu")
   if act not in _ACTIVATIONS:
     raise UserError(f"hidden_act '{act}' has no efftx counterpart; efftx has: {', '.join(_ACTIVATIONS)}")
@@ -222,6 +250,8 @@ def convert(
   """(config, parameters) from an HF FNet or BERT config dict and its weights by name."""
   weights = _named(weights)
   config, prefix = _config(hf_config, {name: np.shape(value) for name, value in weights.items()}, max_len)
+  if hf_config["model_type"] in _RECURRENT:
+    return config, _recurrent_params(config, weights, prefix, hf_config.get("use_conv_bias", True))
   kind, max_len, num_layers = hf_config["model_type"], config.model.max_len, config.model.num_layers
   D = config.model.d_model
 
@@ -270,6 +300,127 @@ def convert(
   if prefix + "pooler.dense.weight" in weights:
     params["pooler"] = dense("pooler.dense")
   return config, params
+
+
+_RECURRENT = ("mamba", "mamba2")
+# The sequence length of a recurrent checkpoint's config when `load` is given none: it stores none (no positions);
+# the Mamba papers train at 2,048 tokens.
+RECURRENT_MAX_LEN = 2048
+
+
+def _float(value) -> float:
+  """A config.json number: transformers 5 writes inf as {"__float__": "Infinity"}, json.dump as Infinity."""
+  if isinstance(value, dict) and "__float__" in value:
+    value = value["__float__"]
+  return float(value)
+
+
+def _recurrent_config(
+  hf_config: dict, shapes: dict[str, tuple[int, ...]], max_len: int | None
+) -> tuple[ml_collections.ConfigDict, str]:
+  """_config for transformers' MambaModel / Mamba2Model (or their *ForCausalLM, names under "backbone.")."""
+  kind = hf_config["model_type"]
+  refuse = lambda why: UserError(f"{kind} checkpoint: {why}")
+  act = hf_config.get("hidden_act", "silu")
+  if act != "silu":
+    raise refuse(f"hidden_act '{act}': efftx's {kind} mixer applies SiLU after the convolution")
+  if hf_config.get("use_bias", False):
+    raise refuse("use_bias=True: efftx's in_proj and out_proj have no biases")
+  prefix = next((p for p in ("backbone.", "") if f"{p}embeddings.weight" in shapes), None)
+  if prefix is None:
+    raise refuse("no embeddings in the weights (looked for [backbone.]embeddings.weight)")
+  num_layers = hf_config["num_hidden_layers"]
+  stored = {int(n[len(prefix + "layers.") :].split(".")[0]) for n in shapes if n.startswith(prefix + "layers.")}
+  if stored != set(range(num_layers)):
+    raise refuse(
+      f"num_hidden_layers is {num_layers} but the weights hold layers "
+      f"{', '.join(map(str, sorted(stored))) or 'none'}: a config and weights that do not match"
+    )
+  D, expand, eps = (
+    hf_config["hidden_size"],
+    hf_config.get("expand", 2),
+    float(hf_config.get("layer_norm_epsilon", 1e-5)),
+  )
+  config = config_lib.default_config(kind)
+  config.model.update(
+    d_model=D,
+    d_ff=0,
+    num_layers=num_layers,
+    max_len=max_len or RECURRENT_MAX_LEN,
+    causal=True,
+    dropout=0.0,
+    block_layout="pre_ln",
+    norm="rms",
+    norm_eps=eps,
+    position_embedding="none",
+    embed_projection=False,
+    type_vocab_size=0,
+  )
+  config.data.vocab_size = shapes[prefix + "embeddings.weight"][0]
+  mixer = dict(
+    d_state=hf_config.get("state_size", 16 if kind == "mamba" else 128),
+    d_conv=hf_config.get("conv_kernel", 4),
+    expand=expand,
+    dt_min=float(hf_config.get("time_step_min", 0.001)),
+    dt_max=float(hf_config.get("time_step_max", 0.1)),
+  )
+  if kind == "mamba":
+    E = hf_config.get("intermediate_size", expand * D)
+    if E != expand * D:
+      raise refuse(f"intermediate_size {E} is not expand·hidden_size = {expand * D} (efftx's inner width)")
+    rank = hf_config.get("time_step_rank", "auto")
+    mixer["dt_rank"] = -(-D // 16) if rank == "auto" else int(rank)
+  else:
+    H, P, G = hf_config["num_heads"], hf_config["head_dim"], hf_config.get("n_groups", 1)
+    if H * P != expand * D:
+      raise refuse(f"num_heads·head_dim = {H}·{P} is not expand·hidden_size = {expand * D}")
+    if H % G:
+      raise refuse(f"n_groups {G} does not divide num_heads {H}")
+    lo, hi = (_float(v) for v in hf_config.get("time_step_limit", (0.0, float("inf"))))
+    if (lo, hi) != (0.0, float("inf")):
+      raise refuse(f"time_step_limit ({lo}, {hi}): efftx's mamba2 does not clamp Δ (only (0, inf) converts)")
+    mixer.update(headdim=P, ngroups=G, chunk=int(hf_config.get("chunk_size", 256)), norm_eps=eps)
+  config.mixer.update(mixer)
+  return config, prefix
+
+
+def _recurrent_params(
+  config: ml_collections.ConfigDict, weights: dict[str, np.ndarray], prefix: str, conv_bias: bool
+) -> dict:
+  """efftx's parameters from a Mamba / Mamba-2 checkpoint's weights (torch Linear (out, in) → flax (in, out);
+  conv1d (C, 1, W) → (W, C) taps; no conv bias (use_conv_bias=False) → zeros, the same function)."""
+  kind = config.model.mixer
+
+  def w(name: str) -> np.ndarray:
+    if prefix + name not in weights:
+      raise UserError(f"the checkpoint has no tensor {prefix + name}, which a {kind} model of this config needs")
+    return np.asarray(weights[prefix + name], np.float32)
+
+  params = {"embed": {"embedding": w("embeddings.weight")}, "final_norm": {"scale": w("norm_f.weight")}}
+  for i in range(config.model.num_layers):
+    m = f"layers.{i}.mixer"
+    conv_WxC = w(f"{m}.conv1d.weight")[:, 0, :].T  # conv_WxC[j] weighs the input W − 1 − j positions back
+    bias_C = w(f"{m}.conv1d.bias") if conv_bias else np.zeros(conv_WxC.shape[1:], np.float32)
+    mixer = {
+      "in_proj": {"kernel": w(f"{m}.in_proj.weight").T},
+      "A_log": w(f"{m}.A_log"),
+      "D": w(f"{m}.D"),
+      "out_proj": {"kernel": w(f"{m}.out_proj.weight").T},
+    }
+    if kind == "mamba":
+      mixer.update(
+        conv1d={"taps": conv_WxC[::-1].copy(), "bias": bias_C},  # taps[0]: the current position
+        x_proj={"kernel": w(f"{m}.x_proj.weight").T},
+        dt_proj={"kernel": w(f"{m}.dt_proj.weight").T, "bias": w(f"{m}.dt_proj.bias")},
+      )
+    else:
+      mixer.update(
+        conv1d={"kernel": conv_WxC, "bias": bias_C},
+        dt_bias=w(f"{m}.dt_bias"),
+        norm=w(f"{m}.norm.weight"),
+      )
+    params[f"block_{i}"] = {"mixing": {"norm": {"scale": w(f"layers.{i}.norm.weight")}, "mixer": mixer}}
+  return params
 
 
 def mismatches(config: ml_collections.ConfigDict, checkpoint_config: ml_collections.ConfigDict) -> list[str]:

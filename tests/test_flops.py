@@ -88,6 +88,9 @@ CASES = [
   ("hyena", {}),
   ("hyena", {"order": 3}),
   ("rwkv", {}),
+  ("mamba", {}),
+  ("mamba", {"expand": 1, "d_state": 4, "dt_rank": 3}),
+  ("rg_lru", {"num_heads": 4}),
 ]
 
 

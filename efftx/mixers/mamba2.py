@@ -4,7 +4,7 @@ norm_before_gate=False, no projection biases, conv bias). Per head h, with Δ_t 
 a_h = −exp(A_log_h):
 
     state_t = exp(Δ_t a_h) state_{t−1} + B_t (Δ_t x_t)ᵀ,   y_t = stateᵀ C_t + D_h x_t
-    out = out_proj(RMSNorm(y ⊙ SiLU(z)) · weight)     (the norm over d_inner / ngroups channels per group)
+    out = out_proj(RMSNorm(y ⊙ SiLU(z)) · weight)     (over d_inner / ngroups channels per group; eps norm_eps)
 
 z, xBC, dt = in_proj(u); xBC through a causal depthwise convolution (width d_conv, bias) and SiLU, then split into
 x (heads of headdim), B and C (ngroups groups of d_state, head h in group h·ngroups // nheads). The recurrence is
@@ -58,6 +58,7 @@ class Mamba2(nn.Module):
   dt_min: float = 0.001
   dt_max: float = 0.1
   chunk: int = 256
+  norm_eps: float = 1e-5
   causal: bool = True
 
   @nn.compact
@@ -118,7 +119,7 @@ class Mamba2(nn.Module):
       )
     y_BxLxI = (y_BxLxHxP + D_H[:, None] * x_BxLxHxP).reshape(B, L, d_inner)
     gated_BxLxGxQ = (y_BxLxI * jax.nn.silu(z_BxLxI.astype(jnp.float32))).reshape(B, L, G, d_inner // G)
-    normed = gated_BxLxGxQ * jax.lax.rsqrt(jnp.mean(gated_BxLxGxQ**2, axis=-1, keepdims=True) + 1e-5)
+    normed = gated_BxLxGxQ * jax.lax.rsqrt(jnp.mean(gated_BxLxGxQ**2, axis=-1, keepdims=True) + self.norm_eps)
     out_BxLxI = (normed.reshape(B, L, d_inner) * norm_weight).astype(dtype)
     return nn.Dense(D, use_bias=False, kernel_init=_torch_linear_init, dtype=dtype, name="out_proj")(out_BxLxI)
 
@@ -147,7 +148,7 @@ class ConvWeights(nn.Module):
     )
 
 
-SPEC_OPTIONS = ("d_state", "d_conv", "expand", "headdim", "ngroups", "dt_min", "dt_max", "chunk")
+SPEC_OPTIONS = ("d_state", "d_conv", "expand", "headdim", "ngroups", "dt_min", "dt_max", "chunk", "norm_eps")
 
 
 def _relations(options: dict[str, Any], d_model: int | None, causal: bool) -> None:
@@ -190,5 +191,8 @@ SPEC = MixerSpec(
     "dt_min": Field("smallest initial step Δ (log-uniform in [dt_min, dt_max])", above=0),
     "dt_max": Field("largest initial step Δ", above=0),
     "chunk": Field("positions per chunk of the chunked recurrence (the reference's chunk_size)", at_least=1),
+    "norm_eps": Field(
+      "eps of the gated RMSNorm before out_proj (the reference's 1e-5; HF checkpoints: layer_norm_epsilon)", above=0
+    ),
   },
 )
