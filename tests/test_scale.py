@@ -110,6 +110,7 @@ SHARDED_KINDS = {
 # The causal-only mixers' own kinds, in a model of their own (fnet cannot be causal, they cannot be bidirectional).
 CAUSAL_SHARDED_KINDS = {
   "h3": "SSM parameters (B, C: D × N and D × N × 2) split, kernels made from them and applied through an FFT",
+  "mamba": "an E × D output projection split on E (its input side), a selective scan over positions (lax.scan)",
 }
 
 

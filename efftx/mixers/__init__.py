@@ -27,9 +27,11 @@ from efftx.mixers import linear
 from efftx.mixers import linear_mixing
 from efftx.mixers import local
 from efftx.mixers import lsh
+from efftx.mixers import mamba
 from efftx.mixers import mamba2
 from efftx.mixers import random_mixing
 from efftx.mixers import retnet
+from efftx.mixers import rg_lru
 from efftx.mixers import rwkv
 from efftx.mixers.spec import REGISTRY
 from efftx.mixers.spec import MixerSpec
@@ -59,5 +61,7 @@ MIXERS.update(
     "retnet": retnet.SPEC,
     "mamba2": mamba2.SPEC,
     "gla": gla.SPEC,
+    "mamba": mamba.SPEC,
+    "rg_lru": rg_lru.SPEC,
   }
 )

@@ -13,6 +13,8 @@ Positions where `mask` is False (padding) enter as zeros, so padding at either e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -35,18 +37,26 @@ def depthwise_causal(x_BxLxC: jax.Array, w_WxC: jax.Array) -> jax.Array:
 
 
 class ShortConv(nn.Module):
-  """Depthwise causal convolution with `width` taps and a bias over the last axis's `features` channels."""
+  """Depthwise causal convolution with `width` taps and a bias over the last axis's `features` channels; taps_init
+  and bias_init (initializers of the W×C taps, taps[0] weighing the current position, and of the C biases) replace
+  torch's default where given (Griffin's Conv1D: N(0, 0.01/W) and zeros)."""
 
   features: int
   width: int
   causal: bool = True
   use_bias: bool = True
+  taps_init: Callable | None = None
+  bias_init: Callable | None = None
 
   @nn.compact
   def __call__(self, x_BxLxC: jax.Array, mask: jax.Array | None = None, decode: bool = False) -> jax.Array:
     # "taps", not "kernel": torch's init, and not one of the dense kernels the optimizer decays by name.
-    w_WxC = self.param("taps", _torch_uniform(self.width), (self.width, self.features))
-    b_C = self.param("bias", _torch_uniform(self.width), (self.features,)) if self.use_bias else jnp.zeros(())
+    w_WxC = self.param("taps", self.taps_init or _torch_uniform(self.width), (self.width, self.features))
+    b_C = (
+      self.param("bias", self.bias_init or _torch_uniform(self.width), (self.features,))
+      if self.use_bias
+      else jnp.zeros(())
+    )
     if mask is not None:
       x_BxLxC = jnp.where(mask[:, :, None], x_BxLxC, 0)
     if decode:
