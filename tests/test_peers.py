@@ -156,7 +156,7 @@ def test_mamba_rows_are_transformers_mamba_block_built_by_efftx():
   c = peers.SHAPES["full"]
   ids = jax.numpy.zeros((1, 64), int)
   for mixer, count in (("mamba2", 1_993_312), ("mamba", 1_883_648)):
-    config, _ = step.load_config(peers.efftx_variant(mixer, c, 64))
+    config, _ = step.load_config(peers.mamba_variant(mixer, c, 64))
     m = config.model
     assert (m.block_layout, m.norm, m.norm_eps, m.d_ff, m.position_embedding, m.causal, m.dropout) == (
       "pre_ln",

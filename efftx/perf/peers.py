@@ -318,25 +318,30 @@ def _flax_row(peer: str, c: dict, seq: int, a) -> dict:
   )
 
 
+def mamba_variant(mixer: str, c: dict, seq: int) -> dict:
+  """The efftx.perf.step variant of the efftx-mamba2 and efftx-mamba rows: shape `c` at length `seq` in
+  transformers' Mamba block (pre-norm RMSNorm residual blocks of the mixer alone, no positions, a final RMSNorm,
+  causal) with MAMBA_OPTIONS."""
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
+
+  options = "".join(f",mixer.{k}={v}" for k, v in MAMBA_OPTIONS[mixer].items())
+  return step_lib.variant(
+    mixer=mixer,
+    length=seq,
+    tokens=c["tokens"],
+    overrides=(
+      f"model.d_model={c['d']},model.num_layers={c['layers']},model.d_ff=0,model.block_layout=pre_ln,"
+      f"model.norm=rms,model.norm_eps={MAMBA_NORM_EPS},model.position_embedding=none,model.causal=true,"
+      f"optim.learning_rate={c['lr']},optim.warmup_steps=0,optim.weight_decay={WEIGHT_DECAY}" + options
+    ),
+  )
+
+
 def efftx_variant(mixer: str, c: dict, seq: int) -> dict:
-  """The efftx.perf.step variant of an efftx-<mixer> row: shape `c` at length `seq` in the peers' block, or for
-  mamba2 and mamba in transformers' Mamba block (pre-norm RMSNorm residual blocks of the mixer alone, no positions,
-  a final RMSNorm, causal) with MAMBA_OPTIONS."""
+  """The efftx.perf.step variant of an efftx-<mixer> row: shape `c` at length `seq` in the peers' block."""
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
   from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
 
-  if mixer in MAMBA_OPTIONS:
-    options = "".join(f",mixer.{k}={v}" for k, v in MAMBA_OPTIONS[mixer].items())
-    return step_lib.variant(
-      mixer=mixer,
-      length=seq,
-      tokens=c["tokens"],
-      overrides=(
-        f"model.d_model={c['d']},model.num_layers={c['layers']},model.d_ff=0,model.block_layout=pre_ln,"
-        f"model.norm=rms,model.norm_eps={MAMBA_NORM_EPS},model.position_embedding=none,model.causal=true,"
-        f"optim.learning_rate={c['lr']},optim.warmup_steps=0,optim.weight_decay={WEIGHT_DECAY}" + options
-      ),
-    )
   heads = f",mixer.num_heads={c['heads']}" if "num_heads" in config_lib.mixer_options(mixer) else ""
   return step_lib.variant(
     mixer=mixer,
@@ -356,7 +361,7 @@ def _efftx_row(mixer: str, c: dict, seq: int, a) -> dict:
 
   if mixer not in MIXERS:
     raise UserError(f"peer 'efftx-{mixer}': '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
-  spec = efftx_variant(mixer, c, seq)
+  spec = (mamba_variant if mixer in MAMBA_OPTIONS else efftx_variant)(mixer, c, seq)
   run, info = step_lib.prepare(spec)  # its one step is the first warm-up step
   config, _ = step_lib.load_config(spec)
   mixing = MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], config.model.causal)  # None: MFU n/a
