@@ -13,11 +13,11 @@ vocab 256, 8192 random tokens a step (batch = 8192 // length; --tiny: d 32, 1 la
 Peers: hf-fnet (transformers FNetModel, torch's FFT), hf-bert-sdpa and hf-bert-eager (BertModel; eager only up to
 --eager_max_seq: it holds the S × S scores), flax-attn and flax-fnet (a plain flax.linen post-LN encoder with
 nn.MultiHeadDotProductAttention or fft2(x).real and FNet's embedding projection, jit + optax.adamw on JAX's default
-device), and efftx-<mixer> for any key of efftx.mixers.MIXERS: efftx's own model and train step in the peers'
-block (post-LN, exact GELU, LayerNorm epsilon 1e-12, FNet's embedding projection, dropout 0), compiled as
-efftx.train compiles it (efftx.perf.step.prepare: the batch split over one device per core, state replicated, its XLA
-options). Where they differ from the HF models: no token-type embedding, position embeddings for exactly the
-length (HF: max(512, length)).
+device), and efftx-<mixer> for any key of efftx.mixers.MIXERS: efftx's own model and train step in the peers' block
+(post-LN, exact GELU, LayerNorm epsilon 1e-12, FNet's embedding projection, dropout 0; efftx-mamba2 and efftx-mamba:
+in Mamba's block, below), compiled as efftx.train compiles it (efftx.perf.step.prepare: the batch split over one
+device per core, state replicated, its XLA options). Where they differ from the HF models: no token-type embedding,
+position embeddings for exactly the length (HF: max(512, length)).
 
 The Mamba peers are causal LMs in Mamba's own block, not the encoder block: hf-mamba2 and hf-mamba are transformers'
 Mamba2Model and MambaModel (embeddings; pre-norm residual blocks x + mixer(RMSNorm(x)), no feed-forward, no
@@ -29,7 +29,8 @@ default is 8), d_conv 4, chunk 256; Mamba d_state 16, expand 2, d_conv 4, dt_ran
 the same arrays (d 256, 4 layers: 1,993,312 for Mamba-2, 1,883,648 for Mamba, head and embeddings included).
 transformers runs its reference torch code on a CPU (mamba_ssm's and causal_conv1d's kernels are CUDA): Mamba-2's
 chunked SSD in torch ops, Mamba's selective scan as a Python loop over positions (its associative scan only under
-torch.compile). efftx declares no FLOP count for these mixers, so their MFU is "n/a".
+torch.compile). Both sides' mixing FLOPs are efftx's count of the mixer (MixerSpec.train_flops); none is declared
+for these two yet, so their MFU is "n/a".
 
 Each (peer, length) runs in its own process, so its peak RSS is its own and only torch or only JAX is loaded:
 --warmup steps, then --steps timed ones, the median reported as tokens/s, and the share of the machine's CPU time
