@@ -9,9 +9,9 @@ from efftx.perf import decode
 TINY = {"d_model": 32, "num_layers": 1, "d_ff": 64}
 
 
-def test_decode_tokens_per_sec_runs_at_each_position():
-  rates = decode.decode_tokens_per_sec("rg_lru", positions=(3, 20), min_seconds=0, overrides=TINY)
-  assert list(rates) == [3, 20] and all(r > 0 for r in rates.values())
+def test_decode_tokens_per_sec_runs():
+  rates = decode.decode_tokens_per_sec("rg_lru", positions=(3,), min_seconds=0, overrides=TINY)
+  assert list(rates) == [3] and all(r > 0 for r in rates.values())
 
 
 def test_a_mixer_without_a_cache_is_refused():
