@@ -24,13 +24,15 @@ Mamba2Model and MambaModel (embeddings; pre-norm residual blocks x + mixer(RMSNo
 positions; a final RMSNorm) with the same Linear(d, vocab) head over every position, and efftx-mamba2 and
 efftx-mamba are efftx's model built the same way (block_layout pre_ln, norm rms, d_ff 0, position_embedding none,
 causal, norm_eps 1e-5 as transformers' layer_norm_epsilon). Both sides take MAMBA_OPTIONS, the efftx mixers'
-defaults (mamba_ssm's): Mamba-2 d_state 128, expand 2, headdim 64 (d 256: 8 heads), ngroups 1 (transformers'
-default is 8), d_conv 4, chunk 256; Mamba d_state 16, expand 2, d_conv 4, dt_rank ⌈d/16⌉. Their parameters are
-the same arrays (d 256, 4 layers: 1,993,312 for Mamba-2, 1,883,648 for Mamba, head and embeddings included).
-transformers runs its reference torch code on a CPU (mamba_ssm's and causal_conv1d's kernels are CUDA): Mamba-2's
-chunked SSD in torch ops, Mamba's selective scan as a Python loop over positions (its associative scan only under
-torch.compile). Both sides' mixing FLOPs are efftx's count of the mixer (MixerSpec.train_flops); none is declared
-for these two yet, so their MFU is "n/a".
+defaults (mamba_ssm's): Mamba-2 d_state 128, expand 2, headdim 64 (d 256: 8 heads), ngroups 1 (transformers' default
+is 8), d_conv 4, chunk 256; Mamba d_state 16, expand 2, d_conv 4, dt_rank ⌈d/16⌉. Their parameters are the same
+arrays (d 256, 4 layers: 1,993,312 for Mamba-2, 1,883,648 for Mamba, head and embeddings included). transformers
+runs its reference torch code on a CPU (mamba_ssm's and causal_conv1d's kernels are CUDA): Mamba-2's chunked SSD in
+torch ops, Mamba's selective scan as a Python loop over positions (its associative scan only under torch.compile),
+whose backward pass is quadratic in the length (each position's slice of the B×E×L×N discretized inputs gets a
+gradient the size of the whole array: about 4× the time per doubling of the length from 256 to 2048 at d 64, one
+layer, batch 1); so hf-mamba runs only up to --hf_mamba_max_seq (512). Both sides' mixing FLOPs are efftx's count of
+the mixer (MixerSpec.train_flops); none is declared for these two yet, so their MFU is "n/a".
 
 Each (peer, length) runs in its own process, so its peak RSS is its own and only torch or only JAX is loaded:
 --warmup steps, then --steps timed ones, the median reported as tokens/s, and the share of the machine's CPU time
@@ -558,6 +560,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
   ap.add_argument("--quick", action="store_true", help="lengths 256 and 1024")
   ap.add_argument("--tiny", action="store_true", help="d 32, 1 layer, 2 heads, FF 64, 256 tokens a step")
   ap.add_argument("--eager_max_seq", type=int, default=1024, help="hf-bert-eager only up to this length")
+  ap.add_argument(
+    "--hf_mamba_max_seq",
+    type=int,
+    default=512,
+    help="hf-mamba only up to this length (its CPU backward pass is quadratic in the length)",
+  )
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--steps", type=int, default=5)
   ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch's intra-op threads")
@@ -613,7 +621,7 @@ def main(argv: list[str]) -> None:
   rows, failed = [], set()
   for peer in a.peers:
     for seq in seqs:
-      if peer == "hf-bert-eager" and seq > a.eager_max_seq:
+      if (peer == "hf-bert-eager" and seq > a.eager_max_seq) or (peer == "hf-mamba" and seq > a.hf_mamba_max_seq):
         continue
       r = (
         {"error": "skipped (a shorter length failed)"}
