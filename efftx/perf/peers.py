@@ -5,7 +5,7 @@
     python -m efftx.peers --peers=hf-bert-sdpa,efftx-attention --seqs=4096 --out=/tmp/peers --profile
     python -m efftx.peers --tiny --peers=flax-fnet,efftx-fnet --out=/tmp/peers_tiny      # seconds: a plumbing check
     python -m efftx.peers --peers=hf-mamba2,efftx-mamba2,hf-mamba,efftx-mamba --seqs=256,2048 --ratio_to=hf-mamba2 \
-        --torch_python=/path/to/venv/bin/python --out=/tmp/peers_mamba                 # torch in another venv
+        --timeout=3600 --torch_python=/path/to/venv/bin/python --out=/tmp/peers_mamba  # torch in another venv
 
 Every row times the training step (forward, backward, AdamW at lr 1e-4, weight decay 0.01) of one model at one
 length, with mean cross-entropy over every position of a Linear(d, vocab) head, at d 256, 4 layers, 4 heads, FF 1024,
@@ -31,8 +31,9 @@ runs its reference torch code on a CPU (mamba_ssm's and causal_conv1d's kernels 
 torch ops, Mamba's selective scan as a Python loop over positions (its associative scan only under torch.compile),
 whose backward pass is quadratic in the length (each position's slice of the B×E×L×N discretized inputs gets a
 gradient the size of the whole array: about 4× the time per doubling of the length from 256 to 2048 at d 64, one
-layer, batch 1); so hf-mamba runs only up to --hf_mamba_max_seq (512). Both sides' mixing FLOPs are efftx's count of
-the mixer (MixerSpec.train_flops); none is declared for these two yet, so their MFU is "n/a".
+layer, batch 1); so hf-mamba runs only up to --hf_mamba_max_seq (256), and at the full shape a step there takes
+minutes: give it --timeout=3600. Both sides' mixing FLOPs are efftx's count of the mixer (MixerSpec.train_flops);
+none is declared for these two yet, so their MFU is "n/a".
 
 Each (peer, length) runs in its own process, so its peak RSS is its own and only torch or only JAX is loaded:
 --warmup steps, then --steps timed ones, the median reported as tokens/s, and the share of the machine's CPU time
@@ -563,7 +564,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
   ap.add_argument(
     "--hf_mamba_max_seq",
     type=int,
-    default=512,
+    default=256,
     help="hf-mamba only up to this length (its CPU backward pass is quadratic in the length)",
   )
   ap.add_argument("--warmup", type=int, default=2)
