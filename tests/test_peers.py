@@ -50,6 +50,16 @@ def test_a_torch_peer_without_torch_gives_the_install_hint(tmp_path):
   assert "\n" not in str(error.value) and not list(tmp_path.iterdir())  # refused before anything ran
   with pytest.raises(UserError, match=r"pip install -e '\.\[peers\]'"):  # the row's own process says the same
     peers.main(["--worker=hf-bert-sdpa", "--seq=64", "--tiny"])
+  with pytest.raises(UserError, match=r"pip install -e '\.\[peers\]'"):
+    peers.main(["--worker=hf-mamba2", "--seq=64", "--tiny"])
+
+
+def test_a_torch_python_without_torch_is_refused_before_anything_runs(tmp_path):
+  """--torch_python names the interpreter of the torch rows; one that cannot import torch is refused up front."""
+  missing = str(tmp_path / "no-such-python")
+  with pytest.raises(UserError, match=r"--torch_python=PYTHON .*no-such-python has not") as error:
+    peers.main(["--peers=hf-mamba2,efftx-mamba2", f"--torch_python={missing}", f"--out={tmp_path / 'out'}"])
+  assert "\n" not in str(error.value) and not (tmp_path / "out").exists()
 
 
 def test_bad_peers_are_refused_in_one_line(tmp_path):
@@ -116,3 +126,50 @@ def test_a_profile_of_an_efftx_step_puts_its_kernels_in_the_categories_of_what_t
   assert ms.get("other", 0) < 0.5 * sum(ms.values()), ms
   assert sum(ms.values()) == pytest.approx(sum(summary["kinds"].values()), rel=0.05)  # kinds: the top 40 only
   assert profiling.category("all-reduce.3", "", False, dense) == "all-reduce"
+
+
+def _hf_mamba_params(mixer: str, c: dict) -> int:
+  """transformers' Mamba2Model / MambaModel + the Linear head at MAMBA_OPTIONS, counted from its parameter shapes
+  (transformers 5.25: in_proj, conv1d weight and bias, dt_bias, A_log, D, gated norm, out_proj; Mamba: x_proj,
+  dt_proj weight and bias instead of dt_bias; A_log E×N, D E)."""
+  o, d = peers.MAMBA_OPTIONS[mixer], c["d"]
+  inner, W, N = o["expand"] * d, o["d_conv"], o["d_state"]
+  if mixer == "mamba2":
+    H, G = max(1, inner // o["headdim"]), o["ngroups"]
+    mixing = d * (2 * inner + 2 * G * N + H) + (inner + 2 * G * N) * (W + 1) + 3 * H + inner + inner * d
+  else:
+    R = o["dt_rank"] or -(-d // 16)
+    mixing = d * 2 * inner + inner * (W + 1) + inner * (R + 2 * N) + (R + 1) * inner + inner * N + inner + inner * d
+  return c["layers"] * (d + mixing) + 2 * c["vocab"] * d + d + c["vocab"]
+
+
+def test_mamba_rows_are_transformers_mamba_block_built_by_efftx():
+  """efftx-mamba2 and efftx-mamba: pre-norm RMSNorm blocks of the mixer alone, no positions, causal, eps 1e-5, the
+  peers' options, and exactly as many parameters as transformers' model with its head (1,993,312 and 1,883,648 at
+  the full shape)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from efftx import model as model_lib  # pylint: disable=g-import-not-at-top
+  from efftx.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
+  from efftx.perf import step  # pylint: disable=g-import-not-at-top
+
+  c = peers.SHAPES["full"]
+  ids = jax.numpy.zeros((1, 64), int)
+  for mixer, count in (("mamba2", 1_993_312), ("mamba", 1_883_648)):
+    config, _ = step.load_config(peers.mamba_variant(mixer, c, 64))
+    m = config.model
+    assert (m.block_layout, m.norm, m.norm_eps, m.d_ff, m.position_embedding, m.causal, m.dropout) == (
+      "pre_ln",
+      "rms",
+      1e-5,
+      0,
+      "none",
+      True,
+      0.0,
+    )
+    assert {k: config.mixer[k] for k in peers.MAMBA_OPTIONS[mixer]} == peers.MAMBA_OPTIONS[mixer]
+    model = model_lib.build_model(config, OBJECTIVES["lm"].head(256, 0), 256)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, deterministic=True))["params"]
+    assert sum(x.size for x in jax.tree.leaves(params)) == _hf_mamba_params(mixer, c) == count, mixer
+    flops = peers.mamba_mixing_flops(mixer, c, 256)  # the hf row's mixing: efftx's count (None: MFU "n/a")
+    assert flops is None or flops > 0

@@ -11,4 +11,5 @@ efftx.perf. Each command keeps its short name through an alias module, efftx/<na
 
 step.py holds the training step they share: a variant (a config file, or a mixer at the peer shape) compiled as
 efftx.train compiles it. profiling.py sums a jax.profiler trace's kernels by what they compute (peers --profile).
+decode.py times one decoding step through the mixers' caches by position (bench --mode=decode).
 """

@@ -7,6 +7,7 @@
     python -m efftx.bench --mode=reversible --plot=mem.png  # memory vs depth, plain / reversible / chunked FF
     python -m efftx.bench --mode=pipeline --data_dir=DIR    # input pipeline examples/s vs the train step's
     python -m efftx.bench --mode=sharding                   # per-device bytes, data parallel vs fsdp (~99M params)
+    python -m efftx.bench --mode=decode --mixers=attention,mamba2 --positions=100,1000,4000  # decoding tokens/s
 
 The fourier and attention tables are what the "auto" choices in efftx/mixers/fourier.py and attention.py rest on.
 "mixers" mode times the full training step (forward, backward, AdamW) of the model at the shape of the PyTorch
@@ -28,6 +29,9 @@ bottleneck.
 length 512, one sequence per device) for every device, once with data = N and once with fsdp = N, and reports per
 device: the parameter and AdamW bytes each holds (from the shardings the rule in efftx/sharding.py gives) and the
 compiled step's memory_analysis(). On a CPU, fake devices do: XLA_FLAGS=--xla_force_host_platform_device_count=8.
+"decode" mode times one decoding step (efftx.sample's: a token through the mixers' caches) at each of --positions,
+batch --decode_batch, at the peer shape, causal, --dtype, for every mixer of --mixers that decodes (the others are
+skipped); efftx.perf.decode says how. A recurrent mixer's tokens/s is flat in the position, attention's falls.
 """
 
 from __future__ import annotations
@@ -56,12 +60,17 @@ from efftx.mixers import MIXERS
 from efftx.perf import step as step_lib
 
 _MODE = flags.DEFINE_enum(
-  "mode", "mixers", ["mixers", "fourier", "attention", "reversible", "pipeline", "sharding"], "What to measure."
+  "mode",
+  "mixers",
+  ["mixers", "fourier", "attention", "reversible", "pipeline", "sharding", "decode"],
+  "What to measure.",
 )
 _MIXERS = flags.DEFINE_list("mixers", list(MIXERS), "Mixers to measure (keys of efftx.mixers.MIXERS).")
 _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths.")
 _TOKENS = flags.DEFINE_integer("tokens", 8192, "Tokens per step (batch = tokens // length).")
-_CAUSAL = flags.DEFINE_bool("causal", False, "Causal mixers (FNet is skipped).")
+_CAUSAL = flags.DEFINE_bool(
+  "causal", False, "Causal mixers (FNet is skipped); without it the causal-only ones (mamba, rg_lru, ...) are."
+)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 _SECONDS = flags.DEFINE_float(
   "seconds", 3.0, "Minimum timed seconds per row (after one warm-up step); 0: compile only (memory), mixers mode."
@@ -97,6 +106,8 @@ _TASKS = flags.DEFINE_list(
   "pipeline mode: task[/objective]:variant:max_len (prepared in --data_dir on first use).",
 )
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "pipeline mode: the TFDS data dir ('' = ~/tensorflow_datasets).")
+_POSITIONS = flags.DEFINE_list("positions", ["100", "1000", "4000"], "decode mode: positions of the timed token.")
+_DECODE_BATCH = flags.DEFINE_integer("decode_batch", 1, "decode mode: sequences decoded at once.")
 _TIME_DEPTHS = flags.DEFINE_list(
   "time_depths", ["2", "8", "24"], "reversible mode: depths whose steps are also timed (all are compiled)."
 )
@@ -253,6 +264,9 @@ def _mixers_table() -> list[dict]:
     if mixer not in MIXERS:
       raise app.UsageError(f"--mixers: '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
     if _CAUSAL.value and not MIXERS[mixer].can_be_causal:
+      continue
+    if not _CAUSAL.value and not MIXERS[mixer].can_be_bidirectional:  # mamba, rg_lru, rwkv, ...: --causal times them
+      print(f"{mixer:<12}(causal only: skipped; --causal times it)", flush=True)
       continue
     for length in lengths:
       config = _model_config(mixer, length)
@@ -515,6 +529,36 @@ def _sharding_table() -> list[dict]:
   return rows
 
 
+def _decode_table() -> list[dict]:
+  """Tokens/s of one decoding step by position, per mixer that decodes (efftx.perf.decode)."""
+  from efftx.perf import decode  # pylint: disable=g-import-not-at-top
+
+  positions = [int(x) for x in _POSITIONS.value]
+  print(
+    f"backend {jax.default_backend()}: one decoding step (batch {_DECODE_BATCH.value}, d=256, 4 layers, causal, "
+    f"{_DTYPE.value}), tokens/s at each position; last/first: the ratio of the last position's to the first's"
+  )
+  print(f"{'mixer':<16}" + "".join(f"{p:>11}" for p in positions) + f"{'last/first':>12}")
+  rows = []
+  for mixer in _MIXERS.value:
+    if mixer not in MIXERS:
+      raise app.UsageError(f"--mixers: '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
+    if not MIXERS[mixer].can_decode:
+      print(f"{mixer:<16}(does not decode: skipped)")
+      continue
+    rate = decode.decode_tokens_per_sec(
+      mixer, tuple(positions), _DECODE_BATCH.value, _SECONDS.value / len(positions), {"dtype": _DTYPE.value}
+    )
+    rows.append({"mixer": mixer, "batch": _DECODE_BATCH.value, "tokens_per_sec": {str(p): rate[p] for p in positions}})
+    print(
+      f"{mixer:<16}"
+      + "".join(f"{rate[p]:>11.1f}" for p in positions)
+      + f"{rate[positions[-1]] / rate[positions[0]]:>12.2f}",
+      flush=True,
+    )
+  return rows
+
+
 def main(argv):
   del argv
   if _MODE.value == "mixers" and _DATA_PARALLEL.value:
@@ -528,6 +572,7 @@ def main(argv):
     "reversible": _reversible_table,
     "pipeline": _pipeline_table,
     "sharding": _sharding_table,
+    "decode": _decode_table,
   }[_MODE.value]()
   if _JSON.value:  # whole or not at all: efftx.sweep takes the file's existence as "measured"
     checkpoints.write_whole(

@@ -4,6 +4,8 @@
     python -m efftx.peers --out=/tmp/peers --ratio_to=hf-fnet                # lengths 128 … 4096
     python -m efftx.peers --peers=hf-bert-sdpa,efftx-attention --seqs=4096 --out=/tmp/peers --profile
     python -m efftx.peers --tiny --peers=flax-fnet,efftx-fnet --out=/tmp/peers_tiny      # seconds: a plumbing check
+    python -m efftx.peers --peers=hf-mamba2,efftx-mamba2,hf-mamba,efftx-mamba --seqs=256,2048 --ratio_to=hf-mamba2 \
+        --timeout=3600 --torch_python=/path/to/venv/bin/python --out=/tmp/peers_mamba  # torch in another venv
 
 Every row times the training step (forward, backward, AdamW at lr 1e-4, weight decay 0.01) of one model at one
 length, with mean cross-entropy over every position of a Linear(d, vocab) head, at d 256, 4 layers, 4 heads, FF 1024,
@@ -11,11 +13,27 @@ vocab 256, 8192 random tokens a step (batch = 8192 // length; --tiny: d 32, 1 la
 Peers: hf-fnet (transformers FNetModel, torch's FFT), hf-bert-sdpa and hf-bert-eager (BertModel; eager only up to
 --eager_max_seq: it holds the S × S scores), flax-attn and flax-fnet (a plain flax.linen post-LN encoder with
 nn.MultiHeadDotProductAttention or fft2(x).real and FNet's embedding projection, jit + optax.adamw on JAX's default
-device), and efftx-<mixer> for any key of efftx.mixers.MIXERS: efftx's own model and train step in the peers'
-block (post-LN, exact GELU, LayerNorm epsilon 1e-12, FNet's embedding projection, dropout 0), compiled as
-efftx.train compiles it (efftx.perf.step.prepare: the batch split over one device per core, state replicated, its XLA
-options). Where they differ from the HF models: no token-type embedding, position embeddings for exactly the
-length (HF: max(512, length)).
+device), and efftx-<mixer> for any key of efftx.mixers.MIXERS: efftx's own model and train step in the peers' block
+(post-LN, exact GELU, LayerNorm epsilon 1e-12, FNet's embedding projection, dropout 0; efftx-mamba2 and efftx-mamba:
+in Mamba's block, below), compiled as efftx.train compiles it (efftx.perf.step.prepare: the batch split over one
+device per core, state replicated, its XLA options). Where they differ from the HF models: no token-type embedding,
+position embeddings for exactly the length (HF: max(512, length)).
+
+The Mamba peers are causal LMs in Mamba's own block, not the encoder block: hf-mamba2 and hf-mamba are transformers'
+Mamba2Model and MambaModel (embeddings; pre-norm residual blocks x + mixer(RMSNorm(x)), no feed-forward, no
+positions; a final RMSNorm) with the same Linear(d, vocab) head over every position, and efftx-mamba2 and
+efftx-mamba are efftx's model built the same way (block_layout pre_ln, norm rms, d_ff 0, position_embedding none,
+causal, norm_eps 1e-5 as transformers' layer_norm_epsilon). Both sides take MAMBA_OPTIONS, the efftx mixers'
+defaults (mamba_ssm's): Mamba-2 d_state 128, expand 2, headdim 64 (d 256: 8 heads), ngroups 1 (transformers' default
+is 8), d_conv 4, chunk 256; Mamba d_state 16, expand 2, d_conv 4, dt_rank ⌈d/16⌉. Their parameters are the same
+arrays (d 256, 4 layers: 1,993,312 for Mamba-2, 1,883,648 for Mamba, head and embeddings included). transformers
+runs its reference torch code on a CPU (mamba_ssm's and causal_conv1d's kernels are CUDA): Mamba-2's chunked SSD in
+torch ops, Mamba's selective scan as a Python loop over positions (its associative scan only under torch.compile),
+whose backward pass is quadratic in the length (each position's slice of the B×E×L×N discretized inputs gets a
+gradient the size of the whole array: about 4× the time per doubling of the length from 256 to 2048 at d 64, one
+layer, batch 1); so hf-mamba runs only up to --hf_mamba_max_seq (256), and at the full shape a step there takes
+minutes: give it --timeout=3600. Both sides' mixing FLOPs are efftx's count of the mixer (MixerSpec.train_flops);
+none is declared for these two yet, so their MFU is "n/a".
 
 Each (peer, length) runs in its own process, so its peak RSS is its own and only torch or only JAX is loaded:
 --warmup steps, then --steps timed ones, the median reported as tokens/s, and the share of the machine's CPU time
@@ -27,7 +45,10 @@ Writes peers.json, peers.md and peers.png to --out; --profile also writes a trac
 (JAX: jax.profiler's, for TensorBoard or Perfetto, and the ms per XLA kernel kind, for efftx rows also per category
 of what the kernels compute, efftx.perf.profiling: matmuls, mixer core, LayerNorm, GELU, ...; torch: a Chrome trace
 and the ops' self-time table).
-torch and transformers are needed for the hf-* peers only: pip install -e '.[peers]'.
+torch and transformers are needed for the hf-* peers only: pip install -e '.[peers]'. Or keep them in another
+Python environment and name its interpreter with --torch_python=PYTHON (or EFFTX_TORCH_PYTHON): the torch rows
+(and torch's matmul peak) run there, the JAX rows here, each in its own process either way; that environment needs
+torch and transformers only (efftx itself comes through PYTHONPATH, and a torch row imports no JAX).
 """
 
 from __future__ import annotations
@@ -51,10 +72,22 @@ SHAPES = {
   "full": dict(d=256, layers=4, heads=4, ff=1024, vocab=256, tokens=8192, lr=1e-4),
   "tiny": dict(d=32, layers=1, heads=2, ff=64, vocab=256, tokens=256, lr=1e-4),
 }
-TORCH_PEERS = ("hf-fnet", "hf-bert-sdpa", "hf-bert-eager")
+# transformers' Mamba models beside efftx's mixer of the same name, both in Mamba's block (see the docstring)
+MAMBA_PEERS = {"hf-mamba2": "mamba2", "hf-mamba": "mamba"}
+TORCH_PEERS = ("hf-fnet", "hf-bert-sdpa", "hf-bert-eager", *MAMBA_PEERS)
 FLAX_PEERS = ("flax-attn", "flax-fnet")
 WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default, given to every peer
-INSTALL_HINT = "the hf-* peers need torch and transformers: pip install -e '.[peers]'"
+INSTALL_HINT = (
+  "the hf-* peers need torch and transformers: pip install -e '.[peers]', or give a Python that has them: "
+  "--torch_python=PYTHON (or EFFTX_TORCH_PYTHON)"
+)
+# The Mamba rows' mixer options, the same on both sides (transformers' Mamba2Config / MambaConfig in hf_model): the
+# efftx mixers' defaults, which are mamba_ssm's. mamba's dt_rank 0 is ⌈d/16⌉, transformers' time_step_rank "auto".
+MAMBA_OPTIONS = {
+  "mamba2": dict(d_state=128, expand=2, headdim=64, ngroups=1, d_conv=4, chunk=256),
+  "mamba": dict(d_state=16, expand=2, d_conv=4, dt_rank=0),
+}
+MAMBA_NORM_EPS = 1e-5  # transformers' layer_norm_epsilon: the blocks' RMSNorm, the final one, Mamba-2's gated one
 
 
 def _maxrss_mib() -> float:
@@ -120,14 +153,16 @@ def _torch_row(peer: str, c: dict, seq: int, a) -> dict:
     prof.export_chrome_trace(f"{a.profile}.json")
     pathlib.Path(f"{a.profile}.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
   n_mm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-  mixer = "fft" if peer == "hf-fnet" else "attn"
+  mixer = MAMBA_PEERS.get(peer) or ("fft" if peer == "hf-fnet" else "attn")
   return dict(
     batch=batch,
     step_times_s=times,
     foreign_cpu_frac=foreign,
     loss_first=losses[0],
     compile_s=None,
-    flops_per_token=6 * n_mm + mixer_flops(mixer, c, seq),
+    # the Mamba peers' mixing is efftx's count of the same mixer, added by the parent (no JAX in this process)
+    flops_per_token=None if peer in MAMBA_PEERS else 6 * n_mm + mixer_flops(mixer, c, seq),
+    matmul_params=n_mm,
     n_params=sum(p.numel() for p in model.parameters()),
     lib=dict(torch=torch.__version__, transformers=transformers.__version__, threads=torch.get_num_threads()),
   )
@@ -135,11 +170,41 @@ def _torch_row(peer: str, c: dict, seq: int, a) -> dict:
 
 def hf_model(peer: str, c: dict, seq: int):
   """The torch model of an hf-* peer at shape `c` and length `seq`, float32 on the CPU, in training mode, seeded:
-  the encoder (FNetModel, or BertModel with the peer's attention implementation) and a Linear(d, vocab) head."""
+  the encoder (FNetModel, BertModel with the peer's attention implementation, or Mamba2Model / MambaModel at
+  MAMBA_OPTIONS) and a Linear(d, vocab) head."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
   torch.manual_seed(0)
+  if peer in MAMBA_PEERS:
+    o = MAMBA_OPTIONS[MAMBA_PEERS[peer]]
+    common = dict(
+      vocab_size=c["vocab"],
+      hidden_size=c["d"],
+      num_hidden_layers=c["layers"],
+      state_size=o["d_state"],
+      expand=o["expand"],
+      conv_kernel=o["d_conv"],
+      layer_norm_epsilon=MAMBA_NORM_EPS,
+      use_cache=False,
+      tie_word_embeddings=False,
+    )
+    if peer == "hf-mamba2":
+      inner = o["expand"] * c["d"]
+      base = transformers.Mamba2Model(
+        transformers.Mamba2Config(
+          num_heads=max(1, inner // o["headdim"]),  # efftx's mamba2: a width below headdim is one head of it
+          head_dim=min(o["headdim"], inner),
+          n_groups=o["ngroups"],  # transformers' default is 8
+          chunk_size=o["chunk"],
+          **common,
+        )
+      )
+    else:
+      base = transformers.MambaModel(
+        transformers.MambaConfig(time_step_rank=o["dt_rank"] or math.ceil(c["d"] / 16), **common)
+      )
+    return torch.nn.ModuleDict(dict(base=base, head=torch.nn.Linear(c["d"], c["vocab"]))).train()
   common = dict(
     vocab_size=c["vocab"],
     hidden_size=c["d"],
@@ -170,6 +235,15 @@ def mixer_flops(kind: str, c: dict, seq: int) -> float:
   """Training FLOPs per token of the peers' mixers: QKᵀ and AV (2·S·d each forward, ×3), or the 2-D FFT
   (5·d·log2(S·d) a token, forward and its transpose)."""
   return {"attn": 12.0 * c["layers"] * c["d"] * seq, "fft": 10.0 * c["layers"] * c["d"] * math.log2(seq * c["d"])}[kind]
+
+
+def mamba_mixing_flops(mixer: str, c: dict, seq: int) -> float | None:
+  """Training FLOPs per token of one layer of efftx's `mixer` (mamba2 or mamba) at MAMBA_OPTIONS, causal: what a
+  Mamba peer's torch row adds to its matmuls (computed in the parent, which has JAX)."""
+  from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top
+
+  options = {**MIXERS[mixer].defaults(), **MAMBA_OPTIONS[mixer]}
+  return MIXERS[mixer].train_flops(options, seq, c["d"], True)
 
 
 # ------------------------------------------------------------------------------------------------- JAX peers
@@ -248,6 +322,25 @@ def _flax_row(peer: str, c: dict, seq: int, a) -> dict:
   )
 
 
+def mamba_variant(mixer: str, c: dict, seq: int) -> dict:
+  """The efftx.perf.step variant of the efftx-mamba2 and efftx-mamba rows: shape `c` at length `seq` in
+  transformers' Mamba block (pre-norm RMSNorm residual blocks of the mixer alone, no positions, a final RMSNorm,
+  causal) with MAMBA_OPTIONS."""
+  from efftx.perf import step as step_lib  # pylint: disable=g-import-not-at-top
+
+  options = "".join(f",mixer.{k}={v}" for k, v in MAMBA_OPTIONS[mixer].items())
+  return step_lib.variant(
+    mixer=mixer,
+    length=seq,
+    tokens=c["tokens"],
+    overrides=(
+      f"model.d_model={c['d']},model.num_layers={c['layers']},model.d_ff=0,model.block_layout=pre_ln,"
+      f"model.norm=rms,model.norm_eps={MAMBA_NORM_EPS},model.position_embedding=none,model.causal=true,"
+      f"optim.learning_rate={c['lr']},optim.warmup_steps=0,optim.weight_decay={WEIGHT_DECAY}" + options
+    ),
+  )
+
+
 def efftx_variant(mixer: str, c: dict, seq: int) -> dict:
   """The efftx.perf.step variant of an efftx-<mixer> row: shape `c` at length `seq` in the peers' block."""
   from efftx import config as config_lib  # pylint: disable=g-import-not-at-top
@@ -272,10 +365,10 @@ def _efftx_row(mixer: str, c: dict, seq: int, a) -> dict:
 
   if mixer not in MIXERS:
     raise UserError(f"peer 'efftx-{mixer}': '{mixer}' is not a mixer; choose from: {', '.join(MIXERS)}")
-  spec = efftx_variant(mixer, c, seq)
+  spec = (mamba_variant if mixer in MAMBA_OPTIONS else efftx_variant)(mixer, c, seq)
   run, info = step_lib.prepare(spec)  # its one step is the first warm-up step
   config, _ = step_lib.load_config(spec)
-  mixing = MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], False)  # None: not counted, MFU n/a
+  mixing = MIXERS[mixer].train_flops(dict(config.mixer), seq, c["d"], config.model.causal)  # None: MFU n/a
   a.warmup = max(0, a.warmup - 1)
   profiled = dict(program=run.program_text, params=run.params, devices=info["devices"]) if a.profile else None
   return dict(
@@ -343,19 +436,24 @@ def _peak(framework: str, n: int, threads: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def _child(argv: list[str], timeout: int) -> dict:
-  """One measurement in a fresh process: its RESULT line, or an "error"."""
+REPO = pathlib.Path(__file__).resolve().parents[2]  # the folder holding efftx/: on the rows' PYTHONPATH
+
+
+def _child(argv: list[str], timeout: int, python: str = sys.executable) -> dict:
+  """One measurement in a fresh process of `python` (--torch_python for the torch rows): its RESULT line, or an
+  "error". efftx itself is found through PYTHONPATH, so `python` needs only what the row imports."""
   env = {
     **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
     "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
     "TF_CPP_MIN_LOG_LEVEL": "3",
     "TRANSFORMERS_VERBOSITY": "error",
   }
   start = time.perf_counter()
   try:
-    p = subprocess.run(
-      [sys.executable, "-m", "efftx.peers", *argv], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    p = subprocess.run([python, "-m", "efftx.peers", *argv], capture_output=True, text=True, timeout=timeout, env=env)
+  except OSError as e:
+    return {"error": f"{python}: {e.strerror or e}"}
   except subprocess.TimeoutExpired:
     return {"error": f"timeout after {timeout} s"}
   results = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
@@ -363,6 +461,17 @@ def _child(argv: list[str], timeout: int) -> dict:
     lines = (p.stderr or "").strip().splitlines()
     return {"error": f"exit {p.returncode}: {lines[-1] if lines else ''}", "stderr": p.stderr[-3000:]}
   return {**results[-1], "wall_s": time.perf_counter() - start}
+
+
+def _has_torch(python: str) -> bool:
+  """Whether `python` (this interpreter, or another: --torch_python) imports torch and transformers."""
+  if python == sys.executable:
+    return all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
+  try:
+    check = subprocess.run([python, "-c", "import torch, transformers"], capture_output=True, timeout=300)
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+  return check.returncode == 0
 
 
 def _table(rows: list[dict], peers: list[str], ratio_to: str | None, peak_line: str) -> str:
@@ -452,10 +561,22 @@ def _parse(argv: list[str]) -> argparse.Namespace:
   ap.add_argument("--quick", action="store_true", help="lengths 256 and 1024")
   ap.add_argument("--tiny", action="store_true", help="d 32, 1 layer, 2 heads, FF 64, 256 tokens a step")
   ap.add_argument("--eager_max_seq", type=int, default=1024, help="hf-bert-eager only up to this length")
+  ap.add_argument(
+    "--hf_mamba_max_seq",
+    type=int,
+    default=256,
+    help="hf-mamba only up to this length (its CPU backward pass is quadratic in the length)",
+  )
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--steps", type=int, default=5)
   ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch's intra-op threads")
   ap.add_argument("--timeout", type=int, default=600, help="seconds per row's process")
+  ap.add_argument(
+    "--torch_python",
+    default=os.environ.get("EFFTX_TORCH_PYTHON") or sys.executable,
+    help="the Python interpreter of the torch rows (hf-* peers, torch's matmul peak): one with torch and "
+    "transformers, JAX not needed (default: $EFFTX_TORCH_PYTHON, else this one)",
+  )
   ap.add_argument("--no_peak", action="store_true", help="skip the matmul peak (no MFU)")
   ap.add_argument("--ratio_to", default=None, help="a peer: every row's tokens/s over its, per length")
   ap.add_argument("--profile", action="store_true", help="also trace 3 steps of every row into OUT/profile")
@@ -483,9 +604,8 @@ def main(argv: list[str]) -> None:
     raise UserError(f"--peers: {', '.join(unknown)}: choose from {', '.join(TORCH_PEERS + FLAX_PEERS)}, efftx-<mixer>")
   if a.ratio_to and a.ratio_to not in a.peers:
     raise UserError(f"--ratio_to={a.ratio_to} is not one of --peers")
-  has_torch = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
-  if set(a.peers) & set(TORCH_PEERS) and not has_torch:
-    raise UserError(INSTALL_HINT)
+  if set(a.peers) & set(TORCH_PEERS) and not _has_torch(a.torch_python):
+    raise UserError(f"{INSTALL_HINT} ({a.torch_python} has not)" if a.torch_python != sys.executable else INSTALL_HINT)
   if a.warmup < 1 or a.steps < 1:
     raise UserError("--warmup and --steps must be >= 1")
   seqs = a.seqs or ([64, 128] if a.tiny else [256, 1024] if a.quick else [128, 256, 512, 1024, 2048, 4096])
@@ -496,24 +616,31 @@ def main(argv: list[str]) -> None:
   started = time.time()
   peak = {}
   for fw in [] if a.no_peak else ["jax"] + ["torch"] * bool(set(a.peers) & set(TORCH_PEERS)):
-    peak[fw] = _child(["--worker_peak", fw] + common, a.timeout)
+    peak[fw] = _child(["--worker_peak", fw] + common, a.timeout, a.torch_python if fw == "torch" else sys.executable)
     print(f"float32 matmul peak, {fw}: {peak[fw].get('matmul_gflops', float('nan')):.1f} GFLOP/s", flush=True)
   peak_gflops = max([p["matmul_gflops"] for p in peak.values() if "matmul_gflops" in p] or [float("nan")])
   rows, failed = [], set()
   for peer in a.peers:
     for seq in seqs:
-      if peer == "hf-bert-eager" and seq > a.eager_max_seq:
+      if (peer == "hf-bert-eager" and seq > a.eager_max_seq) or (peer == "hf-mamba" and seq > a.hf_mamba_max_seq):
         continue
       r = (
         {"error": "skipped (a shorter length failed)"}
         if peer in failed
-        else _child(["--worker", peer, "--seq", str(seq)] + common, a.timeout)
+        else _child(
+          ["--worker", peer, "--seq", str(seq)] + common,
+          a.timeout,
+          a.torch_python if peer in TORCH_PEERS else sys.executable,
+        )
       )
       r.update(peer=peer, seq=seq)
       if "error" in r:
         failed.add(peer)
         print(f"{peer:<16} {seq:>5}: FAILED: {r['error']}", flush=True)
       else:
+        if peer in MAMBA_PEERS:  # efftx's count of the same mixer's mixing (the row's process has no JAX)
+          mixing = mamba_mixing_flops(MAMBA_PEERS[peer], c, seq)
+          r["flops_per_token"] = None if mixing is None else 6 * r["matmul_params"] + c["layers"] * mixing
         r["median_step_s"] = statistics.median(r["step_times_s"])
         r["tokens_per_s"] = r["batch"] * seq / r["median_step_s"]
         r["mfu"] = (
@@ -543,6 +670,7 @@ def main(argv: list[str]) -> None:
     steps=a.steps,
     threads=a.threads,
     python=platform.python_version(),
+    torch_python=a.torch_python if set(a.peers) & set(TORCH_PEERS) else None,
     nproc=os.cpu_count(),
     peak_gflops=peak_gflops,
     cpu=next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None),
