@@ -140,7 +140,7 @@ def _relations(options: dict[str, Any], d_model: int | None, causal: bool) -> No
 SPEC = MixerSpec(
   GatedDeltaNet,
   "Gated DeltaNet (fla's): short convs, L2-normed q, k, gated delta rule per head, gated RMSNorm; O(L·d²/heads), "
-  "chunked",
+  "chunked; decode state expand_v·d²/heads + convs",
   bidirectional_by_reversal=True,
   can_decode=True,
   relations=_relations,

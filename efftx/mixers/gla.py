@@ -111,7 +111,8 @@ def _relations(options: dict[str, Any], d_model: int | None, causal: bool) -> No
 
 SPEC = MixerSpec(
   GatedLinearAttention,
-  "Gated linear attention (fla's GLA): per-key-channel decaying K×V state per head, swish output gate; O(L·d²/H)",
+  "Gated linear attention (fla's GLA): per-key-channel decaying K×V state per head, swish output gate; "
+  "O(L·d²/H); decode state d_k·d_v/H",
   bidirectional_by_reversal=True,
   can_decode=True,
   relations=_relations,

@@ -133,7 +133,8 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
 
 SPEC = MixerSpec(
   Mamba,
-  "Mamba-1: gated causal conv + input-dependent (selective) diagonal SSM, d_state per channel; O(L·d·d_state), a scan",
+  "Mamba-1: gated causal conv + input-dependent (selective) diagonal SSM, d_state per channel; "
+  "O(L·d·d_state), a scan; decode state expand·d·d_state + conv",
   can_be_bidirectional=False,
   can_decode=True,
   relations=_relations,

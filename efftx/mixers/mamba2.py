@@ -175,7 +175,8 @@ def _relations(options: dict[str, Any], d_model: int | None, causal: bool) -> No
 
 SPEC = MixerSpec(
   Mamba2,
-  "Mamba-2 SSD (mamba_ssm's Mamba2): conv + SiLU, per-head scalar-decay SSM state, gated RMSNorm; O(L·d·d_state)",
+  "Mamba-2 SSD (mamba_ssm's Mamba2): conv + SiLU, per-head scalar-decay SSM state, gated RMSNorm; "
+  "O(L·d·d_state); decode state expand·d·d_state + conv",
   bidirectional_by_reversal=True,
   can_decode=True,
   relations=_relations,

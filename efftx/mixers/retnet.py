@@ -123,7 +123,7 @@ def _relations(options: dict[str, Any], d_model: int | None, causal: bool) -> No
 SPEC = MixerSpec(
   Retention,
   "RetNet multi-scale retention (fla's): rotary q, k, fixed decay 1 − 2^(−5−h) per head, swish-gated RMSNorm; "
-  "O(L·d²/heads), chunked",
+  "O(L·d²/heads), chunked; decode state expand_v·d²/heads",
   bidirectional_by_reversal=True,
   can_decode=True,
   relations=_relations,

@@ -160,7 +160,8 @@ def _flops(options, L: int, d: int, causal: bool) -> float:
 
 SPEC = MixerSpec(
   RGLRUBlock,
-  "Griffin's recurrent block: GeLU gate ⊙ RG-LRU(conv(x)), a gated real diagonal recurrence; O(L·d), a scan",
+  "Griffin's recurrent block: GeLU gate ⊙ RG-LRU(conv(x)), a gated real diagonal recurrence; O(L·d), a "
+  "scan; decode state lru_width + conv",
   can_be_bidirectional=False,
   can_decode=True,
   relations=_relations,
