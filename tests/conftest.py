@@ -68,7 +68,7 @@ def smoke_config(data_dir):
 REVERSAL_REPRESENTATIVE = "retnet"
 
 
-def tested_causal_settings(name: str) -> tuple[bool, ...]:
+def causal_settings_to_check(name: str) -> tuple[bool, ...]:
   """The causal settings a per-mixer test runs: the spec's, but only causal=True for a mixer bidirectional by
   reversal other than REVERSAL_REPRESENTATIVE."""
   from efftx.mixers import MIXERS  # pylint: disable=g-import-not-at-top

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tested_causal_settings
+from conftest import causal_settings_to_check
 from efftx import config as config_lib
 from efftx import platform
 from efftx import train
@@ -40,13 +40,13 @@ REVERSIBLE_KINDS = ("attention",)
 @pytest.mark.parametrize("mixer", sorted(MIXERS))
 def test_every_mixers_steps_lower_for_tpu_and_cuda(mixer):
   """Bidirectional with the plain stack (for a mixer bidirectional by reversal, only the representative:
-  conftest.tested_causal_settings); causal (where the mixer can be) with the plain stack, or the reversible
+  conftest.causal_settings_to_check); causal (where the mixer can be) with the plain stack, or the reversible
   one for REVERSIBLE_KINDS, and its decoding step where the mixer decodes. Attention's "auto" calls the splash
   kernel on TPU (forward, dq, dkv; the reversible stack's recomputed forward pass once more), nothing else calls a
   Pallas kernel."""
   assert set(REVERSIBLE_KINDS) <= set(MIXERS) and all(MIXERS[m].can_be_causal for m in REVERSIBLE_KINDS)
   splash_calls = {False: 3, True: 4}  # by reversible
-  for causal in tested_causal_settings(mixer):
+  for causal in causal_settings_to_check(mixer):
     reversible = causal and mixer in REVERSIBLE_KINDS
     rows = lowering.lower_steps(_config(mixer, causal=causal, reversible=reversible))
     steps = ["train"] + (["decode"] if causal and MIXERS[mixer].can_decode else [])

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import REPO
 from conftest import assert_close_sums
+from conftest import causal_settings_to_check
 from conftest import compiled
 from conftest import padded_inputs
-from conftest import tested_causal_settings
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
 
@@ -222,7 +222,7 @@ def test_declared_capabilities_hold(name):
   assert spec.has_heads == ("num_heads" in spec.options)
 
 
-@pytest.mark.parametrize("name,causal", [(n, c) for n in sorted(MIXERS) for c in tested_causal_settings(n)])
+@pytest.mark.parametrize("name,causal", [(n, c) for n in sorted(MIXERS) for c in causal_settings_to_check(n)])
 def test_outputs_at_real_positions_ignore_padded_contents(name, causal):
   x, mask = _inputs()
   module = MIXERS[name](causal=causal)
@@ -245,7 +245,7 @@ def test_every_mixer_jits_keeps_shape_and_dtype_and_has_finite_grads(name):
   shape and dtype, and every gradient is finite; in one program for both. The bfloat16 output lies within
   bfloat16's resolution of the float32 output at the same (rounded) input."""
   x, mask = _inputs()
-  module = MIXERS[name](causal=tested_causal_settings(name)[0])
+  module = MIXERS[name](causal=causal_settings_to_check(name)[0])
   variables = compiled(module).init(jax.random.key(0), x)
   x16 = jnp.asarray(x, jnp.bfloat16)
 
