@@ -177,3 +177,21 @@ def test_padding_at_either_end_changes_nothing():
   for y, final in results[1:]:
     np.testing.assert_allclose(y, results[0][0], rtol=0, atol=(L + K) * EPS * 10 * np.abs(results[0][0]).max())
     np.testing.assert_allclose(final, results[0][1], rtol=0, atol=(L + K) * EPS * 10 * np.abs(results[0][1]).max())
+
+
+def test_heads_sharing_q_and_k_in_groups_equal_the_naive_recurrence():
+  """q and k with G = 2 groups for H = 6 heads (Mamba-2's shared B and C): head h reads group h // 3. Against the
+  float64 loop on q and k repeated to every head; per-key decays refuse groups."""
+  B, L, H, K, V, G = 2, 13, 6, 4, 3, 2
+  q, k, v, g, real, state = _inputs(11, B, L, H, K, V, vector=False)
+  q, k = q[:, :, ::3], k[:, :, ::3]  # one per group
+  y, final = jax.jit(lambda *a: recurrence.chunked_gated_recurrence(*a, chunk=5, real_BxL=real, state_BxHxKxV=state))(
+    q, k, v, g
+  )
+  heads = lambda a: np.repeat(np.asarray(a, np.float64), H // G, axis=2)
+  want_y, want_final = _naive(heads(q), heads(k), v, g, real, state)
+  scale = _abs_scale(heads(q), heads(k), v, g, real, state)
+  assert_close_sums(y, want_y, n_terms=2 * (L + K), scale=scale)
+  assert_close_sums(final, want_final, n_terms=2 * (L + K), scale=scale)
+  with pytest.raises(ValueError, match="heads"):
+    recurrence.chunked_gated_recurrence(q, k, v, jnp.zeros((B, L, H, K)), chunk=5)

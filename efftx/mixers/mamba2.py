@@ -114,8 +114,13 @@ class Mamba2(nn.Module):
       )
       y_BxLxHxP = y_BxHxP[:, None]
     else:
-      y_BxLxHxP, _ = recurrence.chunked_gated_recurrence(
-        group(C_BxLxGN), group(B_BxLxGN), v_BxLxHxP, g_BxLxH, chunk=self.chunk, real_BxL=real_BxL
+      y_BxLxHxP, _ = recurrence.chunked_gated_recurrence(  # B and C per group: their products once per group
+        C_BxLxGN.reshape(B, L, G, N),
+        B_BxLxGN.reshape(B, L, G, N),
+        v_BxLxHxP,
+        g_BxLxH,
+        chunk=self.chunk,
+        real_BxL=real_BxL,
       )
     y_BxLxI = (y_BxLxHxP + D_H[:, None] * x_BxLxHxP).reshape(B, L, d_inner)
     gated_BxLxGxQ = (y_BxLxI * jax.nn.silu(z_BxLxI.astype(jnp.float32))).reshape(B, L, G, d_inner // G)

@@ -147,10 +147,12 @@ def _suffix(x, axis):
 
 
 def _scalar_scores(q, k, g):
-  """Within each chunk, Σ_k q_ik k_jk exp(Σ_{j<m≤i} g_m) for j ≤ i, 0 above: q, k ...×C×H×K, g ...×C×H →
-  ...×H×C×C."""
+  """Within each chunk, Σ_k q_ik k_jk exp(Σ_{j<m≤i} g_m) for j ≤ i, 0 above: q, k ...×C×G×K (G groups of heads
+  sharing q and k, G dividing H), g ...×C×H → ...×H×C×C. The products q·k are computed once per group."""
+  H, G = g.shape[-1], q.shape[-2]
   decay = jnp.exp(_segsum(g.swapaxes(-1, -2)))  # ...×H×C(i)×C(j); exp(−inf) = 0 above the diagonal
-  return jnp.einsum("...ihk,...jhk->...hij", q, k) * decay
+  qk = jnp.einsum("...igk,...jgk->...gij", q, k)
+  return (jnp.repeat(qk, H // G, axis=-3) if G != H else qk) * decay
 
 
 def _vector_scores(q, k, g, sub: int):
@@ -184,10 +186,14 @@ def chunked_gated_recurrence(q_BxLxHxK, k_BxLxHxK, v_BxLxHxV, g, *, chunk: int, 
   """y_t = S_tᵀ q_t at every position and the state after the last: (y_BxLxHxV, final_state_BxHxKxV), float32.
   g: B×L×H (a decay per head) or B×L×H×K (per key channel), log-decays ≤ 0; real_BxL: False at padding (neither
   writes nor decays); state_BxHxKxV: the state before position 0 (zeros if None). Chunks of min(chunk, L)
-  positions (per-key decays: rounded up to whole sub-chunks of 16); L need not be a multiple."""
-  B, L, H, K = q_BxLxHxK.shape
-  V = v_BxLxHxV.shape[-1]
+  positions (per-key decays: rounded up to whole sub-chunks of 16); L need not be a multiple. With a per-head decay,
+  q and k may have G < H heads (B×L×G×K, G dividing H): head h reads group h // (H / G), as Mamba-2's heads share
+  B and C, and the chunks' q·k products are computed once per group."""
+  B, L, G, K = q_BxLxHxK.shape
+  H, V = v_BxLxHxV.shape[-2:]
   vector = g.ndim == 4
+  if H % G or (vector and G != H):
+    raise ValueError(f"chunked_gated_recurrence: q and k have {G} heads, v has {H} (per-key decays: equal; else G | H)")
   q, k, v = (a.astype(jnp.float32) for a in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxV))
   k, g = _masked_inputs(k, g, real_BxL)
   C = max(1, min(chunk, L))
@@ -200,6 +206,8 @@ def chunked_gated_recurrence(q_BxLxHxK, k_BxLxHxK, v_BxLxHxV, g, *, chunk: int, 
   q, k, v, g = (a.reshape(B, N, C, *a.shape[2:]) for a in (q, k, v, g))
   gk = g if vector else g[..., None]  # B×N×C×H×(K or 1)
   scores_BxNxHxCxC = _vector_scores(q, k, g, sub) if vector else _scalar_scores(q, k, g)
+  if G != H:  # the rest is per head: the decays differ
+    q, k = (jnp.repeat(a, H // G, axis=3) for a in (q, k))
   y_intra = jnp.einsum("bnhij,bnjhv->bnihv", scores_BxNxHxCxC, v)
   # Each chunk's own contribution to the state at its end (decayed by the rest of the chunk, Σ_{m>j} g_m), and the
   # decay of the state across the chunk.
