@@ -56,11 +56,12 @@ def _traced_flops_per_token(name: str, L: int, causal: bool, options: dict) -> f
     x_BxLxD = jnp.ones((batch, L, D))
     variables = jax.eval_shape(module.init, jax.random.key(0), x_BxLxD)
     flops.append(_matmul_flops(jax.make_jaxpr(lambda v, x: module.apply(v, x))(variables, x_BxLxD).jaxpr))
+  direction = lambda path: path[1].key in ("forward", "backward")  # ByReversal's two causal modules
   projections = sum(
     leaf.size
     for path, leaf in jax.tree_util.tree_leaves_with_path(variables)
-    if len(path) == 3 and path[-1].key == "kernel"
-  )  # params/<Dense>/kernel
+    if len(path) == 3 + direction(path) and path[-1].key == "kernel"
+  )  # params/<Dense>/kernel, or params/<direction>/<Dense>/kernel
   return (flops[1] - flops[0]) / (2 * L) - 2 * projections
 
 

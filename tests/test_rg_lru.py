@@ -264,8 +264,7 @@ def test_initialisation_is_the_references():
 
 
 def test_options_are_checked():
-  with pytest.raises(UserError, match="causal only"):
-    MIXERS["rg_lru"](causal=False)
+  assert type(MIXERS["rg_lru"](causal=False)).__name__ == "ByReversal"  # bidirectional: both ways by reversal
   with pytest.raises(UserError, match="divisible by config.mixer.num_heads=3"):
     MIXERS["rg_lru"].check({"num_heads": 3}, d_model=8, causal=True)
   with pytest.raises(UserError, match="lru_width=10"):

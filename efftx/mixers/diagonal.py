@@ -9,9 +9,8 @@ position, and the gradients reaching a, b there are 0.
 `scan` computes every h_t for training, `step` one position for decoding. The training form is one jax.lax.scan over
 positions, differentiated by a custom backward pass: the gradient of a linear recurrence is the same recurrence run
 backwards, g_t = ∂_t + a_{t+1} g_{t+1}, with ∂/∂b_t = g_t, ∂/∂a_t = g_t h_{t−1} and ∂/∂h0 = a_0 g_0, so the
-backward pass is one more scan and keeps only a, h and h0. The scan beat jax.lax.associative_scan and a chunked
-form (a scan over chunks, associative inside) at every shape measured on a 2-core CPU; those forms are at commit
-36cb1f7 (experiments/performance/DECISIONS.md: diagonal-scan-form).
+backward pass is one more scan and keeps only a, h and h0. The form was chosen by measurement against
+jax.lax.associative_scan and a chunked form (experiments/performance/DECISIONS.md: diagonal-scan-form).
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class GatedDeltaNet(nn.Module):
   ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     if not self.causal:
-      raise UserError("gated_deltanet is causal only: set causal=True")
+      raise UserError("gated_deltanet: the module is causal (MIXERS['gated_deltanet'](causal=False) runs it both ways)")
     B, L, D = x_BxLxD.shape
     H = self.num_heads
     if D % H:

@@ -53,7 +53,7 @@ class GatedLinearAttention(nn.Module):
   ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     if not self.causal:
-      raise UserError("gla is causal only: set causal=True")
+      raise UserError("gla: the module is causal (MIXERS['gla'](causal=False) runs it both ways)")
     B, L, D = x_BxLxD.shape
     _relations({n: getattr(self, n) for n in ("num_heads", "expand_k", "expand_v")}, D, True)
     H = self.num_heads

@@ -83,7 +83,7 @@ class Mamba(nn.Module):
   ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     if not self.causal:
-      raise UserError("mamba is causal only: set causal=True")
+      raise UserError("mamba: the module is causal (MIXERS['mamba'](causal=False) runs it both ways)")
     B, L, D = x_BxLxD.shape
     E, N, R = self.expand * D, self.d_state, self.dt_rank or math.ceil(D / 16)
     dtype = x_BxLxD.dtype
@@ -135,7 +135,7 @@ SPEC = MixerSpec(
   Mamba,
   "Mamba-1: gated causal conv + input-dependent (selective) diagonal SSM, d_state per channel; "
   "O(L·d·d_state), a scan; decode state expand·d·d_state + conv",
-  can_be_bidirectional=False,
+  bidirectional_by_reversal=True,
   can_decode=True,
   relations=_relations,
   flops=_flops,

@@ -67,7 +67,7 @@ class Mamba2(nn.Module):
   ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     if not self.causal:
-      raise UserError("mamba2 is causal only: set causal=True")
+      raise UserError("mamba2: the module is causal (MIXERS['mamba2'](causal=False) runs it both ways)")
     B, L, D = x_BxLxD.shape
     _relations(self._options(), D, True)
     H, P = heads(D, self.expand, self.headdim)

@@ -61,7 +61,7 @@ class Retention(nn.Module):
   ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     if not self.causal:
-      raise UserError("retnet is causal only: set causal=True")
+      raise UserError("retnet: the module is causal (MIXERS['retnet'](causal=False) runs it both ways)")
     B, L, D = x_BxLxD.shape
     H = self.num_heads
     if D % H:

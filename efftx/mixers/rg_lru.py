@@ -97,7 +97,7 @@ class RGLRUBlock(nn.Module):
   ) -> jax.Array:
     del deterministic  # no dropout inside the mixer
     if not self.causal:
-      raise UserError("rg_lru is causal only: set causal=True")
+      raise UserError("rg_lru: the module is causal (MIXERS['rg_lru'](causal=False) runs it both ways)")
     B, L, D = x_BxLxD.shape
     W = self.lru_width or D
     if W % self.num_heads:
@@ -162,7 +162,7 @@ SPEC = MixerSpec(
   RGLRUBlock,
   "Griffin's recurrent block: GeLU gate ⊙ RG-LRU(conv(x)), a gated real diagonal recurrence; O(L·d), a "
   "scan; decode state lru_width + conv",
-  can_be_bidirectional=False,
+  bidirectional_by_reversal=True,
   can_decode=True,
   relations=_relations,
   flops=_flops,
