@@ -28,23 +28,11 @@ import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src.metadata import array_metadata_store
 
+from efftx import run_files
 from efftx import saved_configs
 from efftx import sharding
 from efftx import trainer
 from efftx.errors import UserError
-
-
-def run_folder(path: str) -> epath.Path:
-  """A run's folder as given (--workdir, config.init_from): a local path, made absolute, or a gs:// bucket path."""
-  if "://" not in path:
-    return epath.Path(os.path.abspath(os.path.expanduser(path)))
-  if not path.startswith("gs://"):
-    raise UserError(f"{path}: a run's folder is a local path or a gs:// bucket path, not {path.split('://')[0]}://")
-  return epath.Path(path)
-
-
-def on_bucket(path: os.PathLike | str) -> bool:
-  return os.fspath(path).startswith("gs://")
 
 
 class WorkdirLock:
@@ -65,7 +53,7 @@ class WorkdirLock:
     if not self._created and not workdir.is_dir():
       raise UserError(f"--workdir={workdir} is a file, not a folder")
     try:
-      if on_bucket(workdir):  # no folders to make (and gcsfs's makedirs would create a mistyped bucket)
+      if run_files.on_bucket(workdir):  # no folders to make (and gcsfs's makedirs would create a mistyped bucket)
         bucket = "gs://" + os.fspath(workdir).removeprefix("gs://").split("/")[0]
         if not epath.Path(bucket).exists():
           raise UserError(f"--workdir={workdir}: the bucket {bucket} does not exist or cannot be reached")
@@ -74,7 +62,7 @@ class WorkdirLock:
         self._fd = os.open(workdir, os.O_RDONLY)
     except OSError as e:
       raise UserError(f"cannot create --workdir={workdir}: {e.strerror or e}") from None
-    if on_bucket(workdir):
+    if run_files.on_bucket(workdir):
       if self._running.exists():
         logging.warning(
           "%s may be in use by another run (%s): a bucket has no lock, so if that run is still "
@@ -199,7 +187,7 @@ def _file_sizes(folder: epath.Path) -> dict[str, int]:
 def write_whole(path: epath.Path, text: str) -> None:
   """Writes a file so that a reader sees the old text or the new, never part (a bucket's upload is that already;
   locally, through a temporary file and a rename)."""
-  if on_bucket(path):
+  if run_files.on_bucket(path):
     path.write_text(text)
   else:
     tmp = path.parent / (path.name + ".tmp")
@@ -318,11 +306,6 @@ def _set_aside(checkpoints: ocp.CheckpointManager, failed: list[tuple[int, str]]
   checkpoints.reload()
 
 
-# The run's record in its workdir: config.json holds the config the run started with and is never rewritten while
-# the run has checkpoints; config_history.jsonl holds, one line each, the settings changed on resume and the step
-# they took effect after: {"step": k, "time": ..., "changes": {"optim.learning_rate": [old, new], ...}}.
-HISTORY_FILE = "config_history.jsonl"
-
 # Where and how a run executes, not what it computes: free to differ on resume (a run moved to another machine,
 # its devices laid out otherwise, another logging rhythm); a change is recorded all the same.
 FREE_ON_RESUME = (
@@ -352,64 +335,18 @@ def read_config(workdir: epath.PathLike) -> ml_collections.ConfigDict:
     saved = json.loads(path.read_text())
   except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text
     raise UserError(
-      f"{path} cannot be read ({_why(e)}): put back a good copy of it, or delete it and re-run efftx.train with "
-      "the run's command, which writes it again"
+      f"{path} cannot be read ({run_files.reason(e)}): put back a good copy of it, or delete it and re-run "
+      "efftx.train with the run's command, which writes it again"
     ) from None
   try:
     if not isinstance(saved, dict):
       raise TypeError(f"a JSON {type(saved).__name__}, not an object")
     config = saved_configs.from_saved(saved)
   except (TypeError, ValueError, AttributeError, KeyError) as e:
-    raise UserError(f"{path} does not hold a run's config ({_why(e)}): put back a good copy of it") from None
-  return apply_history(config, read_history(workdir))
-
-
-def read_history(workdir: epath.PathLike) -> list[dict]:
-  """The lines of workdir/config_history.jsonl ([] without one). UserError naming the file and line that cannot
-  be read (it is written whole, so a line is never half written)."""
-  path = epath.Path(workdir) / HISTORY_FILE
-  unreadable = lambda why: UserError(
-    f"{path} cannot be read ({why}): it records the settings changed on resume; put back a good copy of it "
-    "(deleting it returns the run to config.json's settings)"
-  )
-  try:
-    lines = path.read_text().splitlines() if path.exists() else []
-  except (OSError, ValueError) as e:  # ValueError: not UTF-8 text
-    raise unreadable(_why(e)) from None
-  entries = []
-  for i, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      entry = json.loads(line)
-    except ValueError as e:
-      raise unreadable(f"line {i}: {_why(e)}") from None
-    step, changes = (entry.get("step"), entry.get("changes")) if isinstance(entry, dict) else (None, None)
-    if not (isinstance(step, int) and isinstance(changes, dict)) or not all(
-      isinstance(c, list) and len(c) == 2 for c in changes.values()
-    ):
-      raise unreadable(f'line {i}: not {{"step": k, "changes": {{field: [old, new], ...}}}}')
-    entries.append(entry)
-  return entries
-
-
-def _why(error: Exception) -> str:
-  return getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def apply_history(config, entries: list[dict]):
-  """config (a ConfigDict, or a config.json's dict) with the new value of each change of `entries` (read_history's
-  lines) set, in order; returns it."""
-  for entry in entries:
-    for field, (_, value) in entry["changes"].items():
-      *sections, name = field.split(".")
-      tree = config
-      for section in sections:
-        if section not in tree:
-          tree[section] = {}
-        tree = tree[section]
-      tree[name] = value
-  return config
+    raise UserError(
+      f"{path} does not hold a run's config ({run_files.reason(e)}): put back a good copy of it"
+    ) from None
+  return run_files.apply_history(config, run_files.read_history(workdir))
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -450,10 +387,10 @@ def check_resume(config: ml_collections.ConfigDict, workdir: epath.PathLike, all
   (by its field, "optim.learning_rate", or its section, "optim"). {} when workdir has no config.json."""
   workdir = epath.Path(workdir)
   if not (workdir / "config.json").exists():
-    if (workdir / HISTORY_FILE).exists():
+    if (workdir / run_files.HISTORY_FILE).exists():
       raise UserError(
-        f"{workdir} has checkpoints and {HISTORY_FILE} but no config.json, the config those changes apply to: put "
-        f"it back, or delete {HISTORY_FILE} too to resume with this command's config as the run's"
+        f"{workdir} has checkpoints and {run_files.HISTORY_FILE} but no config.json, the config those changes apply "
+        f"to: put it back, or delete {run_files.HISTORY_FILE} too to resume with this command's config as the run's"
       )
     return {}
   saved = _flat(json.loads(read_config(workdir).to_json_best_effort()))
@@ -479,7 +416,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: epath.PathLike, all
   if refused:
     raise UserError(
       f"{workdir} holds a run with other settings ({listed(refused)}): to go on with them, re-run with "
-      f"--resume_changes={','.join(allowed + refused)} (recorded in {HISTORY_FILE} with the step they take "
+      f"--resume_changes={','.join(allowed + refused)} (recorded in {run_files.HISTORY_FILE} with the step they take "
       "effect after), or use another --workdir"
     )
   return changes
@@ -498,7 +435,7 @@ def write_config(config: ml_collections.ConfigDict, workdir: epath.PathLike, res
   try:
     write_whole(path, config.to_json_best_effort(indent=2, sort_keys=True))
     if not resuming:
-      (workdir / HISTORY_FILE).unlink(missing_ok=True)
+      (workdir / run_files.HISTORY_FILE).unlink(missing_ok=True)
   except OSError as e:
     raise UserError(f"cannot write in --workdir={workdir}: {e.strerror or e}") from None
 
@@ -507,8 +444,8 @@ def record_changes(workdir: epath.PathLike, step: int, changes: dict[str, list])
   """Appends {"step": step, "time": now, "changes": changes} to workdir/config_history.jsonl: the settings in
   effect after `step`. The file is rewritten whole (a bucket cannot append), so a reader never sees part of a
   line."""
-  path = epath.Path(workdir) / HISTORY_FILE
-  read_history(workdir)  # the lines before must be readable: they are kept as they are
+  path = epath.Path(workdir) / run_files.HISTORY_FILE
+  run_files.read_history(workdir)  # the lines before must be readable: they are kept as they are
   before = path.read_text() if path.exists() else ""
   when = datetime.datetime.now().isoformat(timespec="seconds")
   line = json.dumps({"step": step, "time": when, "changes": changes})
@@ -524,7 +461,7 @@ def restore_params(
   """(config, parameters, step) of a run: `path` is its workdir or workdir/checkpoints/<step>; `step` (default:
   the one in the path, else the latest) picks the checkpoint. The parameters are laid out on `mesh` by the rule
   of efftx.sharding (default: on one device)."""
-  path = run_folder(os.fspath(path))
+  path = run_files.run_folder(os.fspath(path))
   if not path.exists():
     raise UserError(f"{path}: no such workdir or checkpoint")
   if not (path / "config.json").exists():

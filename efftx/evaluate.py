@@ -23,6 +23,7 @@ from efftx import cli
 from efftx import config as config_lib
 from efftx import distributed
 from efftx import metrics as metrics_lib
+from efftx import run_files
 from efftx import sharding
 from efftx import train
 from efftx import trainer
@@ -46,7 +47,7 @@ def evaluate(workdir: str, step: int | None = None, split: str = "validation") -
   process 0 writes them to workdir/eval_<split>_<step>.json with the split's name and size."""
   if split not in SPLITS:
     raise UserError(f"--split={split}: choose from {', '.join(SPLITS)}")
-  workdir = checkpoints.run_folder(workdir)
+  workdir = run_files.run_folder(workdir)
   if not (workdir / "config.json").exists():
     raise UserError(f"{workdir} is not a training run's workdir (no config.json)")
   config = checkpoints.read_config(workdir)
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> None:
   if jax.process_index() == 0:
     print(
       f"{_SPLIT.value} at step {step}: {metrics_lib.fmt(metrics)} "
-      f"(written to {checkpoints.run_folder(_WORKDIR.value) / f'eval_{_SPLIT.value}_{step}.json'})"
+      f"(written to {run_files.run_folder(_WORKDIR.value) / f'eval_{_SPLIT.value}_{step}.json'})"
     )
     sys.stdout.flush()
 

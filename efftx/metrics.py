@@ -14,6 +14,7 @@ import numpy as np
 import tensorboardX
 
 from efftx import checkpoints
+from efftx import run_files
 from efftx.metrics_file import read_rows
 
 # Per-step values that are not averaged into a logged row: the index of the first parameter whose gradient is not
@@ -40,7 +41,7 @@ class MetricWriter:
         logging.warning("%s: its last line was half written (a run killed while logging): dropped", self._path)
       self._rows = [line for line in rows if json.loads(line)["step"] <= start_step]
       checkpoints.write_whole(self._path, "".join(self._rows))
-    self._jsonl = None if checkpoints.on_bucket(workdir) else self._path.open("a")
+    self._jsonl = None if run_files.on_bucket(workdir) else self._path.open("a")
     self._tb = tensorboardX.SummaryWriter(os.fspath(workdir / "tensorboard"), purge_step=start_step + 1)
 
   def write(self, step: int, row: dict[str, float]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import re
 
 import jax
@@ -17,10 +18,22 @@ _TARGET_PLATFORM = contextvars.ContextVar("efftx_target_platform", default=None)
 PLATFORM_NAMES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}  # → jax.default_backend()'s
 
 
+@dataclasses.dataclass
+class Target:
+  """What `lowering_for` traces for: the platform, and whether anything traced asked for it (target_platform())."""
+
+  platform: str
+  consulted: bool = False
+
+
 def target_platform() -> str:
   """The platform the mixers' "auto" paths are chosen for, while a model is traced: this process's backend
   (jax.default_backend(): "cpu", "gpu" or "tpu"), or the one `lowering_for` names."""
-  return _TARGET_PLATFORM.get() or jax.default_backend()
+  target = _TARGET_PLATFORM.get()
+  if target is None:
+    return jax.default_backend()
+  target.consulted = True
+  return target.platform
 
 
 @contextlib.contextmanager
@@ -28,12 +41,14 @@ def lowering_for(platform: str):
   """Within it, models are traced for `platform` ("cpu", "tpu", "gpu", or jax.export's "cuda", "rocm"): "auto"
   takes that platform's paths, and Pallas TPU kernels compile as Mosaic kernels only for "tpu". For lowering a step
   for another platform than this process's (efftx.lowering); trace a fresh jit inside it (jit caches traces by
-  function and shapes, not by this setting)."""
+  function and shapes, not by this setting). Yields the Target: a trace that did not consult it is the same for
+  every platform."""
   if platform not in PLATFORM_NAMES:
     raise ValueError(f"platform '{platform}': choose from {', '.join(PLATFORM_NAMES)}")
-  token = _TARGET_PLATFORM.set(PLATFORM_NAMES[platform])
+  target = Target(PLATFORM_NAMES[platform])
+  token = _TARGET_PLATFORM.set(target)
   try:
-    yield
+    yield target
   finally:
     _TARGET_PLATFORM.reset(token)
 

@@ -21,6 +21,7 @@ import numpy as np
 from efftx import checkpoints
 from efftx import cli
 from efftx import distributed
+from efftx import run_files
 from efftx import trainer
 from efftx.errors import UserError
 
@@ -92,7 +93,7 @@ def main(argv):
     distributed.initialize_from_flags()
     config, params, step = load(_WORKDIR.value, _CHECKPOINT.value)
     if jax.process_index() == 0:
-      print(f"efftx.sample: {checkpoints.run_folder(_WORKDIR.value)} at step {step}", file=sys.stderr, flush=True)
+      print(f"efftx.sample: {run_files.run_folder(_WORKDIR.value)} at step {step}", file=sys.stderr, flush=True)
     task = trainer.parts(config).task
     prompt_P = task.tokenize(_PROMPT.value.encode())
     tokens = generate(

@@ -48,6 +48,7 @@ from efftx import metrics as metrics_lib
 from efftx import metrics_file
 from efftx import patterns
 from efftx import platform as platform_lib
+from efftx import run_files
 from efftx import sharding
 from efftx import trainer
 from efftx.data import pipeline
@@ -81,7 +82,7 @@ def train_and_evaluate(
   # The task, objective and model, built once (set-up checks an init_from encoder against the model), and before
   # the workdir is touched: a config that cannot be built leaves nothing behind.
   parts = trainer.parts(config)
-  workdir = checkpoints_lib.run_folder(workdir)
+  workdir = run_files.run_folder(workdir)
   # Process 0 holds the workdir's lock for the whole run: a second run on it is refused, not interleaved.
   lock = checkpoints_lib.WorkdirLock(workdir) if jax.process_index() == 0 else None
   try:
@@ -128,7 +129,7 @@ def _train(
     logging.warning(
       "changed on resume, from step %d on (recorded in %s): %s",
       start_step,
-      workdir / checkpoints_lib.HISTORY_FILE,
+      workdir / run_files.HISTORY_FILE,
       ", ".join(f"{f} {old!r} → {new!r}" for f, (old, new) in changes.items()),
     )
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
@@ -287,7 +288,7 @@ def _set_up_workdir(
   resume_changes), prepares the data, encodes a few examples of each split (so that a setting that cannot work
   fails before anything is written in workdir), then writes config.json for a run that starts. Returns the changes
   to record ({} on the other processes)."""
-  if config.init_from and not resuming and not checkpoints_lib.run_folder(config.init_from).exists():
+  if config.init_from and not resuming and not run_files.run_folder(config.init_from).exists():
     raise UserError(f"config.init_from='{config.init_from}': no such workdir or checkpoint")
 
   def set_up() -> dict[str, list]:
@@ -535,7 +536,7 @@ def main(argv: list[str]) -> None:
     result = train_and_evaluate(_CONFIG.value, _WORKDIR.value, _RESUME_CHANGES.value)
   if jax.process_index() == 0:
     print(final_line(result, _CONFIG.value.total_steps))
-    print(f"outputs in {checkpoints_lib.run_folder(_WORKDIR.value)}")
+    print(f"outputs in {run_files.run_folder(_WORKDIR.value)}")
 
 
 def final_line(result: dict, total_steps: int) -> str:

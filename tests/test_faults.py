@@ -22,6 +22,7 @@ from conftest import metrics_rows
 from conftest import run_in_process
 from conftest import summation_atol
 from efftx import checkpoints
+from efftx import run_files
 from efftx import train
 
 # The smoke model, long enough to be interrupted several times; every step logged (the test watches the log).
@@ -223,7 +224,7 @@ def test_when_no_checkpoint_is_readable_the_run_stops_with_one_line(straight, tm
   ):
     train.train_and_evaluate(config, str(tmp_path), resume_changes=["total_steps"])
   assert _steps(str(tmp_path)) == [20, 25, 30]  # nothing moved or removed
-  assert not (tmp_path / checkpoints.HISTORY_FILE).exists()  # the change is recorded only once a checkpoint restores
+  assert not (tmp_path / run_files.HISTORY_FILE).exists()  # the change is recorded only once a checkpoint restores
 
 
 def test_divergence_stops_with_one_line_and_keeps_the_good_checkpoint(data_dir, tmp_path):

@@ -88,6 +88,19 @@ def test_a_step_that_cannot_lower_for_a_platform_is_reported(monkeypatch, platfo
     lowering.lower_steps(config)
 
 
+def test_a_step_is_traced_once_for_both_platforms_unless_a_path_was_chosen_by_platform(monkeypatch):
+  """ff_only's step asks for no platform: traced once, lowered twice. fnet's "auto" asks (DFT matmuls on a TPU, an
+  FFT on a GPU; the FFT's per-device body put in place so that the lowered text shows it): traced per platform."""
+  traces = []
+  real = lowering._train_step  # pylint: disable=protected-access
+  monkeypatch.setattr(lowering, "_train_step", lambda *args: traces.append(args) or real(*args))
+  monkeypatch.setitem(fourier._IMPLS, "rfft", fourier._rfft)  # pylint: disable=protected-access
+  assert len(lowering.lower_steps(_config("ff_only", causal=False))) == 2 and len(traces) == 1
+  rows = {r.platform: r for r in lowering.lower_steps(_config("fnet", causal=False))}
+  assert len(traces) == 3
+  assert "FFT" not in rows["tpu"].kernels and rows["cuda"].kernels.get("FFT", 0) > 0
+
+
 def _lower(fn, x, target):
   """fn traced for target (a fresh function: jit caches traces by function, not by lowering_for) and lowered."""
   with platform.lowering_for(target):

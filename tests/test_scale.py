@@ -66,15 +66,21 @@ def _assert_metrics_close(got, want, config, batch_size):
   assert_close_sums(got[:, 1], want[:, 1], n_terms=n_norm, err_msg="grad_norm")
 
 
-def _steps(config, fsdp, num_steps=1, batch_size=16, compiler_options=None):
-  """([loss, grad_norm] per step, final state) of num_steps train steps on one fixed batch, laid out with this
-  fsdp."""
+def _initial_state(config):
+  """config's initial train state (seed 0), on the host: one compiled init for every layout a test compares."""
+  parts = trainer.parts(config)
+  tx, _ = trainer.make_optimizer(config)
+  return jax.device_get(jax.jit(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))())
+
+
+def _steps(config, fsdp, initial, num_steps=1, batch_size=16, compiler_options=None):
+  """([loss, grad_norm] per step, final state) of num_steps train steps on one fixed batch from the initial state
+  (_initial_state), laid out with this fsdp."""
   parts = trainer.parts(config)
   tx, schedule = trainer.make_optimizer(config)
   mesh = sharding.make_mesh(fsdp)
-  abstract = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))
-  state_sharding = sharding.shardings(mesh, abstract)
-  state = jax.jit(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)), out_shardings=state_sharding)()
+  state = jax.device_put(initial, sharding.shardings(mesh, initial))
+  state_sharding = jax.tree.map(lambda x: x.sharding, state)
   step = jax.jit(
     trainer.make_train_step(parts.model, parts.objective, tx, schedule, jax.random.key(1)),
     in_shardings=(state_sharding, sharding.batch(mesh)),
@@ -106,11 +112,12 @@ SHARDED_KINDS = {
   "aft_conv": "D × D projections split, a per-head convolution over the sequence",
   "linear_mixing": "a D × D hidden matrix split, a sequence matrix kept whole",
   "fnet": "no parameters: its per-device FFT (custom_partitioning) on a mesh that splits the others",
+  "mamba": "an E × D output projection split on E (its input side), a selective scan over positions (lax.scan), "
+  "bidirectional by reversal",
 }
 # The causal-only mixers' own kinds, in a model of their own (fnet cannot be causal, they cannot be bidirectional).
 CAUSAL_SHARDED_KINDS = {
   "h3": "SSM parameters (B, C: D × N and D × N × 2) split, kernels made from them and applied through an FFT",
-  "mamba": "an E × D output projection split on E (its input side), a selective scan over positions (lax.scan)",
 }
 
 
@@ -165,7 +172,8 @@ def test_mixers_train_the_same_with_sharded_parameters(model):
     lsh_chunk=8,
   )
   config.optim.warmup_steps = 0
-  (metrics_1, state_1), (metrics_8, state_8) = _steps(config, 1), _steps(config, 8)
+  initial = _initial_state(config)
+  (metrics_1, state_1), (metrics_8, state_8) = _steps(config, 1, initial), _steps(config, 8, initial)
   _assert_metrics_close(metrics_8, metrics_1, config, batch_size=16)
   # Parameters after the update to within one update (learning rate 1e-3): Adam's first step moves each
   # parameter by ±lr whatever its gradient's size, so where a gradient is ~0 another summation order can flip it.
@@ -220,8 +228,9 @@ def test_one_example_per_device_compiles_with_ynnpack_for_the_matmuls_only_and_t
   assert "__ynn_fusion" not in lowered.compile(options).as_text()
   config = mixer_config(mixer, d_model=64, d_ff=128, num_layers=1, max_len=64, num_heads=4)
   config.optim.warmup_steps = 0
+  initial = _initial_state(config)
   (metrics, state), (metrics_opt, state_opt) = (
-    _steps(config, 1, batch_size=8, compiler_options=o) for o in (None, options)
+    _steps(config, 1, initial, batch_size=8, compiler_options=o) for o in (None, options)
   )
   _assert_metrics_close(metrics_opt, metrics, config, batch_size=8)
   moments, moments_opt = _first_moments(jax.device_get(state)), _first_moments(jax.device_get(state_opt))
@@ -309,15 +318,10 @@ def test_fsdp_8_equals_data_8_with_an_eighth_of_the_state_per_device(straight, t
   assert any("eval_loss" in r for r in first_6)
   _assert_rows_close(metrics_rows(tmp_path / "fsdp8"), first_6, config)
 
-  parts = trainer.parts(config)
-  tx, _ = trainer.make_optimizer(config)
+  initial = _initial_state(config)
   held = {}
   for fsdp in (1, 8):
-    mesh = sharding.make_mesh(fsdp)
-    abstract = jax.eval_shape(lambda: trainer.create_state(parts.model, tx, jax.random.key(0)))
-    state = jax.jit(
-      lambda: trainer.create_state(parts.model, tx, jax.random.key(0)), out_shardings=sharding.shardings(mesh, abstract)
-    )()
+    state = jax.device_put(initial, sharding.shardings(sharding.make_mesh(fsdp), initial))
     held[fsdp] = (sharding.bytes_on_first_device(state.params), sharding.bytes_on_first_device(state.opt_state))
   total = sum(x.nbytes for x in jax.tree.leaves(state.params))
   # Arrays under MIN_SHARDED elements stay whole on every device (here: embeddings of a 48-position, 20-token

@@ -14,6 +14,7 @@ import pytest
 
 from configs import zoology_fig2
 from efftx import model as model_lib
+from efftx import run_files
 from efftx import train
 from efftx import trainer
 from efftx.sweep import points
@@ -139,7 +140,7 @@ def test_a_run_stops_early_once_its_metric_is_above_the_threshold_and_stays_fini
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert rows[-1] == {"step": 2, "stopped_early": result["eval_accuracy"]}
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]  # saved where it stopped
-  assert points.state(train.checkpoints_lib.run_folder(workdir)) == "done"
+  assert points.state(run_files.run_folder(workdir)) == "done"
   again = train.train_and_evaluate(config, workdir)  # finished: nothing trained, nothing written
   assert again["step"] == 2 and len(open(os.path.join(workdir, "metrics.jsonl")).readlines()) == len(rows)
   # Killed after the checkpoint and the evaluation's row, before the stop row: the run stops there, and says so.

@@ -52,6 +52,7 @@ from efftx import config as config_lib
 from efftx import model as model_lib
 from efftx import objectives
 from efftx import patterns
+from efftx import run_files
 from efftx import sharding
 from efftx import trainer
 from efftx.data import TASKS
@@ -564,7 +565,7 @@ def main(argv):
   if _MODE.value == "mixers" and _DATA_PARALLEL.value:
     sharding.use_cpu_cores()  # on a CPU: one device per core, as efftx.train sets up
   if _JSON.value:  # its folder before the measurement, not after
-    checkpoints.run_folder(_JSON.value).parent.mkdir(parents=True, exist_ok=True)
+    run_files.run_folder(_JSON.value).parent.mkdir(parents=True, exist_ok=True)
   rows = {
     "mixers": _mixers_table,
     "fourier": _fourier_table,
@@ -576,7 +577,7 @@ def main(argv):
   }[_MODE.value]()
   if _JSON.value:  # whole or not at all: efftx.sweep takes the file's existence as "measured"
     checkpoints.write_whole(
-      checkpoints.run_folder(_JSON.value),
+      run_files.run_folder(_JSON.value),
       json.dumps({"backend": jax.default_backend(), "mode": _MODE.value, "rows": rows}, indent=1),
     )
 

@@ -87,10 +87,11 @@ def _batch_spec(config: ml_collections.ConfigDict, parts: trainer.Parts) -> dict
 
 def lower_steps(config: ml_collections.ConfigDict, platforms=PLATFORMS, devices=None) -> list[Lowered]:
   """Lowers the run's training step (and, for a causal model whose mixers all decode, its decoding step) for each
-  platform, each traced anew for that platform (efftx.platform.lowering_for: the mixers' "auto" paths are the
-  platform's); raises LoweringError naming the step and platform that do not lower. Not serialized: efftx's FFT
-  runs per device through custom_partitioning, whose partitioner is a Python callback that jax.export cannot
-  write (and whose body, each device's FFT, is lowered only when the step is compiled)."""
+  platform, traced for that platform (efftx.platform.lowering_for: the mixers' "auto" paths are the platform's;
+  a trace that asked for no platform is lowered for every one); raises LoweringError naming the step and platform
+  that do not lower. Not serialized: efftx's FFT runs per device through custom_partitioning, whose partitioner is
+  a Python callback that jax.export cannot write (and whose body, each device's FFT, is lowered only when the step
+  is compiled)."""
   devices = devices or jax.devices()
   config_lib.validate(config, len(devices))
   mesh = sharding.make_mesh(config.mesh.fsdp, devices=devices)
@@ -98,11 +99,16 @@ def lower_steps(config: ml_collections.ConfigDict, platforms=PLATFORMS, devices=
   decodes = config.model.causal and all(MIXERS[name].can_decode for name in names)
   out = []
   for step in ("train", "decode") if decodes else ("train",):
+    shared = None  # a trace that chose no path by platform: lowered for each platform as it is
     for platform in platforms:
       try:
-        with platform_lib.lowering_for(platform), jax.set_mesh(mesh):
-          fn, args = _train_step(config, mesh) if step == "train" else _decode_step(config)
-          lowered = fn.trace(*args).lower(lowering_platforms=(platform,))
+        with platform_lib.lowering_for(platform) as target, jax.set_mesh(mesh):
+          traced = shared
+          if traced is None:
+            fn, args = _train_step(config, mesh) if step == "train" else _decode_step(config)
+            traced = fn.trace(*args)
+            shared = None if target.consulted else traced
+          lowered = traced.lower(lowering_platforms=(platform,))
       except Exception as e:  # pylint: disable=broad-except  # whatever tracing or lowering raised, named
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise LoweringError(

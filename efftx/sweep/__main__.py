@@ -12,8 +12,8 @@ from absl import app
 from absl import flags
 from etils import epath
 
-from efftx import checkpoints
 from efftx import cli
+from efftx import run_files
 from efftx import sweep
 from efftx.errors import UserError
 from efftx.sweep.launchers import LAUNCHERS
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> None:
   if not _WORKDIR.value:
     cli.exit_with("efftx.sweep", "--workdir is required: the folder for the points' runs and the report")
   with cli.one_line_errors("efftx.sweep"):
-    workdir = os.fspath(checkpoints.run_folder(_WORKDIR.value))  # as efftx.train reads each point's --workdir
+    workdir = os.fspath(run_files.run_folder(_WORKDIR.value))  # as efftx.train reads each point's --workdir
     study = load(argv[1], _SCALE.value, workdir)
     launch = Launch(
       _LAUNCHER.value,

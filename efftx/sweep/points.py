@@ -15,6 +15,8 @@ import subprocess
 from etils import epath
 
 from efftx import metrics_file
+from efftx import run_files
+from efftx.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 BENCH_FILE = "bench.json"  # in a bench point's folder: efftx.bench's rows, written when the measurement is done
@@ -31,11 +33,8 @@ def read_json(path: epath.Path) -> dict | None:
 def config_history(folder: epath.Path) -> list[dict] | None:
   """A training point's config_history.jsonl lines: the settings changed on resume ([] if none; None if it
   cannot be read)."""
-  from efftx import checkpoints  # pylint: disable=g-import-not-at-top  (JAX and orbax: only where a point ran)
-  from efftx.errors import UserError  # pylint: disable=g-import-not-at-top
-
   try:
-    return checkpoints.read_history(folder)
+    return run_files.read_history(folder)
   except UserError:
     return None
 
@@ -43,10 +42,8 @@ def config_history(folder: epath.Path) -> list[dict] | None:
 def config_in_effect(folder: epath.Path) -> dict | None:
   """A training point's config as efftx.train resumes it: config.json with the changes of config_history.jsonl
   applied; None if either cannot be read."""
-  from efftx import checkpoints  # pylint: disable=g-import-not-at-top
-
   config, history = read_json(folder / "config.json"), config_history(folder)
-  return checkpoints.apply_history(config, history) if isinstance(config, dict) and history is not None else None
+  return run_files.apply_history(config, history) if isinstance(config, dict) and history is not None else None
 
 
 def metric_rows(folder: epath.Path) -> list[dict]:
