@@ -33,7 +33,9 @@ def _inputs():
   return jnp.asarray(x), jnp.asarray(mask)
 
 
-@pytest.mark.parametrize("mixer,causal", [("attention", True), ("fnet", False), ("aft_local", False), ("linear", False)])
+@pytest.mark.parametrize(
+  "mixer,causal", [("attention", True), ("fnet", False), ("aft_local", False), ("linear", False)]
+)
 def test_recomputing_backward_equals_plain_autodiff(mixer, causal):
   x, mask = _inputs()
   stack = _stack(mixer, causal, dropout=0.2)

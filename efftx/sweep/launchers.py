@@ -297,7 +297,9 @@ def _run_slurm(study, workdir, launch, commands, todo, status) -> dict[str, str]
   for name, job in jobs.items():
     print(f"submitted    {name}: job {job.job_id}", flush=True)
     status.set(name, "running")
-  for job in submitit.helpers.as_completed(list(jobs.values())):
+  # SLURM's queue is asked every 10 s (submitit's default); a local executor's jobs every second.
+  poll_seconds = 1 if launch.submitit_cluster == "local" else 10
+  for job in submitit.helpers.as_completed(list(jobs.values()), poll_frequency=poll_seconds):
     name = next(n for n, j in jobs.items() if j is job)
     try:
       outcome = job.result()
