@@ -149,6 +149,7 @@ def test_report_from_existing_workdirs(tmp_path, data_dir):
     {"a": {"arg": "smoke"}, "b": {"arg": "smoke,mixer=fnet"}},
     extra='PAPER = {"a": 0.5}\nSOURCE = "Somebody et al. (2020), Table 1"\n'
     'from efftx.sweep import Plot\nPLOT = Plot(x=("width", {"a": 1, "b": 2}))\n'
+    'DESIGN = {"cpu": 1}\n'
     'def claim(rows):\n  return "held" if rows[0]["mean"] > rows[1]["mean"] else "did not hold"\n',
   )
   study = study_lib.load(path)

@@ -2,6 +2,7 @@
 differences, the verdict rule, a learning curve's last-fifth change; and the report's intervals, paired deltas
 and learning curves from a study's workdirs."""
 
+import dataclasses
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from efftx.errors import UserError
 from efftx.sweep import report
 from efftx.sweep import stats
 from efftx.sweep import study as study_lib
@@ -129,6 +131,41 @@ def test_a_t_claims_p_value_is_students():
   assert stats.judge("c", "p", "o", i, 0.0, False, "no").p is None  # untested: no test, no p-value
 
 
+def test_a_verdict_from_more_or_fewer_seeds_than_declared_is_refused(tmp_path):
+  """stats.fixed_design: a claim tested on the declared number of seeds keeps its verdict; one on more (seeds added
+  after a look) or fewer (runs lost) becomes untested and says why; deterministic measurements (stats.exact) and
+  untested claims are left as they are. A sweep file whose claim() judges must declare DESIGN at the scale run."""
+  held = lambda n: stats.judge("c", "p", "o", stats.Interval(1.0, 0.5, 1.5, n), 0.0, True)
+  assert held(3).verdict == stats.HELD and held(3).n == 3 and held(8).n == 8
+  split = stats.judge("k", "p", "o", stats.Count(7, 8), 0.1, True)
+  exact = stats.judge("e", "p", "o", stats.exact(2.0), 1.0, True)
+  untested = stats.judge("u", "p", "o", stats.Interval(1.0, 0.5, 1.5, 3), 0.0, False, "not the paper's setting")
+  assert exact.n is None and untested.n is None and split.n == 8
+  got = stats.fixed_design([held(3), held(8), held(4), split, exact, untested, "a line"], 3)
+  assert [c.verdict for c in got[:6]] == [
+    stats.HELD,
+    stats.UNTESTED,
+    stats.UNTESTED,
+    stats.UNTESTED,
+    stats.HELD,
+    stats.UNTESTED,
+  ]
+  assert got[1].why.startswith("8 seeds where the design fixed 3 before the runs") and got[1].p is None
+  assert got[:1] + got[4:] == [held(3), exact, untested, "a line"]
+  path = tmp_path / "study" / "sweep.py"
+  path.parent.mkdir(parents=True)
+  body = 'METRIC = "m"\nGOAL = "max"\nCONFIG = "configs/quickstart.py"\nfrom efftx.sweep import grid\n'
+  body += 'def points(scale):\n  return grid({"a": {"arg": "smoke"}})\ndef claim(rows):\n  return []\n'
+  path.write_text(body)
+  with pytest.raises(UserError, match="DESIGN fixes no number of seeds at scale 'cpu'"):
+    study_lib.load(str(path))
+  path.write_text(body + 'DESIGN = {"cpu": 0}\n')
+  with pytest.raises(UserError, match="not a dict scale -> the number of seeds"):
+    study_lib.load(str(path))
+  path.write_text(body + 'DESIGN = {"cpu": 3}\n')
+  assert study_lib.load(str(path)).design == {"cpu": 3}
+
+
 def test_holm_adjusts_a_studys_claims_together():
   """Holm's step-down correction on the textbook example p = 0.01, 0.04, 0.03, 0.005: adjusted 0.03, 0.06, 0.06,
   0.02 (in sorted order 4·0.005, 3·0.01, 2·0.03, then 1·0.04 raised to the 0.06 before it); at 0.05 the two
@@ -206,7 +243,7 @@ def test_slopes_and_medians():
   assert stats.loglog_slope(lengths, [7.0] * 3) == pytest.approx(0.0)
   assert stats.slope([0, 1, 2], [1, 3, 5]) == pytest.approx(2.0)
   assert stats.median([3.0, 1.0, 2.0]) == 2.0 and stats.median([4.0, 1.0, 2.0, 3.0]) == 2.5
-  assert stats.exact(5.0) == stats.Interval(5.0, 5.0, 5.0, stats.MIN_SEEDS)
+  assert stats.exact(5.0) == stats.Interval(5.0, 5.0, 5.0, stats.MIN_SEEDS, seeded=False)
   with pytest.raises(ValueError):
     stats.Claim("c", "p", "o", "probably", "")
 
@@ -270,6 +307,7 @@ PAPER_SCALES = ("paper",)
 PAPER_SETTING = "the paper's data, 12 layers"
 SETTING = {"cpu": "ListOps-small, 2 layers", "paper": "the paper's data, 12 layers"}
 PLOT = Plot(chance={"eval_loss": {"uniform guess": 2.5}})
+DESIGN = {"cpu": 3, "paper": 3}
 
 def points(scale):
   return grid({"attention": {"arg": "smoke"}, "fnet": {"arg": "smoke,mixer=fnet"}}, seeds=(0, 1, 2))
@@ -325,8 +363,13 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
     "[0.2, 0.2] (t, 3 seeds), the claim > 0.1; Holm over 2 claims: adjusted p = 0 |"
   ) in table, table
   verdicts = json.loads(open(paths["json"]).read())["verdicts"]
-  assert [v["verdict"] for v in verdicts] == [stats.HELD, stats.HELD]
+  assert [v["verdict"] for v in verdicts] == [stats.HELD, stats.HELD] and [v["n"] for v in verdicts] == [3, 3]
   assert open(paths["curves"], "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
+  # The same runs under a design that fixed 2 seeds: the report publishes no verdict from 3.
+  paths = report.report(dataclasses.replace(study, design={"cpu": 2}), str(workdir), "cpu", "test")
+  verdicts = json.loads(open(paths["json"]).read())["verdicts"]
+  assert [v["verdict"] for v in verdicts] == [stats.UNTESTED, stats.UNTESTED]
+  assert verdicts[0]["why"].startswith("3 seeds where the design fixed 2 before the runs")
 
 
 def _fake_runs(study, workdir, rng):

@@ -247,11 +247,14 @@ def _with_curves(study: Study, rows: list[dict], points: list[dict], found: dict
 
 
 def _claims(study: Study, rows: list[dict], scale: str) -> list:
-  """The sweep file's claim(rows, scale) (or claim(rows)) as a list: stats.Claim entries, Holm-corrected together
-  (stats.holm), or one line of text."""
+  """The sweep file's claim(rows, scale) (or claim(rows)) as a list: stats.Claim entries held to the scale's
+  DESIGN (stats.fixed_design) and Holm-corrected together (stats.holm), or one line of text."""
   takes_scale = len(inspect.signature(study.claim).parameters) > 1
   found = study.claim(rows, scale) if takes_scale else study.claim(rows)
-  return [found] if isinstance(found, str) else stats.holm([found] if isinstance(found, stats.Claim) else list(found))
+  if isinstance(found, str):
+    return [found]
+  found = [found] if isinstance(found, stats.Claim) else list(found)
+  return stats.holm(stats.fixed_design(found, study.design[scale]) if scale in study.design else found)
 
 
 def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, str]:

@@ -7,7 +7,9 @@ reading for seeds. With one seed there is no interval (None), and no verdict eit
 solved and unsolved, a count: k of n with its exact (Clopper–Pearson) interval and the exact binomial test.
 
 Each judged claim carries its test's two-sided p-value; `holm` adjusts a study's claims together (Holm's step-down
-correction over the claims that were tested), so a study of twenty claims does not hold one by chance.
+correction over the claims that were tested), so a study of twenty claims does not hold one by chance. Each also
+carries its number of seeds: `fixed_design` keeps a verdict only where that is the number the study fixed before
+its runs.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Interval:
   low: float | None
   high: float | None
   n: int
+  seeded: bool = True  # False: a deterministic measurement (exact), n only lets a verdict rest on it
 
   def as_dict(self) -> dict:
     return {"mean": self.mean, "ci95": None if self.low is None else [self.low, self.high], "n": self.n}
@@ -163,7 +166,7 @@ def p_value(measured: Interval | Count, threshold: float) -> float:
 def exact(value: float) -> Interval:
   """A deterministic measurement (compiled memory, a count) as an interval of zero width: a verdict may rest on
   it without seeds."""
-  return Interval(value, value, value, MIN_SEEDS)
+  return Interval(value, value, value, MIN_SEEDS, seeded=False)
 
 
 def verdict(
@@ -206,6 +209,9 @@ class Claim:
   # The two-sided p-value of "the difference equals the threshold" (p_value), after `holm` the adjusted one: None
   # where the claim was not tested.
   p: float | None = None
+  # The seeds (or repeats) the tested interval or count rests on, for `fixed_design`: None where no seed-to-seed
+  # variation is in it (a deterministic measurement, stats.exact) or nothing was tested.
+  n: int | None = None
 
   def __post_init__(self):
     if self.verdict not in (HELD, DID_NOT_HOLD, INCONCLUSIVE, UNTESTED):
@@ -255,7 +261,23 @@ def judge(
   where it was tested (for `holm`)."""
   decided, why = verdict(difference, threshold, in_regime, why_not, above)
   p = None if decided == UNTESTED else p_value(difference, threshold)
-  return Claim(claim, paper, ours, decided, why, p=p)
+  seeded = isinstance(difference, Count) or isinstance(difference, Interval) and difference.seeded
+  return Claim(claim, paper, ours, decided, why, p=p, n=difference.n if seeded and p is not None else None)
+
+
+def fixed_design(claims: list, declared: int) -> list:
+  """The claims with a verdict kept only where its test rests on the declared number of seeds (or repeats), the
+  number a sweep file fixes before its runs (DESIGN): a claim tested on more (seeds added after a look) or fewer
+  (runs lost) becomes untested at this scale and says why, so that no verdict comes from stopping when it suited.
+  Claims without seeds (n None) are unchanged. Apply before `holm`: a claim it unmakes is not among the tested."""
+  out = []
+  for c in claims:
+    if isinstance(c, Claim) and c.n is not None and c.n != declared:
+      c = dataclasses.replace(
+        c, verdict=UNTESTED, why=f"{c.n} seeds where the design fixed {declared} before the runs ({c.why})", p=None
+      )
+    out.append(c)
+  return out
 
 
 def at_fraction(curve: list[tuple[int, float]], fraction: float) -> tuple[int, float] | None:

@@ -151,6 +151,7 @@ class Study:
   paper_scales: tuple[str, ...] | None = None  # scales whose setting is the paper's (None: every scale)
   plot: Plot = dataclasses.field(default_factory=Plot)
   adaptive: bool = False  # points(scale, finished): the grid grows as points finish (best_then_seeds)
+  design: dict[str, int] = dataclasses.field(default_factory=dict)  # scale -> the seeds a verdict rests on
 
   @property
   def measured(self) -> bool:
@@ -216,6 +217,7 @@ NAMES = {
   "PROTOCOL": {},
   "PAPER_SCALES": None,
   "PLOT": Plot(),
+  "DESIGN": {},
   "claim": None,
 }
 _IN_PLOT = {"X": "x", "SERIES": "series", "XSCALE": "xscale", "CHANCE": "chance", "PANEL": "panel"}
@@ -272,6 +274,13 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None, every_point_
       raise UserError(f"{path}: {name} is a {type(value).__name__}, not a dict")
   if plot.panel is not None and not callable(plot.panel):
     raise UserError(f"{path}: PLOT's panel is a {type(plot.panel).__name__}, not a function of a group's name")
+  design = given["DESIGN"]
+  if not isinstance(design, dict) or not all(isinstance(n, int) and n >= 1 for n in design.values()):
+    raise UserError(f"{path}: DESIGN is {design!r}, not a dict scale -> the number of seeds (≥ 1) a verdict rests on")
+  if given["claim"] is not None and scale not in design:
+    raise UserError(
+      f"{path}: claim() judges, but DESIGN fixes no number of seeds at scale '{scale}' (declare it before the runs)"
+    )
   if given["SETTING"] and (scale not in given["SETTING"] or not given["PAPER_SETTING"]):
     raise UserError(f"{path}: SETTING needs this scale's setting ('{scale}') and PAPER_SETTING the paper's")
   paper_scales = None if given["PAPER_SCALES"] is None else tuple(given["PAPER_SCALES"])
@@ -293,4 +302,5 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None, every_point_
     paper_scales,
     plot,
     adaptive,
+    design,
   )

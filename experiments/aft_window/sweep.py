@@ -107,6 +107,11 @@ def points(scale):
 SETTLED_WITHIN = 0.005
 
 
+# The seeds (or repeats) each verdict rests on, fixed before the runs (efftx/sweep/README.md): the 3 seeds of every
+# group.
+DESIGN = {"cpu": 3, "paper": 3}
+
+
 def claim(rows, scale):
   """The U-shape's two arms and AFT-local against AFT-simple, each as a paired difference over the seeds (bits/byte,
   lower is better); and the window with the lowest mean at every evaluation, to see whether the best window moves

@@ -133,6 +133,10 @@ def _exponents(rows, label, metric, shortest=1024):
   return out, lengths
 
 
+# The seeds (or repeats) each verdict rests on, fixed before the runs (efftx/sweep/README.md): the exponents' repeats.
+DESIGN = {"cpu": REPEATS, "paper": REPEATS}
+
+
 def claim(rows, scale):
   """Each mixer's cost per sequence grows as its paper says (EXPECTED): an exponent below 1.5 (between linear and
   quadratic) for linear cost, above it for quadratic; time from the repeats (an interval), memory exactly

@@ -69,6 +69,10 @@ def points(scale):
 BASELINE = {m: "attention" for m in (*MODELS, *(f"fnet+attention*2@{layout}" for layout in LAYOUTS))}
 
 
+# The seeds (or repeats) each verdict rests on, fixed before the runs (efftx/sweep/README.md): every group's seeds.
+DESIGN = {scale: len(s[3]) for scale, s in SCALES.items()}
+
+
 def claim(rows, scale):
   """The paper's ordering, link by link, as paired differences over the seeds: attention ≥ the top hybrid ≥ the
   better of FNet and Linear ≥ Random ≥ FF-only. Never in the paper's regime here (GLUE after pre-training), so

@@ -73,6 +73,11 @@ def points(scale):
 SETTLED_WITHIN = 0.01
 
 
+# The seeds (or repeats) each verdict rests on, fixed before the runs (efftx/sweep/README.md): the 4 seeds of every
+# mixer.
+DESIGN = {"cpu": 4, "paper": 4}
+
+
 def claim(rows, scale):
   """AFT-local below attention (the paper: −0.12 bits/dim) and AFT-simple within 0.1 bits/dim of it (the paper:
   +0.03), each a paired difference over the seeds; in the paper's regime only at its scale, once settled."""

@@ -122,6 +122,11 @@ BASELINE = {
 SETTLED_WITHIN = 0.01
 
 
+# The seeds (or repeats) each verdict rests on, fixed before the runs (efftx/sweep/README.md): the 3 seeds of every
+# group.
+DESIGN = {"cpu": 3, "paper": 3}
+
+
 def claim(rows, scale):
   """LRA's claims as paired differences from attention over the seeds: on ListOps linear and local attention fall
   ≥ 10 points below it, and LSH (Reformer) and FNet lie within 3 points; on images every mixer lies within 5 (FNet's

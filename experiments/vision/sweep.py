@@ -69,6 +69,10 @@ def points(scale):
 SETTLED_WITHIN = 0.01
 
 
+# The seeds (or repeats) each verdict rests on, fixed before the runs (efftx/sweep/README.md): every group's seeds.
+DESIGN = {scale: len(s[2]) for scale, s in SCALES.items()}
+
+
 def claim(rows, scale):
   """AFT-conv above attention (the paper: +1.1 points), a paired difference over the seeds; at the cpu scale (not
   ImageNet, not the DeiT recipe) "untested at this scale", with what the runs showed. And every mixer against

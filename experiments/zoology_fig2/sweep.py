@@ -119,6 +119,11 @@ def points(scale, finished):
   return best_then_seeds(groups, LEARNING_RATES, SEEDS, finished, GOAL)
 
 
+# The seeds (or repeats) each verdict rests on, fixed before the runs (efftx/sweep/README.md): the fresh seeds (seed 0
+# searches the rates).
+DESIGN = {"cpu": len(SEEDS) - 1, "paper": len(SEEDS) - 1}
+
+
 def claim(rows, scale):
   """Per cell: Zoology's protocol value (seed 0 at the best of the 4 rates) and the two fresh seeds at that rate,
   against the paper's value within its reading error."""
