@@ -131,6 +131,31 @@ def test_a_t_claims_p_value_is_students():
   assert stats.judge("c", "p", "o", i, 0.0, False, "no").p is None  # untested: no test, no p-value
 
 
+def test_a_fitted_slope_has_the_regressions_interval_and_a_curved_fit_a_wide_one():
+  """stats.fitted_slope against scipy's linregress (its slope and standard error) with Student's t on n − 2
+  degrees of freedom: a straight line's interval is ~0 wide, a visibly curved one's (reversible's memory per layer,
+  12.0 → 15.8 → 20.0 MiB at depths 2, 4, 8... here y = x² on 4 points) is wide; fewer than 3 points give none."""
+  from scipy import stats as scipy_stats  # pylint: disable=g-import-not-at-top
+
+  xs, ys = [1.0, 2.0, 4.0, 8.0], [1.0, 4.0, 16.0, 64.0]
+  got = stats.fitted_slope(xs, ys)
+  want = scipy_stats.linregress(xs, ys)
+  half = scipy_stats.t.ppf(0.975, len(xs) - 2) * want.stderr
+  assert got.mean == pytest.approx(want.slope) and (got.n, got.df, got.seeded) == (4, 2, False)
+  assert got.low == pytest.approx(want.slope - half, rel=1e-3) and got.high == pytest.approx(
+    want.slope + half, rel=1e-3
+  )
+  assert got.high - got.low > 0.5 * got.mean  # curved: far from exact
+  log = stats.fitted_slope(xs, ys, log=True)  # y = x²: an exponent of 2 exactly
+  assert log.mean == pytest.approx(2.0) and log.high - log.low < 1e-9
+  noisy = stats.fitted_slope([1.0, 2.0, 3.0, 4.0, 5.0], [1.1, 1.9, 3.2, 3.9, 5.1])
+  want = scipy_stats.linregress([1.0, 2.0, 3.0, 4.0, 5.0], [1.1, 1.9, 3.2, 3.9, 5.1])
+  t = (want.slope - 1.0) / want.stderr
+  assert stats.p_value(noisy, 1.0) == pytest.approx(2 * scipy_stats.t.sf(abs(t), 3), rel=1e-2)
+  assert stats.fitted_slope([1.0, 2.0], [3.0, 5.0]) is None
+  assert "(least-squares fit over 4 points, t on 2 df)" in stats.verdict(got, 0.0, True)[1]
+
+
 def test_a_verdict_from_more_or_fewer_seeds_than_declared_is_refused(tmp_path):
   """stats.fixed_design: a claim tested on the declared number of seeds keeps its verdict; one on more (seeds added
   after a look) or fewer (runs lost) becomes untested and says why; deterministic measurements (stats.exact) and

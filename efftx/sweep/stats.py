@@ -69,6 +69,7 @@ class Interval:
   high: float | None
   n: int
   seeded: bool = True  # False: a deterministic measurement (exact), n only lets a verdict rest on it
+  df: int | None = None  # the t quantile's degrees of freedom where not n − 1 (a fitted slope's n − 2)
 
   def as_dict(self) -> dict:
     return {"mean": self.mean, "ci95": None if self.low is None else [self.low, self.high], "n": self.n}
@@ -147,9 +148,9 @@ def count(values: list[float | None], solved: float) -> Count | None:
 
 def p_value(measured: Interval | Count, threshold: float) -> float:
   """The two-sided p-value of "the true mean (or rate) equals threshold": Student's t on n − 1 degrees of freedom
-  for an Interval (its standard error read back from the interval), the exact binomial test for a Count (twice
-  the smaller tail: the test whose 95 % acceptance region is the Clopper–Pearson interval); 0 or 1 for a
-  zero-width Interval (a deterministic measurement) off or on the threshold."""
+  (a fitted slope's n − 2) for an Interval (its standard error read back from the interval), the exact binomial
+  test for a Count (twice the smaller tail: the test whose 95 % acceptance region is the Clopper–Pearson
+  interval); 0 or 1 for a zero-width Interval (a deterministic measurement) off or on the threshold."""
   if isinstance(measured, Count):
     rate = min(max(threshold, 0.0), 1.0)
     tails = scipy_stats.binom.sf(measured.k - 1, measured.n, rate), scipy_stats.binom.cdf(measured.k, measured.n, rate)
@@ -159,8 +160,9 @@ def p_value(measured: Interval | Count, threshold: float) -> float:
   half = (measured.high - measured.low) / 2
   if half == 0:
     return 1.0 if measured.mean == threshold else 0.0
-  t = (measured.mean - threshold) / (half / t975(measured.n - 1))
-  return float(2 * scipy_stats.t.sf(abs(t), measured.n - 1))
+  df = measured.n - 1 if measured.df is None else measured.df
+  t = (measured.mean - threshold) / (half / t975(df))
+  return float(2 * scipy_stats.t.sf(abs(t), df))
 
 
 def exact(value: float) -> Interval:
@@ -180,11 +182,12 @@ def verdict(
     return UNTESTED, f"{0 if difference is None else difference.n} seeds (a verdict needs {MIN_SEEDS})"
   if not in_regime:
     return UNTESTED, why_not or "the run is not in the claim's regime"
-  test = (
-    f"{difference.k} of {difference.n} seeds, Clopper–Pearson"
-    if isinstance(difference, Count)
-    else f"t, {difference.n} seeds"
-  )
+  if isinstance(difference, Count):
+    test = f"{difference.k} of {difference.n} seeds, Clopper–Pearson"
+  elif difference.df is not None:
+    test = f"least-squares fit over {difference.n} points, t on {difference.df} df"
+  else:
+    test = f"t, {difference.n} seeds"
   where = (
     f"95 % interval [{difference.low:.3g}, {difference.high:.3g}] ({test}), the claim {'>' if above else '<'} "
     f"{threshold:.3g}"
@@ -343,6 +346,25 @@ def slope(xs: list[float], ys: list[float]) -> float:
 def loglog_slope(xs: list[float], ys: list[float]) -> float:
   """The slope of log y against log x: the exponent p of y ∝ x^p."""
   return slope([math.log(x) for x in xs], [math.log(y) for y in ys])
+
+
+def fitted_slope(xs: list[float], ys: list[float], log: bool = False) -> Interval | None:
+  """The least-squares slope of ys against xs (log=True: of log y against log x, an exponent) with its 95 %
+  interval from the regression's standard error, slope ± t₀.₉₇₅(n − 2) · √(Σ residual² / (n − 2) / Σ (x − x̄)²):
+  a curved relation leaves residuals and widens it, where a slope alone would read as exact. n is the number of
+  points, not of seeds (seeded False: a study's DESIGN does not count them); None below 3 points, where no error
+  can be estimated."""
+  if log:
+    xs, ys = [math.log(x) for x in xs], [math.log(y) for y in ys]
+  n = len(xs)
+  if n < 3 or len(ys) != n:
+    return None
+  fit = statistics.linear_regression(xs, ys)
+  x_mean = sum(xs) / n
+  sxx = sum((x - x_mean) ** 2 for x in xs)
+  residuals = sum((y - fit.intercept - fit.slope * x) ** 2 for x, y in zip(xs, ys))
+  half = t975(n - 2) * math.sqrt(residuals / (n - 2) / sxx)
+  return Interval(fit.slope, fit.slope - half, fit.slope + half, n, seeded=False, df=n - 2)
 
 
 median = statistics.median
