@@ -150,14 +150,22 @@ def _first_moments(state) -> list:
   ]
 
 
-@pytest.mark.parametrize("model", ["kinds", "reversible", "causal_kinds"])
+# SHARDED_KINDS in two models of half the layers each: two programs compile in 0.81-0.92 of one twice their size.
+_KIND_MODELS = {
+  "kinds_1": list(SHARDED_KINDS)[: len(SHARDED_KINDS) // 2],
+  "kinds_2": list(SHARDED_KINDS)[len(SHARDED_KINDS) // 2 :],
+  "causal_kinds": list(CAUSAL_SHARDED_KINDS),
+}
+
+
+@pytest.mark.parametrize("model", ["kinds_1", "kinds_2", "reversible", "causal_kinds"])
 def test_mixers_train_the_same_with_sharded_parameters(model):
-  """A train step at fsdp 8 equals one at fsdp 1 (data 8): loss, gradient norm and updated parameters. "kinds":
-  one model whose layers are the SHARDED_KINDS mixers, one each (a layer pattern), every mixer's split parameters
-  in one program; "causal_kinds": the same of CAUSAL_SHARDED_KINDS; "reversible": a reversible attention stack (a
-  leading layer axis the rule never splits)."""
+  """A train step at fsdp 8 equals one at fsdp 1 (data 8): loss, gradient norm and updated parameters. "kinds_1",
+  "kinds_2": models whose layers are the SHARDED_KINDS mixers, one each (a layer pattern), half of them each, their
+  split parameters in one program; "causal_kinds": the same of CAUSAL_SHARDED_KINDS; "reversible": a reversible
+  attention stack (a leading layer axis the rule never splits)."""
   reversible = model == "reversible"
-  kinds = CAUSAL_SHARDED_KINDS if model == "causal_kinds" else SHARDED_KINDS
+  kinds = _KIND_MODELS.get(model, [])
   mixer = "attention" if reversible else "+".join(kinds)
   num_layers = 1 if reversible else len(kinds)
   config = mixer_config(
