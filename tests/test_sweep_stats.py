@@ -453,6 +453,22 @@ def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
     assert all(v["verdict"] == stats.UNTESTED for v in paper_claims), verdicts
 
 
+def test_mqar_publishes_no_verdict_from_the_seeds_added_after_a_look(tmp_path):
+  """mqar's DESIGN fixes the 2 fresh seeds every group gets; LSH's and attention's 7 (seeds 3–7 added after its
+  first three were read) are refused on made-up runs of every point, and every mqar claim goes through Holm."""
+  path = os.path.join(REPO, "experiments", "mqar", "sweep.py")
+  workdir = tmp_path / "runs"
+  _fake_runs(study_lib.load(path, "cpu"), workdir, np.random.default_rng(0))
+  study = study_lib.load(path, "cpu", str(workdir))
+  _fake_runs(study, workdir, np.random.default_rng(1))
+  verdicts = json.loads(open(report.report(study, str(workdir), "cpu", "test")["json"]).read())["verdicts"]
+  lsh = next(v for v in verdicts if v["claim"].startswith("lsh falls short"))
+  assert lsh["verdict"] == stats.UNTESTED and lsh["why"].startswith("7 seeds where the design fixed 2"), lsh
+  seven = [v for v in verdicts if v["n"] == 7]  # LSH's and attention's claims, judged on 7 seeds
+  assert len(seven) >= 2 and all(v["why"].startswith("7 seeds where the design fixed 2") for v in seven), seven
+  assert all((v["p"] is None) == (v["verdict"] == stats.UNTESTED) for v in verdicts)
+
+
 def test_learning_curves_get_one_panel_per_task(tmp_path):
   """PLOT's panel(group) splits the curves into one panel per task, each line labelled without its task; a panel
   that is not a function, or a plot setting outside PLOT, is refused when the sweep file loads."""

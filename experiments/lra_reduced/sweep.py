@@ -184,11 +184,13 @@ def claim(rows, scale):
       if f"{task} {m}" in row:
         d = stats.between(row[f"{task} {m}"], control)
         out.append(
-          stats.Claim(
+          stats.judge(
             f"{task}: {m} beats FF-only (mixing matters)",
             "— (LRA has no such control)",
             f"{m} − ff_only: {d.text(3) if d else '—'}",
-            *stats.verdict(d, 0.0, True),
+            d,
+            0.0,
+            True,
           )
         )
   return out

@@ -27,6 +27,8 @@ SCALES["cpu"]["widths"] = (64, 128, 256) (about three times as long). "paper": F
 256x16 at vocab 8192, widths 64–512, 64 epochs for every mixer.
 """
 
+import dataclasses
+
 from efftx.sweep import Plot
 from efftx.sweep import best_then_seeds
 from efftx.sweep import stats
@@ -135,37 +137,40 @@ def claim(rows, scale):
     if not g.startswith("attention "):
       continue
     accuracy = stats.interval([v["value"] for v in r["seeds"].values()])
-    claim_, why = stats.verdict(accuracy, 0.99, True)
-    if easier and claim_ == stats.HELD:
-      claim_, why = (
-        stats.UNTESTED,
-        "solved, but on an easier task than Figure 2's (vocab 256): success here does not test the claim",
-      )
-    out.append(
-      stats.Claim(
-        f"attention solves MQAR ({g.split(' ', 1)[1]})",
-        "≈ 1.0 at every width",
-        f"{accuracy.text(3)} at learning rate {r['learning_rate']:g}",
-        claim_,
-        why,
-      )
+    judged = stats.judge(
+      f"attention solves MQAR ({g.split(' ', 1)[1]})",
+      "≈ 1.0 at every width",
+      f"{accuracy.text(3) if accuracy else '—'} at learning rate {r['learning_rate']:g}",
+      accuracy,
+      0.99,
+      True,
     )
+    if easier and judged.verdict == stats.HELD:
+      judged = dataclasses.replace(
+        judged,
+        verdict=stats.UNTESTED,
+        why="solved, but on an easier task than Figure 2's (vocab 256): success here does not test the claim",
+        p=None,
+        n=None,
+      )
+    out.append(judged)
   smallest = min(int(g.rsplit("d=", 1)[1]) for g in row)
   for g, r in row.items():
     if g.startswith("attention ") or not g.endswith(f"d={smallest}"):
       continue
     base = row.get("attention " + g.split(" ", 1)[1])
     d = stats.between(base, r) if base else None  # attention − mixer: positive where the mixer falls short
-    claim_, why = stats.verdict(d, 0.0, True)
-    if easier and claim_ == stats.DID_NOT_HOLD:
-      claim_, why = stats.UNTESTED, "matched attention, but on an easier task than Figure 2's"
-    out.append(
-      stats.Claim(
-        f"{g.split()[0]} falls short of attention at width {smallest}",
-        "attention-free mixers need larger widths (Figure 2)",
-        f"attention − {g.split()[0]}: {d.text(3) if d else '—'} (lr {r['learning_rate']:g})",
-        claim_,
-        why,
-      )
+    judged = stats.judge(
+      f"{g.split()[0]} falls short of attention at width {smallest}",
+      "attention-free mixers need larger widths (Figure 2)",
+      f"attention − {g.split()[0]}: {d.text(3) if d else '—'} (lr {r['learning_rate']:g})",
+      d,
+      0.0,
+      True,
     )
+    if easier and judged.verdict == stats.DID_NOT_HOLD:
+      judged = dataclasses.replace(
+        judged, verdict=stats.UNTESTED, why="matched attention, but on an easier task than Figure 2's", p=None, n=None
+      )
+    out.append(judged)
   return out

@@ -106,11 +106,13 @@ def claim(rows, scale):
     if control and m in row:
       d = stats.between(row[m], control)
       out.append(
-        stats.Claim(
+        stats.judge(
           f"{m} beats FF-only (mixing matters)",
           "— (the paper has no such control)",
           f"{m} − ff_only: {d.text(3) if d else '—'}",
-          *stats.verdict(d, 0.0, True),
+          d,
+          0.0,
+          True,
         )
       )
   return out
