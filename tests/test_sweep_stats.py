@@ -294,7 +294,7 @@ def points(scale):
   paths = report.report(study, str(tmp_path / "runs"), "cpu", "test")
   rows = {r["group"]: r for r in json.loads(open(paths["json"]).read())["rows"]}
   assert rows["b"]["ratio"]["tokens_per_sec"] == 2.0 and rows["b"]["ratio_range"]["tokens_per_sec"] == [2.0, 3.0]
-  assert "| b | 2 [2, 3] |" in open(paths["md"]).read()
+  assert "| b | 2 [2–3] |" in open(paths["md"]).read()
 
 
 def test_best_then_seeds_searches_on_one_seed_then_adds_seeds_at_the_best_rate():
@@ -387,6 +387,7 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
     "| FNet's loss is within 0.1 of attention's | +0.1 (12 layers) | 0.2 [0.2, 0.2] | **held**: 95 % interval "
     "[0.2, 0.2] (t, 3 seeds), the claim > 0.1; Holm over 2 claims: adjusted p = 0 |"
   ) in table, table
+  assert "| ours: eval_loss ÷ baseline (of the means [per-seed min–max]) |" in table  # a range, not an interval
   verdicts = json.loads(open(paths["json"]).read())["verdicts"]
   assert [v["verdict"] for v in verdicts] == [stats.HELD, stats.HELD] and [v["n"] for v in verdicts] == [3, 3]
   assert open(paths["curves"], "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"

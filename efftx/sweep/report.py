@@ -222,7 +222,11 @@ def _columns(study: Study, scale: str) -> list[tuple[str, str, str]]:
       out.append((f"paper: {m}" if several else "paper", "paper", m))
     if study.baseline:
       repeated = study.several_seeds and study.measured
-      out.append((f"ours: {m} ÷ baseline" + (" (median of paired repeats [range])" if repeated else ""), "ratio", m))
+      # The brackets after a ratio are the range of the per-seed (or per-repeat) ratios, min–max, not an interval.
+      label = (
+        " (median of paired repeats [min–max])" if repeated else " (of the means [per-seed min–max])" if seeded else ""
+      )
+      out.append((f"ours: {m} ÷ baseline{label}", "ratio", m))
       if seeded:
         out.append((f"ours: {m} − baseline, paired [95 % CI]", "delta", m))
     interval = " [95 % CI]" if study.several_seeds else ""
@@ -302,7 +306,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
         cells.append(
           "—"
           if r["ratio"][m] is None
-          else f"{r['ratio'][m]:.3g}" + (f" [{spread[0]:.3g}, {spread[1]:.3g}]" if spread else "")
+          else f"{r['ratio'][m]:.3g}" + (f" [{spread[0]:.3g}–{spread[1]:.3g}]" if spread else "")
         )
       elif kind == "delta":
         d = r["delta"][m]

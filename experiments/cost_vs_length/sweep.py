@@ -176,7 +176,8 @@ def claim(rows, scale):
         ours, spread = by_group[g]["ratio"].get(m), (by_group[g].get("ratio_range") or {}).get(m)
         if ours is not None:
           shown.append(
-            f"{g} {m} {paper_ratio:g} vs ours {ours:.3g}" + (f" [{spread[0]:.3g}, {spread[1]:.3g}]" if spread else "")
+            f"{g} {m} {paper_ratio:g} vs ours {ours:.3g}"
+            + (f" [range {spread[0]:.3g}–{spread[1]:.3g}]" if spread else "")
           )
   if shown:
     out.append(
