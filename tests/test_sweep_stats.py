@@ -470,6 +470,29 @@ def test_mqar_publishes_no_verdict_from_the_seeds_added_after_a_look(tmp_path):
   assert all((v["p"] is None) == (v["verdict"] == stats.UNTESTED) for v in verdicts)
 
 
+def test_zoology_fig2_judges_on_its_declared_fresh_seeds_only():
+  """zoology_fig2's cell verdicts carry their fresh seeds: with DESIGN's 2 a reproduced cell holds; with a third
+  fresh seed added the report's stats.fixed_design refuses it."""
+  import runpy  # pylint: disable=g-import-not-at-top
+
+  sweep = runpy.run_path(os.path.join(REPO, "experiments", "zoology_fig2", "sweep.py"))
+  group = next(iter(sweep["PAPER"]))
+  paper = sweep["PAPER"][group]
+  row = lambda seeds: {
+    "group": group,
+    "learning_rate": 1e-3,
+    "search": {"at_best": {0: paper}},
+    "by_learning_rate": dict.fromkeys(sweep["LEARNING_RATES"]),
+    "seeds": {k: {"value": paper} for k in seeds},
+  }
+  declared = sweep["DESIGN"]["cpu"]
+  assert declared == 2
+  kept = stats.fixed_design(sweep["claim"]([row((1, 2))], "cpu"), declared)
+  assert kept[0].verdict == stats.HELD and kept[0].n == 2
+  refused = stats.fixed_design(sweep["claim"]([row((1, 2, 3))], "cpu"), declared)
+  assert refused[0].verdict == stats.UNTESTED and refused[0].why.startswith("3 seeds where the design fixed 2")
+
+
 def test_learning_curves_get_one_panel_per_task(tmp_path):
   """PLOT's panel(group) splits the curves into one panel per task, each line labelled without its task; a panel
   that is not a function, or a plot setting outside PLOT, is refused when the sweep file loads."""
