@@ -263,6 +263,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise UserError(
       "config.model.reversible=True needs a feed-forward sublayer (d_ff > 0): it is the coupling's second branch"
     )
+  if not m.reversible and not m.reversible_recompute:
+    raise UserError(
+      "config.model.reversible_recompute=False chooses how reversible couplings are differentiated: it needs "
+      "config.model.reversible=True"
+    )
   if m.reversible and m.block_layout != "pre_ln":
     raise UserError(
       "config.model.reversible=True needs block_layout='pre_ln': a reversible coupling's branches "

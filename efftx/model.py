@@ -248,6 +248,11 @@ class Transformer(nn.Module):
     "reversible (RevNet) couplings whose backward pass recomputes the activations "
     "(efftx.reversible): activation memory independent of num_layers",
   )
+  reversible_recompute: bool = declared(
+    True,
+    "with reversible: false differentiates the same couplings by plain autodiff, storing every layer's "
+    "activations (the baseline for what recomputing costs)",
+  )
   ff_chunk_size: int = declared(
     0,
     "feed-forward over chunks of this many positions, the same result with a lower peak memory (0: all at once)",
@@ -410,6 +415,7 @@ class Transformer(nn.Module):
         ),
         num_layers=self.num_layers,
         segment_sizes=tuple(n for _, n in segments) if len(segments) > 1 else (),
+        recompute=self.reversible_recompute,
         name="reversible",
       )(x_BxLxD, mask_BxL, deterministic)
     else:

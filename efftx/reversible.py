@@ -139,6 +139,9 @@ class ReversibleStack(nn.Module):
   make_g: Callable[[], nn.Module]  # builds the (unbound) feed-forward sublayer
   num_layers: int
   segment_sizes: tuple[int, ...] = ()  # layers per segment, summing to num_layers; () = one segment
+  # False: the same couplings differentiated by plain autodiff, which stores every layer's activations — the
+  # baseline that isolates what recomputing costs (same scanned program, same function, another backward pass).
+  recompute: bool = True
 
   def _apply_fns(self, deterministic: bool) -> tuple[FApply | tuple[FApply, ...], GApply]:
     """F (a tuple of one per segment with segment_sizes) and G as functions of (params, inputs, key)."""
@@ -182,5 +185,6 @@ class ReversibleStack(nn.Module):
       )
     key = jax.random.key(0) if deterministic else self.make_rng("dropout")
     f, g = self._apply_fns(deterministic)
-    y1, y2 = reversible_forward(f, g, layers, x_BxLxD, x_BxLxD, mask_BxL, key)
+    forward = reversible_forward if self.recompute else coupling_forward
+    y1, y2 = forward(f, g, layers, x_BxLxD, x_BxLxD, mask_BxL, key)
     return (y1 + y2) / 2

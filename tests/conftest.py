@@ -209,8 +209,8 @@ def xla_flags(devices: int | None) -> str:
 def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
   """`python -m MODULE ARGS` from the checkout's root, run in this process the way python -m runs it (the module's
   __main__ block: its flags, absl's app.run, the same parsing and error handling), without starting an interpreter
-  and importing JAX again: (exit code, stdout, stderr as the program printed them). The flags it defined are
-  removed afterwards, so that the next run defines them anew. Where the process itself is the property (signals,
+  and importing JAX again: (exit code, stdout, stderr as the program printed them). The flags its modules defined
+  are removed afterwards, so that the next run defines them anew. Where the process itself is the property (signals,
   what reaches the file descriptors, a fresh interpreter's defaults), tests start a real one."""
   import contextlib  # pylint: disable=g-import-not-at-top
   import io  # pylint: disable=g-import-not-at-top
@@ -253,7 +253,15 @@ def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
   finally:
     sys.argv = argv
     os.chdir(cwd)
-    for name in set(flags.FLAGS) - defined:
+    # The program's own flags go (the next run defines them anew); a library's, defined on its first import during
+    # the run (grain's, on reading a dataset), stay: the module is imported now and would not define them again.
+    library = {
+      flag.name
+      for defining, module_flags in flags.FLAGS.flags_by_module_dict().items()
+      if defining != "__main__" and not defining.startswith(("efftx.", "absl.", "ml_collections"))
+      for flag in module_flags
+    }
+    for name in set(flags.FLAGS) - defined - library:
       if name in flags.FLAGS:
         delattr(flags.FLAGS, name)
     for module, flag in imported:

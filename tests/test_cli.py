@@ -35,6 +35,7 @@ TRAIN_CASES = [
   # Architecture conventions (issue 10)
   (["--config.model.block_layout=post"], ["block_layout='post'", "pre_ln, post_ln"]),
   (["--config.model.block_layout=post_ln", "--config.model.reversible=true"], ["reversible", "pre_ln"]),
+  (["--config.model.reversible_recompute=false"], ["reversible_recompute=False", "reversible=True"]),
   (["--config=configs/lm_bytes.py", "--config.model.pooling=cls"], ["pooling='cls'", "classification"]),
   (["--config=configs/quickstart.py:mixr=fnet"], ["mixr", "valid: mixer, smoke"]),
   (["--config=configs/nope.py"], ["configs/nope.py", "no such config file"]),

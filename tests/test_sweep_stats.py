@@ -166,6 +166,9 @@ def test_a_verdict_from_more_or_fewer_seeds_than_declared_is_refused(tmp_path):
   exact = stats.judge("e", "p", "o", stats.exact(2.0), 1.0, True)
   untested = stats.judge("u", "p", "o", stats.Interval(1.0, 0.5, 1.5, 3), 0.0, False, "not the paper's setting")
   assert exact.n is None and untested.n is None and split.n == 8
+  # An exact measurement names itself, not a t-test on seeds it does not have.
+  assert exact.why.startswith("exact (a deterministic measurement): 2, the claim > 1"), exact.why
+  assert stats.judge("e", "p", "o", stats.exact(2.0), 1.0, True, above=False).verdict == stats.DID_NOT_HOLD
   got = stats.fixed_design([held(3), held(8), held(4), split, exact, untested, "a line"], 3)
   assert [c.verdict for c in got[:6]] == [
     stats.HELD,

@@ -182,6 +182,12 @@ def verdict(
     return UNTESTED, f"{0 if difference is None else difference.n} seeds (a verdict needs {MIN_SEEDS})"
   if not in_regime:
     return UNTESTED, why_not or "the run is not in the claim's regime"
+  if isinstance(difference, Interval) and not difference.seeded and difference.df is None:  # stats.exact
+    side = ">" if above else "<"
+    where = f"exact (a deterministic measurement): {difference.mean:.3g}, the claim {side} {threshold:.3g}"
+    if (difference.mean > threshold) == above and difference.mean != threshold:
+      return HELD, where
+    return (DID_NOT_HOLD if difference.mean != threshold else INCONCLUSIVE), where
   if isinstance(difference, Count):
     test = f"{difference.k} of {difference.n} seeds, Clopper–Pearson"
   elif difference.df is not None:
