@@ -3,6 +3,7 @@ differences, the verdict rule, a learning curve's last-fifth change; and the rep
 and learning curves from a study's workdirs."""
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -452,24 +453,41 @@ def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
   )
   assert "**Verdicts**" in table
   paper_claims = [v for v in verdicts if "FF-only" not in v["claim"] and "ff_only" not in v["claim"]]
-  if any(p.program == "train" for p in study.points) and name not in ("mqar", "zoology_fig2"):  # zoology_fig2: the
-    # paper's own setting at every scale
+  if any(p.program == "train" for p in study.points) and name != "zoology_fig2":  # zoology_fig2: the paper's own
+    # setting at every scale
     assert all(v["verdict"] == stats.UNTESTED for v in paper_claims), verdicts
 
 
+def test_mqars_regime_is_computed_from_what_its_runs_run():
+  """mqar's claims are judged only in Figure 2's regime, computed from the settings, batches and steps (not passed
+  in): the cpu scale's task is out of it on every count, the paper scale in it."""
+  spec = importlib.util.spec_from_file_location("mqar_sweep", os.path.join(REPO, "experiments", "mqar", "sweep.py"))
+  sweep = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(sweep)
+  ok, why = sweep.regime("cpu")
+  assert not ok
+  for gap in ("vocabulary 256, not 8,192", "10,000 training examples", "6.41 epochs", "1.0% of Figure 2", "one width"):
+    assert gap in why, why
+  assert sweep.regime("paper")[0]
+  sweep.SCALES["paper"]["steps"] = {"others": 100}  # a schedule cut short is out of the regime
+  ok, why = sweep.regime("paper")
+  assert not ok and "the other mixers: 0.513 epochs" in why and "attention" not in why, why
+
+
 def test_mqar_publishes_no_verdict_from_the_seeds_added_after_a_look(tmp_path):
-  """mqar's DESIGN fixes the 2 fresh seeds every group gets; LSH's and attention's 7 (seeds 3–7 added after its
-  first three were read) are refused on made-up runs of every point, and every mqar claim goes through Holm."""
+  """mqar's DESIGN fixes the fresh seeds every group gets (3 at the paper scale); LSH's and attention's 7 (seeds 3–7
+  added after its first three were read) are refused on made-up runs of every point (at the paper scale: at the cpu
+  scale no claim is in Figure 2's regime), and every mqar claim goes through Holm."""
   path = os.path.join(REPO, "experiments", "mqar", "sweep.py")
   workdir = tmp_path / "runs"
-  _fake_runs(study_lib.load(path, "cpu"), workdir, np.random.default_rng(0))
-  study = study_lib.load(path, "cpu", str(workdir))
+  _fake_runs(study_lib.load(path, "paper"), workdir, np.random.default_rng(0))
+  study = study_lib.load(path, "paper", str(workdir))
   _fake_runs(study, workdir, np.random.default_rng(1))
-  verdicts = json.loads(open(report.report(study, str(workdir), "cpu", "test")["json"]).read())["verdicts"]
+  verdicts = json.loads(open(report.report(study, str(workdir), "paper", "test")["json"]).read())["verdicts"]
   lsh = next(v for v in verdicts if v["claim"].startswith("lsh falls short"))
-  assert lsh["verdict"] == stats.UNTESTED and lsh["why"].startswith("7 seeds where the design fixed 2"), lsh
+  assert lsh["verdict"] == stats.UNTESTED and lsh["why"].startswith("7 seeds where the design fixed 3"), lsh
   seven = [v for v in verdicts if v["n"] == 7]  # LSH's and attention's claims, judged on 7 seeds
-  assert len(seven) >= 2 and all(v["why"].startswith("7 seeds where the design fixed 2") for v in seven), seven
+  assert len(seven) >= 2 and all(v["why"].startswith("7 seeds where the design fixed 3") for v in seven), seven
   assert all((v["p"] is None) == (v["verdict"] == stats.UNTESTED) for v in verdicts)
 
 

@@ -476,6 +476,59 @@ def _scale_x(ax, study: Study) -> None:
     ax.set_xscale("log", base=2)
 
 
+def _seed_values(r: dict, key: str) -> list[float]:
+  """The values of a row's seeds (fresh seeds at the chosen rate) under key ("value": the study's metric); [] for a
+  single seed."""
+  values = [v.get(key) for v in r.get("seeds", {}).values()]
+  values = [v for v in values if v is not None and math.isfinite(v)]
+  return values if len(values) > 1 else []
+
+
+def _seed_dots(ax, where: list[tuple[float, list[float]]], colour, label: str, horizontal: bool = False):
+  """Each seed's (or repeat's) value as a small hollow dot at its group's place, beside the mean and interval (small
+  n, or outcomes that split into solved and not: the mean may lie where no seed is); the legend names them once a
+  panel."""
+  for position, values in where:
+    if not values:
+      continue
+    at = [position] * len(values)
+    xy = (values, at) if horizontal else (at, values)
+    first = label not in ax.get_legend_handles_labels()[1]
+    ax.plot(*xy, "o", markersize=4, markerfacecolor="none", color=colour, alpha=0.7, label=label if first else None)
+
+
+def _drawn(rows: list[dict], metric: str, ratio: bool, study: Study, value) -> list[float]:
+  """Every value a metric panel draws for rows: the means, their error bars' ends and each seed's value."""
+  out = []
+  for r in rows:
+    below, above = _errors(r, metric, ratio)
+    out += [value(r), value(r) - below, value(r) + above]
+    if not ratio:
+      out += _seed_values(r, "value" if metric == study.metric else metric)
+  return out
+
+
+def _chance_lines(study: Study, metric: str, title: str | None, shown: list[float], ax) -> list[tuple[str, float]]:
+  """plot.chance's lines for metric on the panel `title` (plot.chance_panel restricts a line to its task's panel)
+  that lie near what the panel draws (`shown`: means, interval ends, seeds; within its span again on either side);
+  a line farther out would squash the data, so its value is written in the panel's lower right corner instead."""
+  lines = [
+    (name, level)
+    for name, level in study.plot.chance.get(metric, {}).items()
+    if title is None or study.plot.chance_panel.get(name, title) == title
+  ]
+  shown = [v for v in shown if v is not None and math.isfinite(v)]
+  if not shown:
+    return lines
+  low, high = min(shown), max(shown)
+  span = max(high - low, 1e-9 + 0.05 * abs(high))
+  near = [(n, v) for n, v in lines if low - span <= v <= high + span]
+  far = [f"{n} = {v:g}" for n, v in lines if (n, v) not in near]
+  if far:
+    ax.text(0.99, 0.01, "off the axis: " + "; ".join(far), transform=ax.transAxes, fontsize=7, ha="right", va="bottom")
+  return near
+
+
 def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> None:
   """One panel per question: each metric (ours as ratios where BASELINE is set, with the range of paired repeats;
   else the mean with its 95 % interval), against plot.x (one line per plot.series) or as one labelled dot per group
@@ -492,14 +545,21 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   # Measurements get ratios to the baseline; training runs their paired differences from it.
   deltas = [r for r in rows if (r.get("delta") or {}).get(study.metric)] if not study.measured else []
   # Against plot.x with plot.panel: the metric once per panel (Figure 2's one panel per sequence length).
-  titles = list(dict.fromkeys(study.plot.panel(r["group"]) for r in rows)) if study.plot.x and study.plot.panel else []
+  # With plot.panel, one panel per task also without plot.x: one task per axis.
+  titles = list(dict.fromkeys(study.plot.panel(r["group"]) for r in rows)) if study.plot.panel else []
   panels = [("metric", m, t) for m in metrics for t in titles or [None]] + (
     [("delta", study.metric, None)] if deltas else []
   )
-  tall = max(4.5, 0.35 * len(rows) + 1.5) if not study.plot.x else 4.5
-  fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), tall), squeeze=False)
+  per_panel = max(sum(1 for r in rows if t is None or study.plot.panel(r["group"]) == t) for t in titles or [None])
+  tall = max(4.5, 0.35 * (len(deltas) if deltas else per_panel) + 1.5) if not study.plot.x else 4.5
+  columns = min(3, len(panels))  # at most three panels a row
+  grid_rows = -(-len(panels) // columns)
+  fig, axes = plt.subplots(grid_rows, columns, figsize=(7 * columns, tall * grid_rows), squeeze=False)
+  for ax in axes.flat[len(panels) :]:
+    fig.delaxes(ax)
+  each = "each repeat" if study.measured else "each seed"
   all_rows = rows
-  for ax, (kind, metric, title) in zip(axes[0], panels):
+  for ax, (kind, metric, title) in zip(axes.flat, panels):
     rows = [r for r in all_rows if title is None or study.plot.panel(r["group"]) == title]
     if kind == "delta" and study.plot.x:  # the paired difference against plot.x, with its 95 % interval
       label, xs = study.plot.x
@@ -547,6 +607,9 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
         ax.errorbar(
           [xs[r["group"]] for r in line], [value(r) for r in line], yerr=errors, marker="o", capsize=3, label=series
         )
+        if not ratio:
+          key = "value" if metric == study.metric else metric
+          _seed_dots(ax, [(xs[r["group"]], _seed_values(r, key)) for r in line], ax.lines[-1].get_color(), each)
         paper = (
           sorted(
             (xs[g], study.paper_value(g, metric))
@@ -571,13 +634,13 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
         if r["group"] not in xs:
           ax.axhline(value(r), linestyle=":", color="gray")
           ax.annotate(r["group"], (ax.get_xlim()[0], value(r)), fontsize=8, va="bottom")
-      for name, level in study.plot.chance.get(metric, {}).items():
+      for name, level in _chance_lines(study, metric, title, _drawn(done, metric, ratio, study, value), ax):
         ax.axhline(level, linestyle="--", color="red", linewidth=0.8)
         ax.annotate(name, (ax.get_xlim()[0], level), fontsize=8, va="bottom", color="red")
       ax.set_xlabel(label)
       ax.set_ylabel(f"{metric} ÷ baseline" if ratio else metric)
       if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 8 else 1)
+        ax.legend(fontsize=7, ncol=2 if len(ax.get_legend_handles_labels()[0]) > 8 else 1)
     else:
       for i, r in enumerate(done):
         below, above = _errors(r, metric, ratio)
@@ -590,6 +653,9 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
           color="C0",
           label="ours (95 % CI)" if i == 0 else None,
         )
+        if not ratio:
+          key = "value" if metric == study.metric else metric
+          _seed_dots(ax, [(i, _seed_values(r, key))], "C0", each, horizontal=True)
       paper = (
         [
           (study.paper_value(r["group"], metric), i)
@@ -601,7 +667,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       )
       if paper:
         ax.plot(*zip(*paper), "k|", markersize=14, label="paper")
-      for name, level in study.plot.chance.get(metric, {}).items():
+      for name, level in _chance_lines(study, metric, title, _drawn(done, metric, ratio, study, value), ax):
         ax.axvline(level, linestyle="--", color="red", linewidth=0.8, label=name)
       ax.set_yticks(range(len(done)), [r["group"] for r in done], fontsize=8)
       ax.invert_yaxis()

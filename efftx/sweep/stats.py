@@ -176,13 +176,15 @@ def verdict(
 ) -> tuple[str, str]:
   """(verdict, reason) of a claim "the difference exceeds threshold" (above=False: "lies below it"): held where the
   whole interval lies on the claimed side of the threshold, did not hold where it lies on the other, inconclusive
-  where it straddles it; untested at this scale where the run has fewer than MIN_SEEDS seeds or is not in the
-  claim's regime (why_not says how). A Count is judged by its rate's Clopper–Pearson interval."""
+  where it straddles it; untested at this scale where the run is not in the claim's regime (why_not says how) or
+  has fewer than MIN_SEEDS seeds. A Count is judged by its rate's Clopper–Pearson interval."""
+  if not in_regime:  # the first reason: more seeds would not make the run the paper's
+    return UNTESTED, why_not or "the run is not in the claim's regime"
   if difference is None or difference.n < MIN_SEEDS:
     return UNTESTED, f"{0 if difference is None else difference.n} seeds (a verdict needs {MIN_SEEDS})"
-  if not in_regime:
-    return UNTESTED, why_not or "the run is not in the claim's regime"
   if isinstance(difference, Interval) and not difference.seeded and difference.df is None:  # stats.exact
+    if not math.isfinite(difference.mean):
+      return UNTESTED, f"the measurement is {difference.mean}"
     side = ">" if above else "<"
     where = f"exact (a deterministic measurement): {difference.mean:.3g}, the claim {side} {threshold:.3g}"
     if (difference.mean > threshold) == above and difference.mean != threshold:

@@ -127,7 +127,8 @@ class Plot:
   series: dict[str, str] = dataclasses.field(default_factory=dict)  # group -> its line against x
   xscale: str = ""  # "linear" or "log" (base 2); "": log where x spans 16× or more
   chance: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # metric -> {line label: value}
-  panel: Callable[[str], str] | None = None  # group -> its panel: learning curves, and with x the metric's plot
+  panel: Callable[[str], str] | None = None  # group -> its panel (a task): learning curves and the metric's plot
+  chance_panel: dict[str, str] = dataclasses.field(default_factory=dict)  # chance line label -> its only panel
 
 
 @dataclasses.dataclass
