@@ -7,7 +7,6 @@ import pytest
 
 from conftest import assert_close_gradients
 from conftest import assert_close_sums
-from conftest import lm_model
 from conftest import mixer_config
 from efftx import model as model_lib
 from efftx import reversible
@@ -104,12 +103,12 @@ def test_reversible_memory_does_not_grow_with_depth():
   assert plain[4] > 1.5 * plain[2], plain
 
 
-@pytest.mark.parametrize("mixer,causal", [("attention", True), ("aft_local", False)])
-def test_recomputing_costs_one_forward_pass_in_xla_flops(mixer, causal):
+def test_recomputing_costs_one_forward_pass_in_xla_flops(mixer="attention", causal=True):
   """XLA's cost analysis of the compiled gradient: recomputing (reversible_forward) against storing (the same
   couplings by plain autodiff) adds one forward pass of a layer, not none and not two. XLA counts a scanned loop's
   body once whatever its trip count, so with two layers (a loop) the counts are one layer's forward and backward
-  work (with one, the scan is no loop, and the first layer's rebuilt input, which nothing needs, is dropped)."""
+  work (with one, the scan is no loop, and the first layer's rebuilt input, which nothing needs, is dropped). One
+  mixer: what recomputing adds does not depend on which (aft_local: 1.03 forward passes)."""
   x, mask = _inputs()
   stack = _stack(mixer, causal, dropout=0.0, num_layers=2)
   f, g = stack._apply_fns(deterministic=True)
@@ -128,30 +127,15 @@ def test_recomputing_costs_one_forward_pass_in_xla_flops(mixer, causal):
   )
   print(f"{mixer}: forward {forward:.0f}, gradient stored {stored:.0f}, recomputed {recomputed:.0f} FLOPs")
   assert stored > 2 * forward  # the gradient is the forward and about twice its work backwards
-  assert 0.8 * forward < recomputed - stored < 1.2 * forward  # (0.90 and 1.03 here; 0.99–1.0 at the study's shapes)
+  assert 0.8 * forward < recomputed - stored < 1.2 * forward  # (0.90 here; 0.99–1.0 at the study's shapes)
 
 
-def test_reversible_recompute_false_is_the_same_function_with_stored_activations():
-  """model.reversible_recompute=False (the time claim's baseline): the same loss and gradients as recomputing,
-  and compiled memory that grows with depth as plain blocks' does."""
-  config = mixer_config("attention", d_model=D, num_heads=2, d_ff=32, max_len=L, num_layers=2, reversible=True)
-  x = jnp.asarray(np.random.default_rng(0).integers(1, 16, size=(B, L)), jnp.int32)
-  mask = jnp.ones((B, L), bool)
-  models = {}
-  for recompute in (True, False):
-    config.model.reversible_recompute = recompute
-    models[recompute] = lm_model(config)
-  params = models[True].init(jax.random.key(0), x, mask)["params"]
-
-  def loss(model):
-    return lambda p: model.apply({"params": p}, x, mask).astype(jnp.float32).sum()
-
-  got, want = (jax.jit(jax.value_and_grad(loss(models[r])))(params) for r in (False, True))
-  assert_close_sums(got[0], want[0], n_terms=B * L)
-  # Each entry sums B·L rows, each through two D-wide layers computed in another order (rebuilt inputs).
-  assert_close_gradients(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), n_terms=2 * B * L * D)
-  stored = {n: _train_step_temp_bytes(n, True, recompute=False) for n in (2, 6)}
-  assert stored[6] > 2 * stored[2], stored
+def test_reversible_recompute_false_stores_the_activations():
+  """model.reversible_recompute=False (the time claim's baseline) differentiates the same couplings by plain autodiff
+  (their gradients equal: test_recomputing_backward_equals_plain_autodiff): its compiled memory grows with depth as
+  plain blocks' does, where recomputing's does not (test_reversible_memory_does_not_grow_with_depth)."""
+  stored = {n: _train_step_temp_bytes(n, True, recompute=False) for n in (2, 4)}
+  assert stored[4] > 1.5 * stored[2], stored
 
 
 def test_chunked_feed_forward_same_outputs_and_gradients():
