@@ -97,8 +97,8 @@ def checkout_commit() -> str | None:
 
 @functools.cache
 def machine() -> str:
-  """This machine in words: CPU model, its widest vector instructions (a cloud VM may name only the vendor, "AMD
-  EPYC", where one generation runs float32 matmuls twice as fast as another), cores, JAX version."""
+  """This machine in words: CPU model, its widest vector instructions (a cloud VM may name only the CPU family, whose
+  generations differ twice over in float32 matmul speed), cores, JAX version."""
   cpu = platform.processor() or platform.machine()
   flags = set()
   try:
