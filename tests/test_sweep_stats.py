@@ -167,6 +167,7 @@ def test_a_verdict_from_more_or_fewer_seeds_than_declared_is_refused(tmp_path):
   exact = stats.judge("e", "p", "o", stats.exact(2.0), 1.0, True)
   untested = stats.judge("u", "p", "o", stats.Interval(1.0, 0.5, 1.5, 3), 0.0, False, "not the paper's setting")
   assert exact.n is None and untested.n is None and split.n == 8
+  assert held(3).measured == [1.0, 0.5, 1.5] and held(3).threshold == 0.0 and split.measured[0] == 7 / 8
   # An exact measurement names itself, not a t-test on seeds it does not have.
   assert exact.why.startswith("exact (a deterministic measurement): 2, the claim > 1"), exact.why
   assert stats.judge("e", "p", "o", stats.exact(2.0), 1.0, True, above=False).verdict == stats.DID_NOT_HOLD
@@ -452,6 +453,11 @@ def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
     v["verdict"] in (stats.HELD, stats.DID_NOT_HOLD, stats.INCONCLUSIVE, stats.UNTESTED) for v in verdicts
   )
   assert "**Verdicts**" in table
+  # Each measured claim is drawn on its own scale against its threshold (claims.png when published).
+  measured = [v for v in verdicts if v["measured"] is not None]
+  assert ("claims" in paths) == bool(measured) and all(v["threshold"] is not None for v in measured)
+  if measured:
+    assert open(paths["claims"], "rb").read(4) == b"\x89PNG"
   paper_claims = [v for v in verdicts if "FF-only" not in v["claim"] and "ff_only" not in v["claim"]]
   if any(p.program == "train" for p in study.points) and name != "zoology_fig2":  # zoology_fig2: the paper's own
     # setting at every scale

@@ -262,8 +262,8 @@ def _claims(study: Study, rows: list[dict], scale: str) -> list:
 
 
 def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, str]:
-  """Writes DIR/report.md, report.csv, report.png (the metrics), report_curves.png (the learning curves) and
-  results.json; returns their paths."""
+  """Writes DIR/report.md, report.csv, report.png (the metrics), report_curves.png (the learning curves),
+  report_claims.png (each measured claim against its threshold) and results.json; returns their paths."""
   points = collect(study, workdir)
   rows = _with_ratios(
     study, aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)), study.metrics)
@@ -381,6 +381,10 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   }
   if any(group_curves.values()):
     paths["curves"] = folder / "report_curves.png"
+  drawn = [c for c in claims if isinstance(c, stats.Claim) and c.measured and c.threshold is not None]
+  if drawn:
+    paths["claims"] = folder / "report_claims.png"
+    _plot_claims(study, drawn, paths["claims"])
   paths["md"].write_text("\n".join(lines))
   out = io.StringIO()
   writer = csv.writer(out)
@@ -474,6 +478,38 @@ def _scale_x(ax, study: Study) -> None:
     not study.plot.xscale and all(v > 0 for v in xs.values()) and max(xs.values()) / min(xs.values()) >= 16
   ):
     ax.set_xscale("log", base=2)
+
+
+VERDICT_COLOURS = {stats.HELD: "C2", stats.DID_NOT_HOLD: "C3", stats.INCONCLUSIVE: "C1", stats.UNTESTED: "gray"}
+
+
+def _plot_claims(study: Study, claims: list, path: epath.Path) -> None:
+  """One thin panel per claim, each on its own scale: the quantity the claim is about (a difference, a ratio, an
+  exponent, a share) with its 95 % interval, and the claim's threshold as a red line; coloured by the verdict."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, axes = plt.subplots(len(claims), 1, figsize=(10, 0.2 + 0.75 * len(claims)), squeeze=False)
+  for ax, c in zip(axes[:, 0], claims):
+    mean, low, high = c.measured
+    colour = VERDICT_COLOURS.get(c.verdict, "black")
+    below, above = (mean - low, high - mean) if low is not None else (0.0, 0.0)
+    ax.errorbar([mean], [0], xerr=[[below], [above]], fmt="o", capsize=4, color=colour)
+    ax.axvline(c.threshold, color="red", linewidth=1)
+    ends = [v for v in (low, high, mean, c.threshold) if v is not None]
+    pad = 0.15 * (max(ends) - min(ends) or abs(mean) or 1.0)
+    ax.set_xlim(min(ends) - pad, max(ends) + pad)
+    ax.set_yticks([])
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(f"{c.claim}: {c.verdict}", fontsize=8, loc="left", color=colour)
+  fig.suptitle(f"{study.name}: each claim's measurement (95 % interval) against its threshold (red)", fontsize=9)
+  fig.tight_layout()
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=110)
+  plt.close(fig)
+  path.write_bytes(buffer.getvalue())
 
 
 def _seed_values(r: dict, key: str) -> list[float]:
@@ -702,9 +738,16 @@ def _machines(points: list[dict]) -> str:
 
 def publish(study: Study, paths: dict[str, str]) -> list[str]:
   """Copies the report into the sweep file's folder (experiments/<study>/) as table.md, table.csv, plot.png,
-  results.json and, for training studies, curves.png."""
+  results.json, claims.png where a claim was measured and, for training studies, curves.png."""
   folder = os.path.dirname(os.path.abspath(study.path))
-  names = {"md": "table.md", "csv": "table.csv", "png": "plot.png", "json": "results.json", "curves": "curves.png"}
+  names = {
+    "md": "table.md",
+    "csv": "table.csv",
+    "png": "plot.png",
+    "json": "results.json",
+    "curves": "curves.png",
+    "claims": "claims.png",
+  }
   out = []
   for kind, name in names.items():
     if kind not in paths:

@@ -223,6 +223,10 @@ class Claim:
   # The seeds (or repeats) the tested interval or count rests on, for `fixed_design`: None where no seed-to-seed
   # variation is in it (a deterministic measurement, stats.exact) or nothing was tested.
   n: int | None = None
+  # What was measured, [mean, low, high] (low and high None with one value), and the threshold the claim puts it
+  # against: the report's claims figure draws them. None where nothing was measured.
+  measured: list | None = None
+  threshold: float | None = None
 
   def __post_init__(self):
     if self.verdict not in (HELD, DID_NOT_HOLD, INCONCLUSIVE, UNTESTED):
@@ -273,7 +277,22 @@ def judge(
   decided, why = verdict(difference, threshold, in_regime, why_not, above)
   p = None if decided == UNTESTED else p_value(difference, threshold)
   seeded = isinstance(difference, Count) or isinstance(difference, Interval) and difference.seeded
-  return Claim(claim, paper, ours, decided, why, p=p, n=difference.n if seeded and p is not None else None)
+  measured = (
+    [difference.mean, difference.low, difference.high]
+    if difference is not None and math.isfinite(difference.mean)
+    else None
+  )
+  return Claim(
+    claim,
+    paper,
+    ours,
+    decided,
+    why,
+    p=p,
+    n=difference.n if seeded and p is not None else None,
+    measured=measured,
+    threshold=threshold,
+  )
 
 
 def fixed_design(claims: list, declared: int) -> list:
