@@ -583,11 +583,12 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   # Against plot.x with plot.panel: the metric once per panel (Figure 2's one panel per sequence length).
   # With plot.panel, one panel per task also without plot.x: one task per axis.
   titles = list(dict.fromkeys(study.plot.panel(r["group"]) for r in rows)) if study.plot.panel else []
-  panels = [("metric", m, t) for m in metrics for t in titles or [None]] + (
-    [("delta", study.metric, None)] if deltas else []
-  )
-  per_panel = max(sum(1 for r in rows if t is None or study.plot.panel(r["group"]) == t) for t in titles or [None])
-  tall = max(4.5, 0.35 * (len(deltas) if deltas else per_panel) + 1.5) if not study.plot.x else 4.5
+  in_panel = lambda r, t: t is None or study.plot.panel(r["group"]) == t  # noqa: E731
+  panels = [("metric", m, t) for m in metrics for t in titles or [None]] + [
+    ("delta", study.metric, t) for t in titles or [None] if any(in_panel(r, t) for r in deltas)
+  ]
+  per_panel = max(sum(1 for r in rows if in_panel(r, t)) for t in titles or [None])
+  tall = max(4.5, 0.35 * per_panel + 1.5) if not study.plot.x else 4.5
   columns = min(3, len(panels))  # at most three panels a row
   grid_rows = -(-len(panels) // columns)
   fig, axes = plt.subplots(grid_rows, columns, figsize=(7 * columns, tall * grid_rows), squeeze=False)
@@ -596,7 +597,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   each = "each repeat" if study.measured else "each seed"
   all_rows = rows
   for ax, (kind, metric, title) in zip(axes.flat, panels):
-    rows = [r for r in all_rows if title is None or study.plot.panel(r["group"]) == title]
+    rows = [r for r in all_rows if in_panel(r, title)]
     if kind == "delta" and study.plot.x:  # the paired difference against plot.x, with its 95 % interval
       label, xs = study.plot.x
       shown = [r for r in rows if r["delta"].get(metric) and r["group"] in xs]
@@ -613,7 +614,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       ax.set(
         xlabel=label,
         ylabel=f"{metric} − {', '.join(baselines)} (paired, 95 % CI)",
-        title=f"{study.name}: difference from {', '.join(baselines)}",
+        title=f"{study.name}: difference from {', '.join(baselines)}" + (f", {title}" if title else ""),
       )
       ax.grid(alpha=0.3)
       if len(ax.lines) > 1:
@@ -628,7 +629,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       ax.set_yticks(range(len(shown)), [f"{r['group']} − {study.baseline[r['group']]}" for r in shown], fontsize=8)
       ax.invert_yaxis()
       ax.set_xlabel(f"{metric}: paired difference from the baseline (95 % CI)")
-      ax.set_title(f"{study.name}: difference from the baseline")
+      ax.set_title(f"{study.name}: difference from the baseline" + (f", {title}" if title else ""))
       ax.grid(alpha=0.3)
       continue
     ratio = bool(study.baseline) and study.measured  # training: the delta panel
