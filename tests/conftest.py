@@ -237,7 +237,7 @@ def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
       delattr(flags.FLAGS, flag.name)
   absl_logging.use_absl_handler()  # as app.run's first call does, resetting the log levels, before they are saved
   levels = [(logger, logger.level) for logger in (logging.root, logging.getLogger("absl"))]
-  defined, argv, cwd = set(flags.FLAGS), sys.argv, os.getcwd()
+  defined, argv, cwd, modules = set(flags.FLAGS), sys.argv, os.getcwd(), set(sys.modules)
   out, err = io.StringIO(), io.StringIO()
   try:
     os.chdir(REPO)
@@ -253,12 +253,13 @@ def run_in_process(module: str, args: list[str]) -> tuple[int, str, str]:
   finally:
     sys.argv = argv
     os.chdir(cwd)
-    # The program's own flags go (the next run defines them anew); a library's, defined on its first import during
-    # the run (grain's, on reading a dataset), stay: the module is imported now and would not define them again.
+    # The program's own flags go (the next run defines them anew; they are keyed by its name or path, not by an
+    # imported module); a module's, defined on its first import during the run (grain's, on reading a dataset),
+    # stay: the module is imported now and would not define them again.
     library = {
       flag.name
       for defining, module_flags in flags.FLAGS.flags_by_module_dict().items()
-      if defining != "__main__" and not defining.startswith(("efftx.", "absl.", "ml_collections"))
+      if defining in sys.modules and defining not in modules  # a module imported during the run, and kept
       for flag in module_flags
     }
     for name in set(flags.FLAGS) - defined - library:
