@@ -506,15 +506,12 @@ def _plot_claims(study: Study, claims: list, path: epath.Path) -> None:
     ax.set_title(f"{c.claim}: {c.verdict}", fontsize=8, loc="left", color=colour)
   fig.suptitle(f"{study.name}: each claim's measurement (95 % interval) against its threshold (red)", fontsize=9)
   fig.tight_layout()
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format="png", dpi=110)
-  plt.close(fig)
-  path.write_bytes(buffer.getvalue())
+  plot.write_png(fig, path)
 
 
-def _seed_values(r: dict, key: str) -> list[float]:
-  """The values of a row's seeds (fresh seeds at the chosen rate) under key ("value": the study's metric); [] for a
-  single seed."""
+def _seed_values(r: dict, metric: str, study: Study) -> list[float]:
+  """The values of a row's seeds (fresh seeds at the chosen rate) for metric; [] for a single seed."""
+  key = "value" if metric == study.metric else metric  # report.aggregate's keys
   values = [v.get(key) for v in r.get("seeds", {}).values()]
   values = [v for v in values if v is not None and math.isfinite(v)]
   return values if len(values) > 1 else []
@@ -540,7 +537,7 @@ def _drawn(rows: list[dict], metric: str, ratio: bool, study: Study, value) -> l
     below, above = _errors(r, metric, ratio)
     out += [value(r), value(r) - below, value(r) + above]
     if not ratio:
-      out += _seed_values(r, "value" if metric == study.metric else metric)
+      out += _seed_values(r, metric, study)
   return out
 
 
@@ -645,8 +642,8 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
           [xs[r["group"]] for r in line], [value(r) for r in line], yerr=errors, marker="o", capsize=3, label=series
         )
         if not ratio:
-          key = "value" if metric == study.metric else metric
-          _seed_dots(ax, [(xs[r["group"]], _seed_values(r, key)) for r in line], ax.lines[-1].get_color(), each)
+          seeds = [(xs[r["group"]], _seed_values(r, metric, study)) for r in line]
+          _seed_dots(ax, seeds, ax.lines[-1].get_color(), each)
         paper = (
           sorted(
             (xs[g], study.paper_value(g, metric))
@@ -691,8 +688,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
           label="ours (95 % CI)" if i == 0 else None,
         )
         if not ratio:
-          key = "value" if metric == study.metric else metric
-          _seed_dots(ax, [(i, _seed_values(r, key))], "C0", each, horizontal=True)
+          _seed_dots(ax, [(i, _seed_values(r, metric, study))], "C0", each, horizontal=True)
       paper = (
         [
           (study.paper_value(r["group"], metric), i)
