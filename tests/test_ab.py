@@ -3,12 +3,11 @@ ratios; bad input refused in one line. No timing is asserted: only the report's 
 
 import os
 import statistics
-import subprocess
-import sys
 
 import pytest
 
 from conftest import REPO
+from conftest import run_in_process
 from efftx.errors import UserError
 from efftx.perf import ab
 from efftx.perf import step
@@ -118,15 +117,11 @@ def test_commits_mode_runs_each_commit_in_its_own_worker():
   assert not out["a"]["efftx"].startswith(REPO)
 
 
-@pytest.mark.slow
-def test_the_command_line_prints_one_line_for_a_bad_field():
-  proc = subprocess.run(
-    [sys.executable, "-m", "efftx.ab", f"--config={QUICKSTART}", "--b=model.activaton=gelu"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
-  lines = [line for line in proc.stderr.splitlines() if line.strip()]
-  assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+def test_the_command_line_prints_one_line_for_a_bad_field(monkeypatch):
+  """The command's error path (in this process: what a real process prints is tests/test_cli.py's): B's bad field
+  is refused before A is compiled."""
+  monkeypatch.setattr(step, "prepare", lambda spec: pytest.fail("a variant was compiled before B was read"))
+  code, _, stderr = run_in_process("efftx.ab", [f"--config={QUICKSTART}", "--b=model.activaton=gelu"])
+  lines = [line for line in stderr.splitlines() if line.strip()]
+  assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr
   assert lines[0].startswith("efftx.ab: error: model.activaton: config.model has no field 'activaton'")

@@ -100,6 +100,8 @@ def compare(
   if not commits:
     if spec_a == spec_b:
       raise UserError("A and B are the same: give --a/--b, --a_compiler/--b_compiler or --commits")
+    for spec in (spec_a, spec_b):  # both read before either compiles: a bad field in B is refused at once
+      step_lib.load_config(spec)
     (run_a, info_a), (run_b, info_b) = step_lib.prepare(spec_a), step_lib.prepare(spec_b)
     return report({"a": info_a, "b": info_b}, alternate({"a": run_a, "b": run_b}, rounds, steps))
   if len(commits) != 2:
