@@ -42,7 +42,8 @@ def points(scale):
 
 def _sweep(*args, process=False):
   """`python -m efftx.sweep ARGS`, run in this process (its points still run as processes of their own), or as a
-  process of its own where it runs points (its threads print the status while they run)."""
+  process of its own where its launcher's threads outlive the run (submitit's local executor writes to stderr
+  after the captured stream is closed)."""
   if process:
     return subprocess.run(
       [sys.executable, "-m", "efftx.sweep", *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=600
@@ -410,7 +411,7 @@ def test_a_bench_point_runs_once_and_on_one_tpu_worker(tmp_path):
     tmp_path, {"attention L=32": {"mixers": "attention", **tiny}, "fnet L=32": {"mixers": "fnet", **tiny}}
   )
   workdir = tmp_path / "runs"
-  proc = _sweep(path, f"--workdir={workdir}", process=True)
+  proc = _sweep(path, f"--workdir={workdir}")
   assert proc.returncode == 0, proc.stderr
   rows = {
     name: json.loads((workdir / name / "bench.json").read_text())["rows"] for name in ("attention_L=32", "fnet_L=32")
@@ -495,7 +496,7 @@ def test_stop_resume_skip_and_a_failing_point(tmp_path, data_dir):
   assert "efftx.sweep: stopping" in err and "not finished: long-seed0, short-seed0, broken-seed0" in err
   assert points_lib.state(workdir / "long-seed0") == "unfinished" and not (workdir / "short-seed0").exists()
 
-  again = _sweep(path, f"--workdir={workdir}", "--parallel=2", process=True)
+  again = _sweep(path, f"--workdir={workdir}", "--parallel=2")
   assert again.returncode == 1, again.stderr  # a point failed
   command = f"{sys.executable} -m efftx.train --config=configs/quickstart.py:smoke"
   assert again.stdout.splitlines()[:3] == [
