@@ -385,3 +385,41 @@ def assert_finite_grads_and_bfloat16_close(module, params, x_f32):
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
   assert y16.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(y16, np.float32), y32, atol=0.05 * np.abs(y32).max())
+
+
+def assert_gradients_match_central_differences(
+  module, params, x, mask, outputs64, checks, x_entries, *, g_seed: int, atol: float, rtol: float = 1e-4, h=1e-6
+):
+  """∂ Σ y·g / ∂ (the parameters at `checks`, (path, index) pairs, and x at `x_entries`, (b, t, c) triples) of
+  module's compiled output under mask, g normal at the real positions and 0 at padding, against central differences
+  of outputs64(params64, x64): a float64 reference's outputs, one array per sequence at its real positions. Padded
+  inputs get no gradient."""
+  import functools  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  g = np.random.default_rng(g_seed).normal(size=x.shape) * mask[..., None]
+
+  @jax.jit
+  def grads(p, x):
+    return jax.grad(lambda p, x: jnp.sum(module.apply({"params": p}, x, mask=mask) * g), argnums=(0, 1))(p, x)
+
+  got_p, got_x = grads(params, x)
+  loss64 = lambda p, x: sum((y * g[b][mask[b]]).sum() for b, y in enumerate(outputs64(p, x)))
+  p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  at = lambda tree, path: functools.reduce(lambda n, k: n[k], path, tree)
+  for path, index in checks:
+    up, down = (jax.tree.map(np.copy, p64) for _ in range(2))
+    at(up, path)[index] += h
+    at(down, path)[index] -= h
+    want = (loss64(up, x) - loss64(down, x)) / (2 * h)
+    np.testing.assert_allclose(at(got_p, path)[index], want, rtol=rtol, atol=atol, err_msg=f"{path}{index}")
+  for b, t, c in x_entries:
+    up, down = np.array(x, np.float64), np.array(x, np.float64)
+    up[b, t, c] += h
+    down[b, t, c] -= h
+    want = (loss64(p64, up) - loss64(p64, down)) / (2 * h)
+    np.testing.assert_allclose(got_x[b, t, c], want, rtol=rtol, atol=atol, err_msg=f"x[{b}, {t}, {c}]")
+  assert np.all(np.asarray(got_x)[~mask] == 0)

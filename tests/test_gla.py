@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_finite_grads_and_bfloat16_close
+from conftest import assert_gradients_match_central_differences
 from conftest import compiled
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
@@ -94,35 +95,19 @@ def test_gradients_equal_the_references_derivatives():
   x, mask = _padded_inputs(4, 6, 1, 2)
   params = compiled(module).init(jax.random.key(0), x)["params"]
   params["gk_proj_1"]["bias"] = jnp.asarray(np.where(np.arange(8) % 2, 8.0, -80.0), jnp.float32)
-  g = np.random.default_rng(5).normal(size=x.shape) * mask[..., None]
-
-  @jax.jit
-  def grads(p, x):
-    return jax.grad(lambda p, x: jnp.sum(module.apply({"params": p}, x, mask=mask) * g), argnums=(0, 1))(p, x)
-
-  got_p, got_x = grads(params, x)
-
-  def loss64(p, x):
-    return sum((_reference(x[b][mask[b]], p, 2) * g[b][mask[b]]).sum() for b in range(B))
-
-  p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-  h = 1e-6
   checks = [(("gk_proj_1", "bias"), (c,)) for c in range(8)] + [(("gk_proj_1", "kernel"), (r, 3)) for r in range(16)]
   checks += [(("g_norm_weight",), (c,)) for c in range(0, 8, 3)]
-  for path, index in checks:
-    up, down = (jax.tree.map(np.copy, p64) for _ in range(2))
-    functools.reduce(lambda n, k: n[k], path, up)[index] += h
-    functools.reduce(lambda n, k: n[k], path, down)[index] -= h
-    want = (loss64(up, x) - loss64(down, x)) / (2 * h)
-    got = functools.reduce(lambda n, k: n[k], path, got_p)[index]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=f"{path}{index}")
-  for b, t, c in ((0, 1, 0), (0, 5, 3), (1, 0, 7), (1, 3, 12)):
-    up, down = np.array(x, np.float64), np.array(x, np.float64)
-    up[b, t, c] += h
-    down[b, t, c] -= h
-    want = (loss64(p64, up) - loss64(p64, down)) / (2 * h)
-    np.testing.assert_allclose(got_x[b, t, c], want, rtol=1e-4, atol=1e-6, err_msg=f"x[{b}, {t}, {c}]")
-  assert np.all(np.asarray(got_x)[~mask] == 0)
+  assert_gradients_match_central_differences(
+    module,
+    params,
+    x,
+    mask,
+    lambda p, x: [_reference(x[b][mask[b]], p, 2) for b in range(B)],
+    checks,
+    ((0, 1, 0), (0, 5, 3), (1, 0, 7), (1, 3, 12)),
+    g_seed=5,
+    atol=1e-6,
+  )
 
 
 def test_gradients_finite_and_bfloat16_close():

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_finite_grads_and_bfloat16_close
+from conftest import assert_gradients_match_central_differences
 from conftest import compiled
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
@@ -132,35 +133,19 @@ def test_gradients_equal_the_references_derivatives():
   params = compiled(module).init(jax.random.key(0), x)["params"]
   params["A_log"] = jnp.log(jnp.asarray([1.0, 1.0, 8.0, 8.0]))  # A = −1, −1, −8, −8
   params["dt_bias"] = jnp.asarray([2.0, -5.0, 2.0, -5.0])  # Δ ≈ 2.1, 0.007: e^{ΔA} ≈ e^-2, 1, e^-17, e^-0.05
-  g = np.random.default_rng(5).normal(size=x.shape) * mask[..., None]
-
-  @jax.jit
-  def grads(p, x):
-    return jax.grad(lambda p, x: jnp.sum(module.apply({"params": p}, x, mask=mask) * g), argnums=(0, 1))(p, x)
-
-  got_p, got_x = grads(params, x)
-
-  def loss64(p, x):
-    return sum((_reference(x[b][mask[b]], p, 8, 2, 4, 4) * g[b][mask[b]]).sum() for b in range(B))
-
-  p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-  h = 1e-6
   checks = [((name,), (c,)) for name in ("A_log", "D", "dt_bias") for c in range(4)]
   checks += [(("conv1d", "bias"), (c,)) for c in range(0, 48, 5)]
-  for path, index in checks:
-    up, down = (jax.tree.map(np.copy, p64) for _ in range(2))
-    functools.reduce(lambda n, k: n[k], path, up)[index] += h
-    functools.reduce(lambda n, k: n[k], path, down)[index] -= h
-    want = (loss64(up, x) - loss64(down, x)) / (2 * h)
-    got = functools.reduce(lambda n, k: n[k], path, got_p)[index]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=f"{path}{index}")
-  for b, t, c in ((0, 1, 0), (0, 5, 3), (1, 0, 7), (1, 3, 12)):
-    up, down = np.array(x, np.float64), np.array(x, np.float64)
-    up[b, t, c] += h
-    down[b, t, c] -= h
-    want = (loss64(p64, up) - loss64(p64, down)) / (2 * h)
-    np.testing.assert_allclose(got_x[b, t, c], want, rtol=1e-4, atol=1e-6, err_msg=f"x[{b}, {t}, {c}]")
-  assert np.all(np.asarray(got_x)[~mask] == 0)
+  assert_gradients_match_central_differences(
+    module,
+    params,
+    x,
+    mask,
+    lambda p, x: [_reference(x[b][mask[b]], p, 8, 2, 4, 4) for b in range(B)],
+    checks,
+    ((0, 1, 0), (0, 5, 3), (1, 0, 7), (1, 3, 12)),
+    g_seed=5,
+    atol=1e-6,
+  )
 
 
 def test_gradients_finite_and_bfloat16_close():

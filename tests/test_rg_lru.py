@@ -21,6 +21,7 @@ import pytest
 
 from conftest import assert_close_sums
 from conftest import assert_finite_grads_and_bfloat16_close
+from conftest import assert_gradients_match_central_differences
 from conftest import compiled
 from efftx.errors import UserError
 from efftx.mixers import MIXERS
@@ -163,35 +164,19 @@ def test_gradients_equal_the_references_derivatives():
   module = MIXERS["rg_lru"](causal=True, num_heads=H)
   x, mask = _padded_inputs(L=6, left=1, right=2, seed=2)
   params = _params(module, x, np.where(np.arange(D) % 2, 1.0, -7.0))
-  g = np.random.default_rng(3).normal(size=x.shape) * mask[..., None]
-
-  @jax.jit
-  def grads(p, x):
-    return jax.grad(lambda p, x: jnp.sum(module.apply({"params": p}, x, mask=mask) * g), argnums=(0, 1))(p, x)
-
-  got_p, got_x = grads(params, x)
-
-  def loss64(p, x):
-    return sum((y * g[b][mask[b]]).sum() for b, y in enumerate(_reference(x, p, mask)))
-
-  p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-  h = 1e-6
   checks = [(("a_param",), (c,)) for c in range(D)]
   checks += [((gate, "bias"), (c // 4, c % 4)) for gate in ("a_gate", "input_gate") for c in range(0, D, 3)]
-  for path, index in checks:
-    up, down = (jax.tree.map(np.copy, p64) for _ in range(2))
-    functools.reduce(lambda n, k: n[k], path, up)[index] += h
-    functools.reduce(lambda n, k: n[k], path, down)[index] -= h
-    want = (loss64(up, x) - loss64(down, x)) / (2 * h)
-    got = functools.reduce(lambda n, k: n[k], path, got_p)[index]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7, err_msg=f"{path}{index}")
-  for b, t, c in ((0, 1, 0), (0, 5, 3), (1, 0, 7), (1, 3, 2)):
-    up, down = np.array(x, np.float64), np.array(x, np.float64)
-    up[b, t, c] += h
-    down[b, t, c] -= h
-    want = (loss64(p64, up) - loss64(p64, down)) / (2 * h)
-    np.testing.assert_allclose(got_x[b, t, c], want, rtol=1e-4, atol=1e-7, err_msg=f"x[{b}, {t}, {c}]")
-  assert np.all(np.asarray(got_x)[~mask] == 0)
+  assert_gradients_match_central_differences(
+    module,
+    params,
+    x,
+    mask,
+    lambda p, x: _reference(x, p, mask),
+    checks,
+    ((0, 1, 0), (0, 5, 3), (1, 0, 7), (1, 3, 2)),
+    g_seed=3,
+    atol=1e-7,
+  )
 
 
 def test_the_square_roots_derivative_is_bounded_as_the_references():
