@@ -6,6 +6,7 @@ by TENSORSTORE_GCS_HTTP_URL. Nothing in efftx knows it is talking to an emulator
 is the property; the other commands run in this process (conftest.run_in_process), with the same environment.
 """
 
+import gc
 import json
 import logging
 import os
@@ -67,6 +68,14 @@ def bucket_env(tmp_path_factory):
     assert server.poll() is None and time.time() < deadline, f"the emulator did not start: {log.read_text()}"
     time.sleep(0.1)
   yield env
+  # tensorboardX keeps every SummaryWriter until the interpreter exits (an atexit hook), and its bucket writer
+  # uploads its file once more when collected then: against the stopped emulator that retries for minutes. Those
+  # writers were closed (uploaded) by the runs; their last upload is dropped.
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+
+  for writer in gc.get_objects():
+    if isinstance(writer, record_writer.GCSRecordWriter):
+      writer.close = lambda: None
   server.terminate()
   server.wait(timeout=30)
 

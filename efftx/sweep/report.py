@@ -484,28 +484,46 @@ VERDICT_COLOURS = {stats.HELD: "C2", stats.DID_NOT_HOLD: "C3", stats.INCONCLUSIV
 
 
 def _plot_claims(study: Study, claims: list, path: epath.Path) -> None:
-  """One thin panel per claim, each on its own scale: the quantity the claim is about (a difference, a ratio, an
-  exponent, a share) with its 95 % interval, and the claim's threshold as a red line; coloured by the verdict."""
+  """One row per claim, each on its own scale: the quantity the claim is about (a difference, a ratio, an exponent,
+  a share) with its 95 % interval, shifted so that the claim's threshold lies on the red line at 0 and scaled so
+  that the row's farthest point lies at ±1; the numbers themselves are written above the row, which is coloured by
+  the verdict."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, axes = plt.subplots(len(claims), 1, figsize=(10, 0.2 + 0.75 * len(claims)), squeeze=False)
-  for ax, c in zip(axes[:, 0], claims):
+  row_inches, margin_inches = 0.5, 0.9
+  height = margin_inches + row_inches * len(claims)
+  fig, ax = plt.subplots(figsize=(10, height))
+  fig.subplots_adjust(left=0.03, right=0.97, top=1 - 0.55 / height, bottom=0.35 / height)
+  for i, c in enumerate(claims):
     mean, low, high = c.measured
     colour = VERDICT_COLOURS.get(c.verdict, "black")
-    below, above = (mean - low, high - mean) if low is not None else (0.0, 0.0)
-    ax.errorbar([mean], [0], xerr=[[below], [above]], fmt="o", capsize=4, color=colour)
-    ax.axvline(c.threshold, color="red", linewidth=1)
-    ends = [v for v in (low, high, mean, c.threshold) if v is not None]
-    pad = 0.15 * (max(ends) - min(ends) or abs(mean) or 1.0)
-    ax.set_xlim(min(ends) - pad, max(ends) + pad)
-    ax.set_yticks([])
-    ax.tick_params(axis="x", labelsize=7)
-    ax.set_title(f"{c.claim}: {c.verdict}", fontsize=8, loc="left", color=colour)
-  fig.suptitle(f"{study.name}: each claim's measurement (95 % interval) against its threshold (red)", fontsize=9)
-  fig.tight_layout()
+    ends = [v for v in (low, high, mean) if v is not None]
+    scale = max(abs(v - c.threshold) for v in ends) or abs(c.threshold) or 1.0
+    at = lambda v, s=scale, t=c.threshold: (v - t) / s  # noqa: E731
+    below, above = (at(mean) - at(low), at(high) - at(mean)) if low is not None else (0.0, 0.0)
+    ax.errorbar([at(mean)], [i], xerr=[[below], [above]], fmt="o", capsize=4, color=colour)
+    interval = f" [{low:.4g}, {high:.4g}]" if low is not None else ""
+    ax.text(
+      -1.15,
+      i - 0.22,
+      f"{c.claim}: {c.verdict}. {mean:.4g}{interval} against {c.threshold:.4g}",
+      fontsize=7,
+      color=colour,
+      va="bottom",
+      bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8},
+    )
+  ax.axvline(0.0, color="red", linewidth=1)
+  ax.set_xlim(-1.2, 1.2)
+  ax.set_ylim(len(claims) - 0.5, -0.7)
+  ax.set_yticks([])
+  ax.set_xticks([-1, 0, 1], ["farthest below", "threshold", "farthest above"], fontsize=7)
+  ax.set_title(
+    f"{study.name}: each claim's measurement (95 % interval) against its threshold (red), each row on its own scale",
+    fontsize=9,
+  )
   plot.write_png(fig, path)
 
 
