@@ -217,13 +217,12 @@ def test_mixers_train_the_same_with_sharded_parameters(model):
     assert mixing == set(kinds) - {"fnet"}, mixing
 
 
-@pytest.mark.parametrize("mixer", ["aft_simple", "attention"])
-def test_one_example_per_device_compiles_with_ynnpack_for_the_matmuls_only_and_trains_the_same(mixer):
+def test_one_example_per_device_compiles_with_ynnpack_for_the_matmuls_only_and_trains_the_same():
   """sharding.step_compiler_options: on a CPU with one example a device (here 8 on 8), YNNPACK's reduction fusions
   off (they ran 15-20x slower on arrays with a leading dimension of 1); with more, no options. Kernels change,
   results do not: the loss, gradient norm and gradients (AdamW's first moments after one step, 0.1 × the clipped
   gradients: the updated parameters themselves differ by about ±lr whatever the gradient) equal the default
-  compilation's."""
+  compilation's, for a model of an AFT-simple layer (sums over the sequence) and an attention layer (matmuls)."""
   mesh = sharding.make_mesh()
   options = sharding.step_compiler_options(8, mesh)
   assert options == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
@@ -234,7 +233,8 @@ def test_one_example_per_device_compiles_with_ynnpack_for_the_matmuls_only_and_t
   lowered = jax.jit(lambda x: (x * x).sum(axis=1)).lower(x)
   assert "__ynn_fusion" in lowered.compile().as_text()
   assert "__ynn_fusion" not in lowered.compile(options).as_text()
-  config = mixer_config(mixer, d_model=64, d_ff=128, num_layers=1, max_len=64, num_heads=4)
+  num_layers = 2
+  config = mixer_config("aft_simple+attention", d_model=64, d_ff=128, num_layers=num_layers, max_len=64, num_heads=4)
   config.optim.warmup_steps = 0
   initial = _initial_state(config)
   (metrics, state), (metrics_opt, state_opt) = (
@@ -248,7 +248,7 @@ def test_one_example_per_device_compiles_with_ynnpack_for_the_matmuls_only_and_t
   # the pooling over L, the head over d), the backward pass's the same again, then the weight gradients' sum over
   # the B·L rows (some parameters' gradients are zero up to rounding, ~1e-11). A 1% change in a gradient fails it.
   d, d_ff, L, K = 64, 128, 64, 16
-  assert_close_gradients(moments_opt, moments, n_terms=2 * (8 * d + d_ff + K + 3 * L) + 8 * L)
+  assert_close_gradients(moments_opt, moments, n_terms=2 * num_layers * (8 * d + d_ff + K + 3 * L) + 8 * L)
 
 
 def _assert_rows_close(got, want, config, first_step=1):
