@@ -41,6 +41,19 @@ def _naive_retention(q, k, v, xp=np):
   return xp.einsum("hqk,hkd->hqd", scores, v)
 
 
+def _recurrent_retention(q, k, v):
+  """The recurrent form of the same retention (RetNet paper, eq. 6: S_t = γ S_{t−1} + k_tᵀ v_t, o_t = q_t S_t with
+  q scaled by K^−½), a step at a time in float64: linear in the length, for long sequences."""
+  n_heads, seq_len, d_head = q.shape
+  gamma = 1 - 2.0 ** (-5.0 - np.arange(n_heads))
+  S = np.zeros((n_heads, d_head, v.shape[-1]))
+  out = np.zeros((n_heads, seq_len, v.shape[-1]))
+  for t in range(seq_len):
+    S = gamma[:, None, None] * S + k[:, t, :, None] * v[:, t, None, :]
+    out[:, t] = np.einsum("hk,hkv->hv", q[:, t] * d_head**-0.5, S)
+  return out
+
+
 def _rotary(x, xp=np):
   """RotaryEmbedding.forward at seqlen_offset 0 on x (L×H×K): rotary_embedding_ref, not interleaved."""
   seq_len, _, dim = x.shape
@@ -52,14 +65,14 @@ def _rotary(x, xp=np):
   return x * cos + xp.concatenate([-x2, x1], -1) * sin
 
 
-def _reference_layer(x, params, heads, xp=np, eps=1e-5):
+def _reference_layer(x, params, heads, xp=np, eps=1e-5, retention=_naive_retention):
   """MultiScaleRetention.forward on one unpadded sequence x (L×D), float64, with `heads` heads."""
   H, K, V = heads, params["q_proj"]["kernel"].shape[1] // heads, params["v_proj"]["kernel"].shape[1] // heads
   linear = lambda name, a: a @ xp.asarray(params[name]["kernel"], xp.float64)
   q = _rotary(linear("q_proj", x).reshape(len(x), H, K), xp)
   k = _rotary(linear("k_proj", x).reshape(len(x), H, K), xp)
   v = linear("v_proj", x).reshape(len(x), H, V)
-  o = _naive_retention(*(a.transpose(1, 0, 2) for a in (q, k, v)), xp=xp).transpose(1, 0, 2)
+  o = (retention(*(a.transpose(1, 0, 2) for a in (q, k, v)), **({"xp": xp} if xp is not np else {}))).transpose(1, 0, 2)
   g = linear("g_proj", x).reshape(len(x), H, V)
   rstd = 1 / xp.sqrt((o * o).mean(-1, keepdims=True) + eps)
   o = o * rstd * xp.asarray(params["norm_scale"], xp.float64) * g / (1 + xp.exp(-g))
@@ -85,10 +98,10 @@ def _params(module, x, seed=1):
   return jax.tree.map(lambda a: np.asarray(a, np.float32), params)
 
 
-def _compare(module, params, x, mask, n_terms=N_TERMS):
+def _compare(module, params, x, mask, n_terms=N_TERMS, retention=_naive_retention):
   y = np.asarray(compiled(module).apply({"params": params}, x, mask=mask))
   for b in range(len(x)):
-    want = _reference_layer(np.asarray(x[b][mask[b]], np.float64), params, module.num_heads)
+    want = _reference_layer(np.asarray(x[b][mask[b]], np.float64), params, module.num_heads, retention=retention)
     assert_close_sums(y[b][mask[b]], want, n_terms=n_terms, err_msg=f"sequence {b}")
 
 
@@ -130,12 +143,21 @@ def test_gradients_equal_the_float64_layers():
   assert np.all(np.asarray(got_x)[~mask] == 0)
 
 
-def test_a_sequence_of_2048_with_padding_at_both_ends():
-  """Length 2,048 (the slowest head's decay 1 − 2^−6 sums ~64 positions; rotary angles up to 2,048 rad), width 4
-  in two heads, chunk 64, padding at both ends."""
+def test_a_sequence_of_4096_with_padding_at_both_ends():
+  """Length 4,096 (the slowest head's decay 1 − 2^−6 sums ~64 positions; rotary angles up to 4,096 rad), width 4
+  in two heads, chunk 64 (64 chunks), padding at both ends; against the recurrent form (the parallel one's L × L
+  decays take seconds here; the two forms agree: test_the_references_recurrent_form_is_its_parallel_form)."""
   module = _module(num_heads=2, chunk=64)
-  x, mask = _padded_inputs(seed=5, length=2048, left=100, right=57, width=4)
-  _compare(module, _params(module, x[:, :8]), x, mask, n_terms=4 + 2048 + (2048 + 64 + 2) + 4 + 8)
+  x, mask = _padded_inputs(seed=5, length=4096, left=100, right=57, width=4)
+  n_terms = 4 + 4096 + (4096 + 64 + 2) + 4 + 8
+  _compare(module, _params(module, x[:, :8]), x, mask, n_terms=n_terms, retention=_recurrent_retention)
+
+
+def test_the_references_recurrent_form_is_its_parallel_form():
+  """The float64 reference's two forms of retention, on random heads-first q, k, v of 4 heads over 40 positions."""
+  rng = np.random.default_rng(0)
+  q, k, v = (rng.normal(size=(4, 40, n)) for n in (3, 3, 5))
+  np.testing.assert_allclose(_recurrent_retention(q, k, v), _naive_retention(q, k, v), rtol=1e-12, atol=1e-12)
 
 
 def test_bfloat16_and_finite_gradients():
