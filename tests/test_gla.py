@@ -52,12 +52,28 @@ def _padded_inputs(seed, L, left, right):
 def test_matches_the_reference_forward_with_padding_at_both_ends(options):
   """Within 8·(D + L·d_k + d_v)·eps of the largest output: the projections' sums, the recurrence's L·d_k-term sums
   and the norm's."""
-  L = 37
   module = MIXERS["gla"](causal=True, **options)
-  x, mask = _padded_inputs(0, L, 3, 5)
-  variables = compiled(module).init(jax.random.key(0), x)
+  _compare(module, *_padded_inputs(0, 37, 3, 5), H=options.get("num_heads", 4))
+
+
+def test_a_sequence_of_4096_with_padding_at_both_ends():
+  """Length 4,096 in 64 chunks of 64, two heads, 100 and 57 padded positions; the first head's gate bias at +12
+  (log σ ≈ −6e-6: decays within 1e-6 of 1, a state that sums every position), the second at its initial decays:
+  the same bound, its L·d_k terms grown with the length."""
+  module = MIXERS["gla"](causal=True, num_heads=2, chunk=64)
+
+  def weak(params):
+    gate = params["gk_proj_1"]
+    K = gate["bias"].shape[0] // 2
+    return {**params, "gk_proj_1": {**gate, "bias": gate["bias"].at[:K].set(12.0)}}
+
+  _compare(module, *_padded_inputs(7, 4096, 100, 57), H=2, change=weak)
+
+
+def _compare(module, x, mask, H, change=lambda params: params):
+  L = x.shape[1]
+  variables = {"params": change(compiled(module).init(jax.random.key(0), x)["params"])}
   y = np.asarray(compiled(module).apply(variables, x, mask=mask), np.float64)
-  H = options.get("num_heads", 4)
   for b in range(B):
     want = _reference(x[b][mask[b]], variables["params"], H)
     bound = 8 * (D + L * D // 2 // H + D // H) * EPS * np.abs(want).max()
