@@ -71,12 +71,12 @@ def _reference_layer(x, sd, xp=np, eps=1e-5):
   return linear("o_proj", o.reshape(len(x), H * V))
 
 
-def _padded_inputs(seed=0, left=3, right=2):
+def _padded_inputs(seed=0, left=3, right=2, length=L):
   rng = np.random.default_rng(seed)
-  x = rng.normal(size=(B, L, D)).astype(np.float32)
-  mask = np.ones((B, L), bool)
+  x = rng.normal(size=(B, length, D)).astype(np.float32)
+  mask = np.ones((B, length), bool)
   mask[0, :left] = False
-  mask[1, L - right :] = False
+  mask[1, length - right :] = False
   return np.where(mask[..., None], x, 10 * rng.normal(size=x.shape)).astype(np.float32), mask
 
 
@@ -100,11 +100,24 @@ def test_matches_fla_layer_with_padding_at_both_ends(gate):
   x, mask = _padded_inputs()
   params = _params(module, x)
   assert ("A_log" in params) == gate and ("a_proj" in params) == gate
+  _compare(module, params, x, mask, N_TERMS)
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["gated", "deltanet"])
+def test_a_sequence_of_4096_with_padding_at_both_ends(gate):
+  """Length 4,096 in 64 chunks of 64, 100 and 57 padded positions; DeltaNet (no decay: its state holds every
+  position, corrected by the delta rule) and the gated rule at its initial decays."""
+  module = MIXERS["gated_deltanet"](causal=True, num_heads=H, gate=gate, chunk=64)
+  x, mask = _padded_inputs(seed=7, left=100, right=57, length=4096)
+  _compare(module, _params(module, x[:, :L]), x, mask, D + W + 4096 + 64 + K + V + V + H * V)
+
+
+def _compare(module, params, x, mask, n_terms):
   y = np.asarray(compiled(module).apply({"params": params}, x, mask=mask))
   sd = _state_dict(params)
   for b in range(B):
     want = _reference_layer(np.asarray(x[b][mask[b]], np.float64), sd)
-    assert_close_sums(y[b][mask[b]], want, n_terms=N_TERMS, err_msg=f"sequence {b}")
+    assert_close_sums(y[b][mask[b]], want, n_terms=n_terms, err_msg=f"sequence {b}")
 
 
 def test_gradients_equal_the_float64_layers():
