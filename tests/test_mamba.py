@@ -137,6 +137,13 @@ def test_matches_the_reference_with_padding_at_both_ends(dt_bias):
   assert np.all(np.isfinite(y))
 
 
+def test_a_sequence_of_4096_with_padding_at_both_ends():
+  """Length 4,096, 100 and 57 padded positions, at the weak decay (Δ ≈ 6e-6): a state that sums every position."""
+  module = MIXERS["mamba"](causal=True)
+  x, mask = _padded_inputs(L=4096, left=100, right=57, seed=7)
+  _compare(module, _params(module, x[:, :13], -12.0), x, mask)
+
+
 def test_gradients_equal_the_references_derivatives():
   """∂ Σ y·g / ∂ (A_log, D, dt_proj's bias, x) against central differences of the float64 port, at strong and weak
   decays on alternate channels; padded inputs get no gradient."""
