@@ -80,7 +80,7 @@ def test_matches_the_reference_forward_with_padding_at_both_ends(options):
 
 def test_a_sequence_of_4096_with_padding_at_both_ends():
   """Length 4,096 in 64 chunks of 64, 4 heads in 2 groups, 100 and 57 padded positions; two heads' dt_bias at −12
-  (Δ ≈ 6e-6: decays within 1e-4 of 1, a state that sums every position), two at their initial (strong) decays: the
+  (Δ ≈ 6e-6: decays within about 1e-4 of 1, a state that sums every position), two at their initial (strong) decays: the
   same bound, its L·d_state terms grown with the length."""
   weak = lambda p: {**p, "dt_bias": p["dt_bias"].at[:2].set(-12.0)}
   _compare(dict(headdim=8, ngroups=2, d_state=4, chunk=64), *_padded_inputs(7, 4096, 100, 57), change=weak)
@@ -89,8 +89,7 @@ def test_a_sequence_of_4096_with_padding_at_both_ends():
 def _compare(options, x, mask, change=lambda params: params):
   L = x.shape[1]
   module = MIXERS["mamba2"](causal=True, **options)
-  variables = compiled(module).init(jax.random.key(0), x)
-  variables = {"params": change(variables["params"])}
+  variables = {"params": change(compiled(module).init(jax.random.key(0), x)["params"])}
   y = np.asarray(compiled(module).apply(variables, x, mask=mask), np.float64)
   resolved = {**MIXERS["mamba2"].defaults(), **options}
   for b in range(B):

@@ -41,9 +41,10 @@ def _naive_retention(q, k, v, xp=np):
   return xp.einsum("hqk,hkd->hqd", scores, v)
 
 
-def _recurrent_retention(q, k, v):
+def _recurrent_retention(q, k, v, xp=np):
   """The recurrent form of the same retention (RetNet paper, eq. 6: S_t = γ S_{t−1} + k_tᵀ v_t, o_t = q_t S_t with
-  q scaled by K^−½), a step at a time in float64: linear in the length, for long sequences."""
+  q scaled by K^−½), a step at a time in float64: linear in the length, for long sequences. numpy only."""
+  assert xp is np, "the recurrent form assigns in place: numpy only"
   n_heads, seq_len, d_head = q.shape
   gamma = 1 - 2.0 ** (-5.0 - np.arange(n_heads))
   S = np.zeros((n_heads, d_head, v.shape[-1]))
@@ -72,7 +73,7 @@ def _reference_layer(x, params, heads, xp=np, eps=1e-5, retention=_naive_retenti
   q = _rotary(linear("q_proj", x).reshape(len(x), H, K), xp)
   k = _rotary(linear("k_proj", x).reshape(len(x), H, K), xp)
   v = linear("v_proj", x).reshape(len(x), H, V)
-  o = (retention(*(a.transpose(1, 0, 2) for a in (q, k, v)), **({"xp": xp} if xp is not np else {}))).transpose(1, 0, 2)
+  o = retention(*(a.transpose(1, 0, 2) for a in (q, k, v)), xp=xp).transpose(1, 0, 2)
   g = linear("g_proj", x).reshape(len(x), H, V)
   rstd = 1 / xp.sqrt((o * o).mean(-1, keepdims=True) + eps)
   o = o * rstd * xp.asarray(params["norm_scale"], xp.float64) * g / (1 + xp.exp(-g))

@@ -581,8 +581,8 @@ _BIAS = {
 
 SPEC_FULL = MixerSpec(
   AFTFull,
-  "AFT with a learned bias per position pair; O(L²d) time; O(Ld) memory per sequence plus about 3 L×L floats a "
-  "layer for the bias, whatever the batch (efftx/mixers/README.md#aft)",
+  "AFT with a learned bias per position pair; O(L²d) time; O(Ld) memory per sequence plus 3–5 L×L floats a layer "
+  "for the bias, whatever the batch (efftx/mixers/README.md#aft)",
   can_decode=True,
   options={**_BIAS, "causal_sums": CAUSAL_SUMS},
   flops=_flops_full,
