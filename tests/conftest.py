@@ -14,6 +14,11 @@ if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 # two thirds of the time (experiments/performance/DECISIONS.md: tests-cpu-legacy-fusion-emitters).
 if "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
+# One LLVM module per program: XLA:CPU splits a program's code into parts compiled on a thread pool, which at -O0
+# and the tests' sizes costs more than it gains (experiments/performance/DECISIONS.md: tests-one-codegen-module).
+# The same generated functions, only not split.
+if "xla_cpu_parallel_codegen_split_count" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " --xla_cpu_parallel_codegen_split_count=1"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA's compiled programs are cached on disk for the session, shared with the processes the tests start: dozens
 # of real runs compile the same smoke model (~6 of the ~10 s one takes), and in-process tests rebuild it too.
