@@ -399,14 +399,18 @@ def test_aft_simple_decodes_in_constant_memory():
   assert all(leaf.shape[1] == 1 for leaf in jax.tree.leaves(cache))  # running sums, not per-position buffers
 
 
-def test_readme_shows_the_registry_table():
-  """README's mixer table is `python -m efftx.mixers --markdown`, so it cannot drift from the declared specs; the
-  plain-text listing (the command without the flag) names every mixer and option with its default, no markup."""
+def test_the_mixers_readme_shows_the_registry_table():
+  """efftx/mixers/README.md's registry table is `python -m efftx.mixers --markdown`, so it cannot drift from the
+  declared specs; the plain-text listing (the command without the flag) names every mixer and option with its
+  default, no markup; README.md names every mixer."""
   from efftx.mixers.__main__ import table  # pylint: disable=g-import-not-at-top
   from efftx.mixers.__main__ import text  # pylint: disable=g-import-not-at-top
 
+  with open(os.path.join(REPO, "efftx", "mixers", "README.md")) as f:
+    assert table() in f.read(), "efftx/mixers/README.md: paste the output of `python -m efftx.mixers --markdown`"
   with open(os.path.join(REPO, "README.md")) as f:
-    assert table() in f.read(), "README.md: paste the output of `python -m efftx.mixers --markdown`"
+    readme = f.read()
+  assert [name for name in MIXERS if f"`{name}`" not in readme] == []
   listing = " ".join(text().split())  # lines joined where they wrap
   assert "<br>" not in listing and "|" not in listing.replace("|t − t'|", "")
   for name, spec in MIXERS.items():

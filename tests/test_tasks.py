@@ -398,13 +398,17 @@ def test_runs_started_together_prepare_a_dataset_once(tmp_path):
   assert prepared.exists() and sorted(os.listdir(tmp_path / "listops" / "tiny")) == ["1.0.0"]
 
 
-def test_readme_lists_every_task_with_its_variants():
-  """README's task table has a row for each task a config can name (the error for an unknown task lists them all),
-  naming its variants (or a range of them, first … last, or the same as another task's)."""
-  with open(os.path.join(REPO, "README.md")) as f:
+def test_the_data_readme_lists_every_task_with_its_variants():
+  """efftx/data/README.md's task table has a row for each task a config can name (the error for an unknown task
+  lists them all), naming its variants (or a range of them, first … last, or the same as another task's); README.md
+  names every task."""
+  with open(os.path.join(REPO, "efftx", "data", "README.md")) as f:
     rows = {line.split("|")[1].strip(" `"): line.split("|")[4] for line in f if line.startswith("| `")}
+  with open(os.path.join(REPO, "README.md")) as f:
+    readme = f.read()
   for name, task in TASKS.items():
-    assert name in rows, f"README.md's task table has no row for {name}"
+    assert name in rows, f"efftx/data/README.md's task table has no row for {name}"
+    assert f"`{name}`" in readme, f"README.md does not name the task {name}"
     named = [v for v in task.variant_names() if f"`{v}`" in rows[name]]
     assert named == task.variant_names() or "…" in rows[name] and named or "as `" in rows[name], (name, rows[name])
 

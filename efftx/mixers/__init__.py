@@ -9,7 +9,7 @@ Every mixer is a `flax.linen.Module` (`MIXERS[name].module`) that
 
 A run's mixer options are `config.mixer` (filled from the declared defaults for `config.model.mixer`).
 Adding a mixer: its file (module + SPEC) and one line below. `python -m efftx.mixers` prints the table of
-mixers, capabilities and options that README.md shows.
+mixers, capabilities and options that efftx/mixers/README.md shows.
 """
 
 from efftx.mixers import aft

@@ -1,9 +1,9 @@
 """Prints the mixers — name, what it can do, its options with defaults and meanings — and the named layer
-patterns, from the registry: as plain text for a terminal, or with --markdown as the table README.md shows (a test
-checks that README holds it).
+patterns, from the registry: as plain text for a terminal, or with --markdown as the table efftx/mixers/README.md
+shows (a test checks that it holds it).
 
 python -m efftx.mixers              # plain text
-python -m efftx.mixers --markdown   # README.md's table
+python -m efftx.mixers --markdown   # efftx/mixers/README.md's table
 """
 
 import sys
