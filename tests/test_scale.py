@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -392,9 +393,12 @@ def test_a_cpu_run_gets_one_device_per_core_unless_the_user_chose(smoke_config, 
     text=True,
     env=env,
   )
+  watchdog = threading.Timer(300, proc.kill)  # a run that hangs ends the wait (its stderr closes)
+  watchdog.start()
   log = []
   while not (log and "devices (data" in log[-1]) and (not log or log[-1]):
     log.append(proc.stderr.readline())
+  watchdog.cancel()
   proc.kill()
   proc.communicate(timeout=60)
   n = math.gcd(len(os.sched_getaffinity(0)), 6)
