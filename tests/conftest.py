@@ -30,16 +30,25 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
+# One TFDS data dir for the session, shared by the pytest workers and the processes they start: each dataset is
+# prepared once (the data_dir lock makes workers that ask for it together wait for the one preparing it).
+_DATA_DIR = None
+if "EFFTX_TESTS_DATA_DIR" not in os.environ:
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  _DATA_DIR = os.environ["EFFTX_TESTS_DATA_DIR"] = tempfile.mkdtemp(prefix="efftx-tests-tfds-")
+
 import pytest  # noqa: E402  (after the XLA flags above, which must be set before JAX is imported)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
-  if _XLA_CACHE:
-    import shutil  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
 
-    shutil.rmtree(_XLA_CACHE, ignore_errors=True)
+  for folder in (_XLA_CACHE, _DATA_DIR):
+    if folder:
+      shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):
@@ -49,9 +58,9 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory) -> str:
-  """A TFDS data dir shared by the session's tests; datasets are prepared into it on first use."""
-  return str(tmp_path_factory.mktemp("tensorflow_datasets"))
+def data_dir() -> str:
+  """A TFDS data dir shared by the session's tests and workers; datasets are prepared into it on first use."""
+  return os.environ["EFFTX_TESTS_DATA_DIR"]
 
 
 @pytest.fixture

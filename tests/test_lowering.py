@@ -18,11 +18,12 @@ from efftx.mixers import fourier
 from efftx.perf import lowering
 
 
-def _config(mixer: str, causal: bool, num_layers: int = 1, **model):
+def _config(mixer: str, causal: bool, num_layers: int = 1, dropout: float = 0.0, **model):
   """A small model (tracing and lowering cost grows with layers and blocks, what lowers does not): 32 positions
-  in blocks of 8 where a mixer works in blocks, so that every blocked path still loops over several."""
+  in blocks of 8 where a mixer works in blocks, so that every blocked path still loops over several. The blocks'
+  dropout (random bits, the same on every platform and outside the mixer) only where a test asks for it."""
   config = config_lib.default_config(mixer)
-  config.model.update(d_model=32, num_layers=num_layers, d_ff=64, max_len=32, causal=causal, **model)
+  config.model.update(d_model=32, num_layers=num_layers, d_ff=64, max_len=32, causal=causal, dropout=dropout, **model)
   config_lib.set_where_declared(
     config.mixer, num_heads=2, window=8, block_size=8, lsh_chunk=8, attention_chunk=8, chunk=8
   )
@@ -58,7 +59,7 @@ def test_every_mixers_steps_lower_for_tpu_and_cuda(mixer):
 
 
 def test_a_hybrid_in_bfloat16_lowers_with_splash_in_its_attention_layers_only():
-  config = _config("fnet+attention*1@top", causal=False, num_layers=2, dtype="bfloat16")
+  config = _config("fnet+attention*1@top", causal=False, num_layers=2, dtype="bfloat16", dropout=0.1)
   tpu, cuda = lowering.lower_steps(config)
   assert tpu.kernels == {"Pallas TPU kernel": 3} and not cuda.kernels
 
