@@ -43,7 +43,7 @@ import gc  # noqa: E402
 import pytest  # noqa: E402  (after the XLA flags above, which must be set before JAX is imported)
 
 # Python's cyclic garbage collector less often: tracing and lowering make millions of short-lived objects, and with
-# JAX's caches growing through the session each full collection walks a larger heap (5 % of test_mixers.py's time
+# JAX's caches growing through the session each full collection walks a larger heap (6 % of test_mixers.py's time
 # at Python's default thresholds of 700, 10, 10; experiments/performance/DECISIONS.md: tests-gc-thresholds).
 # Reference counting still frees every object that is not in a cycle at once.
 gc.set_threshold(10_000, 20, 20)

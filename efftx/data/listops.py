@@ -139,7 +139,7 @@ class ListOps(tfds.core.GeneratorBasedBuilder):
       max_length=128,
     ),
     # For tests: under a second to prepare. Trees of depth ≤ 6 (LRA's 10 draws mostly trees far over 48 tokens,
-    # each drawn whole before it is rejected): 7× fewer draws, the same mean length and spread of labels.
+    # each drawn whole before it is rejected): generated 7× faster, the same mean length and spread of labels.
     ListOpsConfig(
       name="tiny",
       description="1K/200/200, 5 < length < 48, depth ≤ 6.",
