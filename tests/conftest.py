@@ -20,23 +20,28 @@ if "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
 if "xla_cpu_parallel_codegen_split_count" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_cpu_parallel_codegen_split_count=1"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _session_folder(variable: str, prefix: str) -> str | None:
+  """A new temporary folder named in os.environ[variable] for this session and the processes it starts, unless
+  the variable is set already (a pytest worker, or the user's choice): its path to remove at the end, else None."""
+  if variable in os.environ:
+    return None
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+  return os.environ[variable]
+
+
 # XLA's compiled programs are cached on disk for the session, shared with the processes the tests start: dozens
 # of real runs compile the same smoke model (~6 of the ~10 s one takes), and in-process tests rebuild it too.
-_XLA_CACHE = None
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  import tempfile  # pylint: disable=g-import-not-at-top
-
-  _XLA_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="efftx-tests-xla-cache-")
+_XLA_CACHE = _session_folder("JAX_COMPILATION_CACHE_DIR", "efftx-tests-xla-cache-")
+if _XLA_CACHE:
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-
 # One TFDS data dir for the session, shared by the pytest workers and the processes they start: each dataset is
 # prepared once (the data_dir lock makes workers that ask for it together wait for the one preparing it).
-_DATA_DIR = None
-if "EFFTX_TESTS_DATA_DIR" not in os.environ:
-  import tempfile  # pylint: disable=g-import-not-at-top
-
-  _DATA_DIR = os.environ["EFFTX_TESTS_DATA_DIR"] = tempfile.mkdtemp(prefix="efftx-tests-tfds-")
+_DATA_DIR = _session_folder("EFFTX_TESTS_DATA_DIR", "efftx-tests-tfds-")
 
 import gc  # noqa: E402
 
