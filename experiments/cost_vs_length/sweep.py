@@ -6,8 +6,10 @@ its speed and memory flat as sequences grow, while softmax attention's fall quad
 
 Each point is one `python -m efftx.bench` row: the whole training step (forward, backward, AdamW) of one mixer at
 one length, at the peer benchmark's shape (width 256, 4 layers, 4 heads, FF 1024, vocab 256, bidirectional,
-float32, a per-token head) with a fixed 8192 tokens a step (batch = 8192 // length): train-step tokens/s (timed
-after one warm-up step) and the compiled step's memory (XLA memory_analysis(): temp + arguments; deterministic).
+float32, a per-token head) with one sequence a step at every length (a fixed batch, as LRA Table 2 fixes its 32;
+one is what softmax attention at 8,192 fits in 24 GiB): train-step tokens/s (timed after one warm-up step) and the
+compiled step's memory (XLA memory_analysis(), deterministic): memory_mib is temp + arguments, temp_mib the
+temporaries alone (activations, gradients, workspace), which the memory exponents are fitted to.
 Both are shown as ratios to softmax attention in its O(L²) form (attention_impl=plain; "attention" below) at the same
 length; "attention_chunked" is the same attention computed in key blocks (attention_impl=chunked).
 
@@ -17,7 +19,7 @@ Reformer 0.56 / 0.37 / 0.24. FNet paper (LRA) peak memory — FNet 0.50 / 0.33 /
 out of memory at 4K and 8K). Here "lsh" is Reformer's LSH attention (without its reversible layers) and "linear"
 the Linear Transformer's mixer. Those ratios belong to their platform and batch; what carries over to a CPU is
 how cost grows with length, so the verdicts are on each mixer's exponent: the slope of log(time per sequence)
-and log(memory per sequence) against log(length) from 1,024 to the longest length (1: linear, 2: quadratic).
+and log(temporaries per sequence) against log(length) from 1,024 to the longest length (1: linear, 2: quadratic).
 "attention_chunked" computes softmax attention in key blocks: still quadratic work, so it is not one of the
 linear-time mixers.
 
@@ -32,7 +34,7 @@ from efftx.sweep import grid
 from efftx.sweep import stats
 
 METRIC = "tokens_per_sec"
-METRICS = ("memory_mib",)
+METRICS = ("memory_mib", "temp_mib")
 GOAL = "max"
 SOURCE = (
   "Tay et al., Long Range Arena (2021), Table 2 (steps/s and peak memory, byte text, batch 32, 4×4 TPU "
@@ -41,9 +43,9 @@ SOURCE = (
 PAPER_SCALES = ()  # no scale here runs the paper's platform and batch: its ratios are given in the text
 PAPER_SETTING = "LRA's byte-text model, batch 32 at every length, 4×4 TPU v3 (LRA Table 2); FNet's on GPU"
 SETTING = {
-  "cpu": "width 256, 4 layers, 4 heads, FF 1024, float32, 8,192 tokens a step (batch 8192/L: one sequence "
-  "at 8K), one CPU device; 3 interleaved repeats, each timed ≥ 2 s after a warm-up step",
-  "paper": "the cpu grid plus 16,384 on an accelerator, timed 10 s; 3 interleaved repeats",
+  "cpu": "width 256, 4 layers, 4 heads, FF 1024, float32, batch 1 at every length, one CPU device; 3 "
+  "interleaved repeats, each timed ≥ 2 s after a warm-up step",
+  "paper": "the cpu grid plus 16,384 on an accelerator, batch 1, timed 10 s; 3 interleaved repeats",
 }
 REPEATS = 3
 LINEAR_TIME = ("fnet", "aft_simple", "aft_local", "aft_conv", "local", "linear", "lsh")
@@ -76,6 +78,11 @@ MIXERS = {  # group label -> (mixer, bench --set overrides)
 BASELINE_MIXER = "attention"
 LENGTHS = {"cpu": (256, 1024, 2048, 4096, 8192), "paper": (256, 1024, 2048, 4096, 8192, 16384)}
 SECONDS = {"cpu": 2, "paper": 10}
+BATCH = 1  # sequences a step, at every length: memory and time per sequence are then the step's own
+# The memory the exponents are fitted to: the compiled step's temporaries (activations kept for the backward pass,
+# gradients, workspace), without its arguments (parameters, optimizer state, the batch), whose size does not grow
+# with the sequence and would flatten every exponent at batch 1. memory_mib (both) is in the table.
+MEMORY = "temp_mib"
 
 
 def _group(label, length):
@@ -85,7 +92,7 @@ def _group(label, length):
 _ALL_LENGTHS = sorted(set(LENGTHS["cpu"] + LENGTHS["paper"]))
 _LENGTH = {_group(m, L): L for m in MIXERS for L in _ALL_LENGTHS}  # group -> its length
 _MIXER = {_group(m, L): m for m in MIXERS for L in _ALL_LENGTHS}  # group -> its mixer's label
-PLOT = Plot(x=("sequence length (8192 tokens a step)", _LENGTH), series=_MIXER)
+PLOT = Plot(x=("sequence length (one sequence a step)", _LENGTH), series=_MIXER)
 BASELINE = {_group(m, L): _group(BASELINE_MIXER, L) for m in MIXERS for L in _ALL_LENGTHS}
 PAPER = {
   _group("lsh", 1024): {"tokens_per_sec": 0.54, "memory_mib": 0.56},
@@ -105,7 +112,14 @@ def points(scale):
     for length in LENGTHS[scale]:
       # One device, as the table and the expectations above were measured (efftx.bench's default splits the
       # batch over the cores, and 8192 positions, one sequence, could not be split: rows would differ in kind).
-      flags = {"mode": "mixers", "mixers": mixer, "lengths": length, "seconds": SECONDS[scale], "data_parallel": False}
+      flags = {
+        "mode": "mixers",
+        "mixers": mixer,
+        "lengths": length,
+        "tokens": BATCH * length,
+        "seconds": SECONDS[scale],
+        "data_parallel": False,
+      }
       if overrides:
         flags["set"] = overrides
       groups[_group(label, length)] = {"bench": flags}
@@ -117,7 +131,7 @@ def points(scale):
 
 def _costs(rows, label, metric, shortest=1024):
   """(lengths, [cost per sequence at each length] per repeat) of one mixer: time per sequence is L / tokens/s,
-  memory per sequence is memory ÷ (8192 / L) sequences (batch × length is fixed)."""
+  memory per sequence is the step's memory ÷ BATCH."""
   by_length = {
     _LENGTH[r["group"]]: r for r in rows if _MIXER.get(r["group"]) == label and _LENGTH[r["group"]] >= shortest
   }
@@ -127,7 +141,7 @@ def _costs(rows, label, metric, shortest=1024):
   for k in sorted(repeats):
     key = "value" if metric == METRIC else metric
     cost = [
-      L / by_length[L]["seeds"][k][key] if metric == METRIC else by_length[L]["seeds"][k][key] * L for L in lengths
+      L / by_length[L]["seeds"][k][key] if metric == METRIC else by_length[L]["seeds"][k][key] / BATCH for L in lengths
     ]
     out.append(cost)
   return lengths, out
@@ -144,7 +158,7 @@ def claim(rows, scale):
   own ratios beside ours: their platform and batch are not ours, so no verdict."""
   out = []
   for label in ("attention", "attention_chunked", "aft_full", *LINEAR_TIME):
-    for metric, what in ((METRIC, "time"), ("memory_mib", "memory")):
+    for metric, what in ((METRIC, "time"), (MEMORY, "memory")):
       lengths, costs = _costs(rows, label, metric)
       if len(lengths) < 2 or not costs:
         continue
