@@ -172,7 +172,7 @@ def claim(rows, scale):
       linear, paper = EXPECTED[label][what]
       out.append(
         stats.judge(
-          f"{label}: {what} per sequence grows "
+          f"{label}: {'time' if what == 'time' else 'working memory (XLA temporaries)'} per sequence grows "
           + ("sub-quadratically (exponent < 1.5)" if linear else "about quadratically (exponent > 1.5)"),
           paper,
           f"exponent {found.text(3) if found else '—'} over lengths {lengths[0]}–{lengths[-1]}",
