@@ -141,6 +141,16 @@ def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
   assert row["learning_rate"] == 3e-4 and row["mean"] == pytest.approx(0.8) and (row["n"], row["of"]) == (3, 3)
   assert sorted(row["seeds"]) == [1, 2, 3] and row["search"] == {"seeds": [0], "at_best": {0: 0.9}}
   assert row["ci95"] == pytest.approx([0.8 - 4.303 * 0.1 / np.sqrt(3), 0.8 + 4.303 * 0.1 / np.sqrt(3)])
+  # Its convergence check reads the fresh seeds' curves too, not the search seed's at the chosen rate (which moved
+  # by +0.4 over the last fifth where the fresh seeds moved by +0.1); the plot still draws all four.
+  for p in searched + fresh:
+    p["point"] = f"g-lr{p['learning_rate']}-seed{p['seed']}"
+  found = {
+    p["point"]: [(800, p["value"] - (0.4 if p["seed"] == 0 else 0.1)), (1000, p["value"])] for p in searched + fresh
+  }
+  drawn = report._with_curves(None, [row], searched + fresh, found)
+  assert sorted(row["curves"]) == [1, 2, 3] and row["last_fifth_change"] == pytest.approx(0.1)
+  assert len(drawn["g"]) == 4
 
 
 def test_report_from_existing_workdirs(tmp_path, data_dir):

@@ -235,17 +235,19 @@ def _columns(study: Study, scale: str) -> list[tuple[str, str, str]]:
 
 
 def _with_curves(study: Study, rows: list[dict], points: list[dict], found: dict[str, list]) -> dict[str, list]:
-  """Adds to each row "curves" ({seed: [(step, METRIC)]} at its best learning rate) and "last_fifth_change": the
-  mean over those seeds of METRIC's change over the last fifth of training (None without curves), what a claim's
-  regime check reads. Returns {group: [the curves of those seeds]}."""
+  """Adds to each row "curves" ({seed: [(step, METRIC)]} at its best learning rate, the seeds that judge it: a
+  search's seeds left out, as from its values) and "last_fifth_change": the mean over those seeds of METRIC's
+  change over the last fifth of training (None without curves), what a claim's regime check reads. Returns {group:
+  [the curves of every seed at that rate]}, what the learning-curve plot draws."""
   by_group = {}
   for r in rows:
     chosen = [
       p for p in points if p["group"] == r["group"] and p["learning_rate"] == r["learning_rate"] and p["point"] in found
     ]
     by_group[r["group"]] = [found[p["point"]] for p in chosen]
-    r["curves"] = {p["seed"]: found[p["point"]] for p in chosen}
-    changes = [c for c in map(stats.last_fifth_change, by_group[r["group"]]) if c is not None]
+    searched = set((r.get("search") or {}).get("seeds", ()))
+    r["curves"] = {p["seed"]: found[p["point"]] for p in chosen if p["seed"] not in searched}
+    changes = [c for c in map(stats.last_fifth_change, r["curves"].values()) if c is not None]
     r["last_fifth_change"] = sum(changes) / len(changes) if changes else None
   return by_group
 
