@@ -1,5 +1,6 @@
 """Cost against length (LRA Table 2, FNet's memory table): does every attention-free mixer's training step keep
-its speed and memory flat as sequences grow, while softmax attention's fall quadratically?
+its tokens/s flat and its memory per sequence linear as sequences grow, while softmax attention's grow
+quadratically?
 
     python -m efftx.sweep experiments/cost_vs_length/sweep.py --workdir=/tmp/efftx/cost_vs_length   # --parallel=1
     python -m efftx.sweep experiments/cost_vs_length/sweep.py --workdir=DIR --scale=paper            # accelerators
@@ -7,9 +8,10 @@ its speed and memory flat as sequences grow, while softmax attention's fall quad
 Each point is one `python -m efftx.bench` row: the whole training step (forward, backward, AdamW) of one mixer at
 one length, at the peer benchmark's shape (width 256, 4 layers, 4 heads, FF 1024, vocab 256, bidirectional,
 float32, a per-token head) with one sequence a step at every length (a fixed batch, as LRA Table 2 fixes its 32;
-one is what softmax attention at 8,192 fits in 24 GiB): train-step tokens/s (timed after one warm-up step) and the
-compiled step's memory (XLA memory_analysis(), deterministic): memory_mib is temp + arguments, temp_mib the
-temporaries alone (activations, gradients, workspace), which the memory exponents are fitted to.
+softmax attention at 8,192 takes 10.6 GiB a sequence, two 21 of 23 GiB): train-step tokens/s (timed after one
+warm-up step) and the compiled step's memory (XLA memory_analysis(), deterministic): memory_mib is temp +
+arguments, temp_mib the temporaries alone (activations, gradients, workspace), which the memory exponents are
+fitted to.
 Both are shown as ratios to softmax attention in its O(L²) form (attention_impl=plain; "attention" below) at the same
 length; "attention_chunked" is the same attention computed in key blocks (attention_impl=chunked).
 
@@ -110,8 +112,7 @@ def points(scale):
   groups = {}
   for label, (mixer, overrides) in MIXERS.items():
     for length in LENGTHS[scale]:
-      # One device, as the table and the expectations above were measured (efftx.bench's default splits the
-      # batch over the cores, and 8192 positions, one sequence, could not be split: rows would differ in kind).
+      # One device (efftx.bench's default splits the batch over the cores; one sequence cannot be split).
       flags = {
         "mode": "mixers",
         "mixers": mixer,

@@ -8,15 +8,14 @@ own), and FF-only as the no-mixing control.
 Claim tested (AFT paper, ImageNet top-1): AFT-conv (k = 15, 384 heads) beats DeiT-S's attention, 81.0 vs 79.9.
 Scale "cpu" is NOT the paper's regime: Fashion-MNIST's 28 × 28 grey images in 4 × 4 patches (a 7 × 7 grid), a
 4-layer ViT of width 128 (configs/vision.py), 1,000 steps of batch 64 (1.2 epochs), AFT-conv with a 3 × 3 kernel;
-each mixer's learning rate searched on seed 0 over {3e-4, 1e-3, 3e-3} (the same budget for every mixer, as the AFT
-paper tuned its models), then judged on fresh seeds 1–3 at its chosen rate — 36 runs, about 80 min on 2 cores
-with --parallel=2: its verdict is "untested at this scale". Every mixer
-uses the config's pre-LN blocks and mean pooling; FNet also runs in its paper's conventions ("fnet (published)":
-post-LN blocks, the embedding projection, a learned [CLS] position classified, as f_net's classifier reads [CLS]),
-since with pre-LN and mean pooling the last layer's Fourier branch reaches the pooled vector only through the first
-patch (the mean over positions of a DFT along them is the first position's value). Scale "paper": the paper's
-DeiT-S setting (configs/vision.py:data=imagenet; without DeiT's augmentations, see that file). Metric:
-validation accuracy at the last step.
+each mixer's learning rate searched on seed 0 over {3e-4, 1e-3, 3e-3} (the same budget for every mixer), then
+judged on fresh seeds 1–3 at its chosen rate — 36 runs, about two hours on 2 cores with --parallel=2: its verdict
+is "untested at this scale". Every mixer uses the config's pre-LN blocks and mean pooling; FNet also runs in its
+paper's conventions ("fnet (published)": post-LN blocks, the embedding projection, a learned [CLS] position
+classified, as f_net's classifier reads [CLS]), since with pre-LN and mean pooling the last layer's Fourier branch
+reaches the pooled vector only through the first patch (the mean over positions of a DFT along them is the first
+position's value). Scale "paper": the paper's DeiT-S setting (configs/vision.py:data=imagenet; without DeiT's
+augmentations, see that file). Metric: validation accuracy at the last step.
 """
 
 from efftx.sweep import Plot
