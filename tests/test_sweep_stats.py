@@ -326,6 +326,9 @@ def test_best_then_seeds_searches_on_one_seed_then_adds_seeds_at_the_best_rate()
     "b-lr0.01-seed1",
     "b-lr0.01-seed2",
   ]
+  # One rate: nothing to search, so every seed at once (none waits for seed 0), and the report judges them all.
+  one = study_lib.best_then_seeds(groups, (None,), (0, 1, 2), lambda p: None, "max")
+  assert [p.name for p in one] == [f"{g}-seed{s}" for g in "ab" for s in (0, 1, 2)]
 
 
 def _study(tmp_path) -> study_lib.Study:

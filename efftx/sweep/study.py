@@ -107,8 +107,11 @@ def best_then_seeds(
 ) -> list[Point]:
   """A learning-rate search at a third of the cost of every rate × every seed: every rate on seeds[0]; once all
   of a group's have finished, its other seeds at its best rate (lowest or highest final metric by goal). The
-  report judges the group on those fresh seeds alone (seeds[0] chose the rate: report.aggregate). `finished` is
-  what a sweep file's points(scale, finished) receives: a point's final metric, None until it is done."""
+  report judges the group on those fresh seeds alone (seeds[0] chose the rate: report.aggregate). With one rate
+  nothing is searched: every seed at once, all of them judged. `finished` is what a sweep file's points(scale,
+  finished) receives: a point's final metric, None until it is done."""
+  if len(learning_rates) == 1:
+    return grid(groups, seeds=seeds, learning_rates=learning_rates)
   first = grid(groups, seeds=seeds[:1], learning_rates=learning_rates)
   out = list(first)
   for group, spec in groups.items():

@@ -21,7 +21,6 @@ LRA ListOps (configs/lra_listops.py, 6 layers, width 512, lengths up to 2000), h
 
 from efftx.sweep import Plot
 from efftx.sweep import best_then_seeds
-from efftx.sweep import grid
 from efftx.sweep import stats
 
 CONFIG = "configs/quickstart.py"
@@ -73,8 +72,6 @@ def points(scale, finished):
   groups = {
     m: {"config": config, "arg": f"{prefix}mixer={m}", "overrides": {**overrides, **CONVENTIONS}} for m in mixers
   }
-  if len(LEARNING_RATES[scale]) == 1:
-    return grid(groups, seeds=seeds, learning_rates=LEARNING_RATES[scale])
   return best_then_seeds(groups, LEARNING_RATES[scale], seeds, finished, GOAL)
 
 
@@ -83,7 +80,7 @@ BASELINE = {m: "attention" for m in (*MODELS, *(f"fnet+attention*2@{layout}" for
 
 # The seeds (or repeats) each verdict rests on, fixed before the runs (efftx/sweep/README.md): the fresh seeds where
 # the rate is searched (seed 0 chose it), else every seed.
-DESIGN = {scale: len(s[3]) - (len(LEARNING_RATES[scale]) > 1) for scale, s in SCALES.items()}
+DESIGN = {scale: len(s[3]) - 1 if len(LEARNING_RATES[scale]) > 1 else len(s[3]) for scale, s in SCALES.items()}
 
 
 def claim(rows, scale):

@@ -21,7 +21,6 @@ width 256, 100k steps; the whole test split) at its one rate, 4 seeds.
 
 from efftx.sweep import Plot
 from efftx.sweep import best_then_seeds
-from efftx.sweep import grid
 from efftx.sweep import stats
 
 CONFIG = "configs/image_ar.py"
@@ -75,9 +74,8 @@ LEARNING_RATES = {"cpu": (3e-4, 1e-3, 3e-3), "paper": (None,)}
 def points(scale, finished):
   arg, overrides = SCALES[scale]
   groups = {m: {"arg": f"{arg}mixer={m}", "overrides": overrides} for m in MIXERS}
-  if len(LEARNING_RATES[scale]) == 1:
-    return grid(groups, seeds=(0, 1, 2, 3), learning_rates=LEARNING_RATES[scale])
-  return best_then_seeds(groups, LEARNING_RATES[scale], (0, 1, 2, 3, 4), finished, GOAL)
+  seeds = (0, 1, 2, 3, 4) if len(LEARNING_RATES[scale]) > 1 else (0, 1, 2, 3)  # seed 0 searches where rates are
+  return best_then_seeds(groups, LEARNING_RATES[scale], seeds, finished, GOAL)
 
 
 # The convergence test's tolerance (stats.settled): a difference counts as settled only where its move over the

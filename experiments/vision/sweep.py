@@ -20,7 +20,6 @@ augmentations, see that file). Metric: validation accuracy at the last step.
 
 from efftx.sweep import Plot
 from efftx.sweep import best_then_seeds
-from efftx.sweep import grid
 from efftx.sweep import stats
 
 CONFIG = "configs/vision.py"
@@ -69,8 +68,6 @@ def points(scale, finished):
   groups = {m: {"arg": f"{prefix}mixer={m}", "overrides": overrides} for m in MIXERS}
   for label, (m, convention) in PUBLISHED.items():
     groups[label] = {"arg": f"{prefix}mixer={m}", "overrides": {**overrides, **convention}}
-  if len(LEARNING_RATES[scale]) == 1:
-    return grid(groups, seeds=seeds, learning_rates=LEARNING_RATES[scale])
   return best_then_seeds(groups, LEARNING_RATES[scale], seeds, finished, GOAL)
 
 
