@@ -53,9 +53,9 @@ SETTING = {
   "paper": "LRA's configs: ListOps (lra_listops.py) and grey CIFAR-10 (lra_image.py); 3 seeds",
 }
 PROTOCOL = {
-  s: "Every mixer in efftx's defaults (pre-LN, mean pooling) with one config per task (the same learning "
-  "rate and schedule; LRA tuned per model, which this does not); attention and FNet also in their "
-  "published conventions (post-LN, CLS; FNet's embedding projection); FF-only: no mixing at all."
+  s: "Every mixer in efftx's defaults (pre-LN, mean pooling) with one config per task (the same size, learning "
+  "rate and schedule; LRA's model files set per-model sizes, which this does not: lra_configs.md); attention and "
+  "FNet also in their published conventions (post-LN, CLS; FNet's embedding projection); FF-only: no mixing at all."
   for s in ("cpu", "paper")
 }
 TASKS = {  # scale -> {task label: (config file, config argument, overrides)}
