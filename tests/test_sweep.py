@@ -140,6 +140,11 @@ def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
   (row,) = report.aggregate(searched + fresh, "max")
   assert row["learning_rate"] == 3e-4 and row["mean"] == pytest.approx(0.8) and (row["n"], row["of"]) == (3, 3)
   assert sorted(row["seeds"]) == [1, 2, 3] and row["search"] == {"seeds": [0], "at_best": {0: 0.9}}
+  assert row["rate_at_edge"] is None  # 3e-4 lies inside the grid 1e-4 … 1e-3
+  for rate, edge in ((1e-3, "highest"), (1e-4, "lowest")):
+    moved = [{**p, "value": 1.0} if p["learning_rate"] == rate else p for p in searched]
+    fresh_there = [{**p, "learning_rate": rate} for p in fresh]
+    assert report.aggregate(moved + fresh_there, "max")[0]["rate_at_edge"] == edge
   assert row["ci95"] == pytest.approx([0.8 - 4.303 * 0.1 / np.sqrt(3), 0.8 + 4.303 * 0.1 / np.sqrt(3)])
   # Its convergence check reads the fresh seeds' curves too, not the search seed's at the chosen rate (which moved
   # by +0.4 over the last fifth where the fresh seeds moved by +0.1); the plot still draws all four.
@@ -337,7 +342,7 @@ def points(scale, finished):
     "reuse        a-lr0.01-seed0",
     "reuse        a-lr0.01-seed1",
   ]
-  assert "| a | — | 0.7 | 1/1 | 0.01 |" in proc.stdout, proc.stdout  # the fresh seed 1 at the rate seed 0 chose
+  assert "| a | — | 0.7 | 1/1 | 0.01 (highest of the grid) |" in proc.stdout, proc.stdout  # seed 1 at seed 0's rate
 
 
 def test_a_points_outcome_names_the_commit_it_ran():

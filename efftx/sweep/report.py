@@ -92,7 +92,9 @@ def aggregate(
   Selection apart from judgement: where seeds of a group ran more than one learning rate (a search), the rate is
   chosen on those seeds alone ("by_learning_rate": their means), and the row's values, interval and "seeds" are
   the other seeds' at that rate (fresh seeds; none yet: n = 0). "search" keeps the search seeds and their values
-  at the chosen rate ({"seeds": [...], "at_best": {seed: value}}); None where nothing was searched."""
+  at the chosen rate ({"seeds": [...], "at_best": {seed: value}}); None where nothing was searched. "rate_at_edge"
+  is "lowest" or "highest" where the chosen rate is the grid's lowest or highest of several (the best rate may lie
+  beyond the grid), else None."""
   order = groups or list(dict.fromkeys(p["group"] for p in points))
   out = []
   for group in order:
@@ -120,6 +122,7 @@ def aggregate(
           "by_learning_rate": {},
           "seeds": {},
           "search": {"seeds": sorted(searched), "at_best": {}} if searched else None,
+          "rate_at_edge": None,
           "metrics": {m: {"mean": None, "std": None, "ci95": None} for m in metrics},
           "seconds": sum(p.get("seconds") or 0 for p in points if p["group"] == group),
         }
@@ -132,6 +135,10 @@ def aggregate(
     planned = {p["learning_rate"] for p in points if p["group"] == group and p["seed"] not in searched}
     if searched and len(planned) == 1 and next(iter(planned)) in by_lr:
       best = next(iter(planned))  # the rate the sweep chose for the fresh seeds (best_then_seeds)
+    grid_rates = sorted(lr for lr in {p["learning_rate"] for p in points if p["group"] == group} if lr is not None)
+    edge = None
+    if len(grid_rates) > 1 and best in (grid_rates[0], grid_rates[-1]):
+      edge = "lowest" if best == grid_rates[0] else "highest"
     runs = by_lr[best]
     if searched:
       search = {"seeds": sorted(searched), "at_best": {p["seed"]: p["value"] for p in runs}}
@@ -161,6 +168,7 @@ def aggregate(
         "metrics": extra,
         "seeds": {p["seed"]: {"value": p["value"], **p.get("values", {})} for p in runs},
         "search": search,
+        "rate_at_edge": edge,
         "seconds": sum(p.get("seconds") or 0 for p in points if p["group"] == group),  # every run of the group
       }
     )
@@ -318,11 +326,17 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
         cells.append("—" if mean is None else stats.Interval(mean, *(ci or (None, None)), r["n"]).text())
     cells.append(f"{r['n']}/{r['of']}")
     if several_lrs:
-      cells.append("—" if r["learning_rate"] is None else f"{r['learning_rate']:g}")
+      edge = f" ({r['rate_at_edge']} of the grid)" if r.get("rate_at_edge") else ""
+      cells.append("—" if r["learning_rate"] is None else f"{r['learning_rate']:g}{edge}")
     if regime:
       cells.append("—" if r.get("last_fifth_change") is None else f"{r['last_fifth_change']:+.3g}")
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
+  if several_lrs and any(r.get("rate_at_edge") for r in rows):
+    lines += [
+      "A learning rate marked lowest or highest of the grid is the grid's edge: the best rate may lie beyond it.",
+      "",
+    ]
   if regime:
     lines += [
       f"The last column is the mean over seeds of {study.metric}'s change over the last fifth of training "
