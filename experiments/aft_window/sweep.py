@@ -30,7 +30,8 @@ PAPER_SETTING = (
 )
 SETTING = {
   "cpu": "Python stdlib bytes (not enwik8), 2 layers × 64, context 256, batch 8, 1,600 steps (12,800 sequences: "
-  "about half an epoch of the corpus's 1,024-byte records), full position bias; validation bits/byte every "
+  "about half an epoch of the corpus's 1,024-byte records), factorised position bias (d' = 64, efftx's "
+  "default); validation bits/byte every "
   "200 steps; 3 seeds",
   "paper": "the paper's model and context on the stdlib corpus (enwik8 through config.data.corpus_dir), 100k steps "
   "of batch 32, 3 seeds",

@@ -6,14 +6,15 @@ independent of the number of layers, and what does recomputing the activations c
 
 Each point is one `python -m efftx.bench` row: the whole training step (forward, backward, AdamW) of an attention
 model (attention_impl=chunked), width 512, 8 heads, FF 2048 (a width where activations, not parameters, dominate a
-layer's memory), 2,048 tokens a step (batch 8 at length 256, 2 at 1024), float32, in four variants: plain
+layer's memory), 2,048 tokens a step (batch 8 at length 256, 2 at 1024), float32, in five variants: plain
 residual blocks, reversible couplings (model.reversible), each with and without the chunked feed-forward
-(model.ff_chunk_size=128). Memory: XLA memory_analysis() of the compiled step (deterministic). Its growth per
+(model.ff_chunk_size=128), and the same couplings stored by autodiff ("stored": model.reversible_recompute=false).
+Memory: XLA memory_analysis() of the compiled step (deterministic). Its growth per
 layer holds one gradient copy of the layer's parameters whatever the blocks are; the activations a layer adds are
 that growth minus the layer's parameter bytes (param_mib's growth per layer), which is what Reformer's claim is
 about. Time: tokens/s after one warm-up step at depths 2, 8 and 24 (48 is compiled, not timed), 3 interleaved
-repeats (8 for plain and reversible at depth 24, the points the time claim reads); the time cost is the median of
-the repeats' paired reversible ÷ plain ratios.
+repeats (8 for reversible and stored at depth 24, the points the time claim reads); the time claim's quantity is
+the repeats' paired reversible ÷ stored ratios, with their t-interval.
 
 Paper (Reformer, section 3 and Table 5; PAPERS.md): reversible layers store activations once, not per layer, so
 activation memory is independent of depth (max(b·l·d, b·n_h·l·n_r·c) rather than n_l times that); the cost is
