@@ -252,6 +252,10 @@ def test_published_records_let_a_new_workdir_skip_finished_points(tmp_path, data
   records = tmp_path / "study" / records_lib.RECORDS / "cpu"  # one folder per scale: point names repeat across scales
   assert f"published: 3 points' records in {records}" in proc.stdout
   assert "the report is not published while 1 of 4 points are not done" in proc.stderr
+  # a's record names a commit that is not in this checkout's history: its code cannot be checked out again.
+  assert "records name commits that this checkout's history lacks or that ran changed code (abc: 1)" in proc.stderr
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+  assert points_lib.outside_history([head, head, "abc", f"{head}+dirty"]) == sorted(["abc", f"{head}+dirty"])
   assert not (tmp_path / "study" / "table.md").exists()  # a partial table does not replace the committed one
   assert sorted(os.listdir(records)) == ["a-seed0.json", "b-seed0.json", "c-seed0.json"]
   a = json.loads((records / "a-seed0.json").read_text())

@@ -23,6 +23,7 @@ from efftx.sweep.points import REPO
 from efftx.sweep.points import state
 from efftx.sweep.records import publish_records
 from efftx.sweep.records import reuse_records
+from efftx.sweep.records import unreproducible
 from efftx.sweep.report import publish
 from efftx.sweep.report import report
 from efftx.sweep.study import load
@@ -131,6 +132,13 @@ def main(argv: list[str]) -> None:
     if _PUBLISH.value:
       records = publish_records(study, workdir, _SCALE.value)
       print(f"published: {len(records)} points' records in {os.path.dirname(records[0]) if records else '—'}")
+      if lacking := unreproducible(records):
+        print(
+          f"efftx.sweep: records name commits that this checkout's history lacks or that ran changed code "
+          f"({', '.join(f'{c[:12]}: {n}' for c, n in lacking.items())}): their code cannot be checked out again; "
+          "rerun those points from a landed commit, or say so in the study's README",
+          file=sys.stderr,
+        )
       unfinished = [p.name for p in study.points if state(epath.Path(workdir) / p.name) != "done"]
       if unfinished:
         print(

@@ -95,6 +95,26 @@ def checkout_commit() -> str | None:
   return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
+def outside_history(commits) -> list[str]:
+  """Of the commits that records name, those this checkout cannot check out again: "+dirty" ones (the code differed
+  from its commit) and any that is not an ancestor of HEAD (amended, rebased away, or never landed). [] outside a git
+  checkout."""
+  out = []
+  for c in sorted(set(commits)):
+    if c.endswith("+dirty"):
+      out.append(c)
+      continue
+    try:
+      known = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", c, "HEAD"], cwd=REPO, capture_output=True, timeout=30
+      ).returncode
+    except (OSError, subprocess.SubprocessError):
+      return []
+    if known != 0:
+      out.append(c)
+  return out
+
+
 @functools.cache
 def machine() -> str:
   """This machine in words: CPU model, its widest vector instructions (a cloud VM may name only the CPU family, whose

@@ -23,6 +23,7 @@ from efftx.sweep.points import config_history
 from efftx.sweep.points import config_in_effect
 from efftx.sweep.points import machine
 from efftx.sweep.points import metric_rows
+from efftx.sweep.points import outside_history
 from efftx.sweep.points import read_json
 from efftx.sweep.points import state
 from efftx.sweep.study import Study
@@ -96,6 +97,14 @@ def publish_records(study: Study, workdir: str, scale: str) -> list[str]:
       f.write(_dump(published))
     out.append(target)
   return out
+
+
+def unreproducible(paths: list[str]) -> dict[str, int]:
+  """{commit: number of the records at paths that name it} for the commits this checkout's history lacks or that
+  ran with changed code (points.outside_history): a record is raw data only with the code that produced it."""
+  named = [c for path in paths for c in (read_json(epath.Path(path)) or {}).get("commits") or []]
+  lacking = set(outside_history(named))
+  return {c: named.count(c) for c in sorted(lacking)}
 
 
 def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False) -> dict[str, tuple[bool, str]]:
