@@ -506,6 +506,18 @@ def test_mqar_publishes_no_verdict_from_the_seeds_added_after_a_look(tmp_path):
   assert all((v["p"] is None) == (v["verdict"] == stats.UNTESTED) for v in verdicts)
 
 
+def test_a_plot_against_x_needs_more_than_one_value_of_it():
+  """mqar's plot is against the width: at the cpu scale, which ran one width, its groups would stack on one point
+  of an empty axis, so each gets its own labelled dot; at the paper scale's four widths the plot is against x."""
+  path = os.path.join(REPO, "experiments", "mqar", "sweep.py")
+  for scale, widths in (("cpu", {64}), ("paper", {64, 128, 256, 512})):
+    study = study_lib.load(path, scale)
+    rows = [{"group": g} for g in dict.fromkeys(p.group for p in study.points)]
+    assert {study.plot.x[1][r["group"]] for r in rows} == widths
+    assert report.along_x(study, rows) == (len(widths) > 1)
+  assert not report.along_x(study, rows[:1])  # one group of the four widths: one value
+
+
 def test_zoology_fig2_judges_on_its_declared_fresh_seeds_only():
   """zoology_fig2's cell verdicts carry their fresh seeds: with DESIGN's 2 a reproduced cell holds; with a third
   fresh seed added the report's stats.fixed_design refuses it."""

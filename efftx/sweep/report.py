@@ -596,12 +596,20 @@ def _chance_lines(study: Study, metric: str, title: str | None, shown: list[floa
   return near
 
 
+def along_x(study: Study, rows: list[dict]) -> bool:
+  """Whether the plot draws rows against plot.x: only where they take more than one value of it. With one (one width
+  of several run) an x axis shows nothing along it and stacks the groups on one point, so each group gets its own
+  labelled dot instead."""
+  return bool(study.plot.x) and len({study.plot.x[1][r["group"]] for r in rows if r["group"] in study.plot.x[1]}) > 1
+
+
 def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> None:
   """One panel per question: each metric (ours as ratios where BASELINE is set, with the range of paired repeats;
-  else the mean with its 95 % interval), against plot.x (one line per plot.series) or as one labelled dot per group
-  on an axis that starts where the values do; and, where groups have several seeds and a baseline, a panel of the
-  paired differences from it with their intervals and the zero line. The paper's numbers only where the scale's
-  setting is the paper's; plot.chance's reference lines on their metric's panel."""
+  else the mean with its 95 % interval), against plot.x (one line per plot.series; where the rows take more than one
+  value of it) or as one labelled dot per group on an axis that starts where the values do; and, where groups have
+  several seeds and a baseline, a panel of the paired differences from it with their intervals and the zero line.
+  The paper's numbers only where the scale's setting is the paper's; plot.chance's reference lines on their metric's
+  panel."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")
@@ -618,8 +626,9 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   panels = [("metric", m, t) for m in metrics for t in titles or [None]] + [
     ("delta", study.metric, t) for t in titles or [None] if any(in_panel(r, t) for r in deltas)
   ]
+  against_x = along_x(study, rows)
   per_panel = max(sum(1 for r in rows if in_panel(r, t)) for t in titles or [None])
-  tall = max(4.5, 0.35 * per_panel + 1.5) if not study.plot.x else 4.5
+  tall = max(4.5, 0.35 * per_panel + 1.5) if not against_x else 4.5
   columns = min(3, len(panels))  # at most three panels a row
   grid_rows = -(-len(panels) // columns)
   fig, axes = plt.subplots(grid_rows, columns, figsize=(7 * columns, tall * grid_rows), squeeze=False)
@@ -629,7 +638,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   all_rows = rows
   for ax, (kind, metric, title) in zip(axes.flat, panels):
     rows = [r for r in all_rows if in_panel(r, title)]
-    if kind == "delta" and study.plot.x:  # the paired difference against plot.x, with its 95 % interval
+    if kind == "delta" and against_x:  # the paired difference against plot.x, with its 95 % interval
       label, xs = study.plot.x
       shown = [r for r in rows if r["delta"].get(metric) and r["group"] in xs]
       for series in dict.fromkeys(study.plot.series.get(r["group"], "ours") for r in shown):
@@ -666,7 +675,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
     ratio = bool(study.baseline) and study.measured  # training: the delta panel
     value = lambda r, m=metric: r["ratio"][m] if ratio else r["metrics"][m]["mean"]
     done = [r for r in rows if value(r) is not None]
-    if study.plot.x:
+    if against_x:
       label, xs = study.plot.x
       on_axis = [r for r in done if r["group"] in xs]
       for series in dict.fromkeys(study.plot.series.get(r["group"], "ours") for r in on_axis):
@@ -741,10 +750,10 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       ax.set_xlabel(f"{metric} ÷ baseline" if ratio else metric)
       ax.legend(fontsize=8)
     if ratio:
-      (ax.axhline if study.plot.x else ax.axvline)(1.0, color="black", linewidth=0.8)
+      (ax.axhline if against_x else ax.axvline)(1.0, color="black", linewidth=0.8)
       shown = [value(r) for r in done]
       if shown and min(shown) > 0 and max(shown) / min(shown) >= 10:
-        (ax.set_yscale if study.plot.x else ax.set_xscale)("log")
+        (ax.set_yscale if against_x else ax.set_xscale)("log")
     ax.set_title((study.name if len(metrics) == 1 else f"{study.name}: {metric}") + (f", {title}" if title else ""))
     ax.grid(alpha=0.3)
   fig.tight_layout()
