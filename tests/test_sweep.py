@@ -316,6 +316,12 @@ def test_a_bench_record_is_reused_only_on_the_machine_that_measured_it(tmp_path)
     "rows": [{"temp_mib": 3.0, "argument_mib": 1.0}]
   }
   assert points_lib.state(second / "attention_L=32") == "done" and points_lib.state(second / "fnet_L=32") == "pending"
+  # A report rebuilt from the records measures nothing here: it takes every machine's (the report names each).
+  third = tmp_path / "third"
+  assert records_lib.reuse_records(study, str(third), "cpu", any_machine=True)["fnet_L=32"] == (
+    True,
+    "its published record",
+  )
 
 
 def test_a_grown_grid_reuses_the_records_of_its_later_points(tmp_path, data_dir):

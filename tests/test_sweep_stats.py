@@ -354,8 +354,9 @@ def points(scale):
 def claim(rows, scale):
   from efftx.sweep import stats
   fnet = next(r for r in rows if r["group"] == "fnet")
-  d = stats.Interval(fnet["delta"]["eval_loss"]["mean"], *fnet["delta"]["eval_loss"]["ci95"], 3)
-  ok, why = stats.settled(fnet["curves"], next(r for r in rows if r["group"] == "attention")["curves"], 0.01)
+  attention = next(r for r in rows if r["group"] == "attention")
+  d = stats.between(fnet, attention)  # fnet − attention over the seeds both ran: a paired t-interval
+  ok, why = stats.settled(fnet["curves"], attention["curves"], 0.01)
   return [stats.judge("FNet's loss is within 0.1 of attention's", "+0.1 (12 layers)", d.text(3), d, 0.1, ok, why),
           stats.judge("FNet's loss is higher", "+0.1", d.text(3), d, 0.0, True)]
 ''')
@@ -396,11 +397,14 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
     "| paper | the paper's data, 12 layers |" in table and "| ours (scale `cpu`) | ListOps-small, 2 layers |" in table
   )
   assert "Reference lines for eval_loss: uniform guess 2.5." in table
-  # The difference moved 0 over the last fifth (the same 1/s on both): settled, so the verdict is earned.
+  # The difference moved 0 over the last fifth (the same 1/s on both): settled, so the verdict is earned. Each
+  # verdict names its test, its regime check and its correction.
   assert (
     "| FNet's loss is within 0.1 of attention's | +0.1 (12 layers) | 0.2 [0.2, 0.2] | **held**: 95 % interval "
-    "[0.2, 0.2] (t, 3 seeds), the claim > 0.1; Holm over 2 claims: adjusted p = 0 |"
+    "[0.2, 0.2] (paired t, 3 seeds), the claim > 0.1; regime: the difference moved 0 [0, 0] over the last fifth "
+    "(inside ±0.01); Holm over 2 claims: adjusted p = 0 |"
   ) in table, table
+  assert "the claim > 0; regime: none checked (judged on the setting as measured); Holm over 2 claims" in table, table
   assert "| ours: eval_loss ÷ baseline (of the means [per-seed min–max]) |" in table  # a range, not an interval
   verdicts = json.loads(open(paths["json"]).read())["verdicts"]
   assert [v["verdict"] for v in verdicts] == [stats.HELD, stats.HELD] and [v["n"] for v in verdicts] == [3, 3]

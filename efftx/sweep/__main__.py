@@ -158,7 +158,8 @@ def _reuse(study, path: str, workdir: str):
   --dry_run, those that would be: the dry run prints them as "reuse", and cannot show what they would grow)."""
   reported, reused = set(), set()
   while True:
-    for name, (taken, why) in reuse_records(study, workdir, _SCALE.value, dry_run=_DRY_RUN.value).items():
+    taken_here = reuse_records(study, workdir, _SCALE.value, dry_run=_DRY_RUN.value, any_machine=_REPORT.value)
+    for name, (taken, why) in taken_here.items():
       if taken:
         reused.add(name)
       if name not in reported and not (taken and _DRY_RUN.value):

@@ -107,12 +107,15 @@ def unreproducible(paths: list[str]) -> dict[str, int]:
   return {c: named.count(c) for c in sorted(lacking)}
 
 
-def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False) -> dict[str, tuple[bool, str]]:
+def reuse_records(
+  study: Study, workdir: str, scale: str, dry_run: bool = False, any_machine: bool = False
+) -> dict[str, tuple[bool, str]]:
   """For each point not started in workdir (no config written, no failed attempt) whose published record ran with
   the point's own flags: writes the record into its folder (config.json and metrics.jsonl, or bench.json, and an
   outcome that names the record), so that it counts as done. A bench record (a timing) is taken only on the
-  machine that measured it. Returns {point: (reused, what to say)} for every record of a point not done in
-  workdir."""
+  machine that measured it, so that a sweep going on here does not mix its timings with another machine's; with
+  any_machine (a report rebuilt from the records, measuring nothing) from any. Returns {point: (reused, what to
+  say)} for every record of a point not done in workdir."""
   folder = records_folder(study, scale)
   commit = checkout_commit()
   out = {}
@@ -131,7 +134,7 @@ def reuse_records(study: Study, workdir: str, scale: str, dry_run: bool = False)
     if now != "pending":
       out[p.name] = (False, f"{now} in the workdir, which goes on with its own run")
       continue
-    if "bench" in published and published.get("machine") != machine():
+    if "bench" in published and not any_machine and published.get("machine") != machine():
       out[p.name] = (False, f"a timing measured on {published.get('machine') or 'an unnamed machine'}, not this one")
       continue
     commits = published.get("commits") or []

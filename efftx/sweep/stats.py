@@ -70,6 +70,7 @@ class Interval:
   n: int
   seeded: bool = True  # False: a deterministic measurement (exact), n only lets a verdict rest on it
   df: int | None = None  # the t quantile's degrees of freedom where not n − 1 (a fitted slope's n − 2)
+  test: str = "t"  # the test the interval is of, as a verdict names it: "t" over values, "paired t" over differences
 
   def as_dict(self) -> dict:
     return {"mean": self.mean, "ci95": None if self.low is None else [self.low, self.high], "n": self.n}
@@ -97,7 +98,8 @@ def paired(ours: dict, baseline: dict) -> Interval | None:
   """The interval of ours[seed] − baseline[seed] over the seeds both have ({seed: value}): the difference with the
   seed-to-seed variation the two share taken out."""
   seeds = sorted(s for s in ours if s in baseline and ours[s] is not None and baseline[s] is not None)
-  return interval([ours[s] - baseline[s] for s in seeds])
+  found = interval([ours[s] - baseline[s] for s in seeds])
+  return None if found is None else dataclasses.replace(found, test="paired t")
 
 
 def between(row: dict, baseline_row: dict, key: str = "value") -> Interval | None:
@@ -195,7 +197,7 @@ def verdict(
   elif difference.df is not None:
     test = f"least-squares fit over {difference.n} points, t on {difference.df} df"
   else:
-    test = f"t, {difference.n} seeds"
+    test = f"{difference.test}, {difference.n} seeds"
   where = (
     f"95 % interval [{difference.low:.3g}, {difference.high:.3g}] ({test}), the claim {'>' if above else '<'} "
     f"{threshold:.3g}"
@@ -273,9 +275,13 @@ def judge(
   above: bool = True,
 ) -> Claim:
   """A Claim whose verdict is verdict(difference, threshold, in_regime, why_not, above), with its test's p-value
-  where it was tested (for `holm`)."""
+  where it was tested (for `holm`). A tested claim's reason also says how its regime was checked: why_not's text
+  where the study checked it (`regime`: e.g. the settled difference), else that none was (the claim is judged on
+  the setting as measured)."""
   decided, why = verdict(difference, threshold, in_regime, why_not, above)
   p = None if decided == UNTESTED else p_value(difference, threshold)
+  if p is not None:
+    why += f"; regime: {why_not}" if why_not else "; regime: none checked (judged on the setting as measured)"
   seeded = isinstance(difference, Count) or isinstance(difference, Interval) and difference.seeded
   measured = (
     [difference.mean, difference.low, difference.high]
