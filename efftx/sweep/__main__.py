@@ -110,6 +110,8 @@ def main(argv: list[str]) -> None:
       )
       states = run(study, workdir, launch, dry_run=_DRY_RUN.value, reused=reused, later=later)
       while not _DRY_RUN.value and study.adaptive:  # a grid that grows as its points finish (best_then_seeds)
+        if any(s in ("unfinished", "pending") for s in states.values()):
+          break  # stopped by a signal: the grid does not grow, and the same command goes on later
         grown = _grown(study, argv[1], workdir)
         if grown is None:
           break
