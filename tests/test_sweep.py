@@ -666,3 +666,41 @@ def test_a_points_half_written_last_row_is_left_out_and_a_bad_row_named(tmp_path
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\nnot json\n{"step": 2}\n')
   with pytest.raises(UserError, match="metrics.jsonl, line 2, cannot be read"):
     points_lib.metric_rows(tmp_path)
+
+
+def test_a_stopped_adaptive_sweep_does_not_grow_its_grid(tmp_path, data_dir):
+  """best_then_seeds: a SIGTERM that stops the wave stops the sweep, even where a group's search finished in that
+  wave (its fresh seeds are not started; the same command starts them later)."""
+  path = tmp_path / "adaptive" / "sweep.py"
+  path.parent.mkdir()
+  data = str(data_dir)
+  path.write_text(f'''"""A test study."""
+from efftx.sweep import best_then_seeds
+CONFIG = "configs/quickstart.py"
+METRIC = "eval_accuracy"
+GOAL = "max"
+
+def points(scale, finished):
+  quick = {{"total_steps": 4, "eval_every": 4, "data.data_dir": {data!r}}}
+  slow = {{"total_steps": 400, "checkpoint_every": 5, "eval_every": 400, "data.data_dir": {data!r}}}
+  return best_then_seeds({{"a": {{"arg": "smoke", "overrides": quick}}, "b": {{"arg": "smoke", "overrides": slow}}}},
+                         (1e-3, 1e-2), (0, 1), finished, GOAL)
+''')
+  workdir = tmp_path / "runs"
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "efftx.sweep", str(path), f"--workdir={workdir}", "--parallel=1"],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  deadline = time.time() + 300
+  while not (workdir / "b-lr0.001-seed0" / "checkpoints" / "5").exists():
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()
+    time.sleep(0.05)
+  assert all(points_lib.state(workdir / f"a-lr{lr}-seed0") == "done" for lr in ("0.001", "0.01"))
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err
+  assert "efftx.sweep: stopping" in err and "more points now that their search finished" not in err, err
+  assert not list(workdir.glob("a-*-seed1")) and not (workdir / "b-lr0.01-seed0").exists()
