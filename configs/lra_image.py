@@ -11,12 +11,12 @@ data=fashion_mnist (784 tokens, offline: `apt-get install dataset-fashion-mnist`
 
 From LRA (lra_benchmarks/image/configs/cifar10/base_cifar10_config.py): 1 layer, width 32, 1 head, feed-forward 64,
 dropout 0.3, attention dropout 0.2, batch 256, 35K steps (200 epochs of 45K images), AdamW-style Adam at 5e-4 with
-warmup 175 and cosine decay, no weight decay; pixels are tf.image.rgb_to_grayscale values 0–255 (vocab 256); train
-on train[:90%], validate on train[90%:]. Reference accuracy (LRA Table 1): Transformer 42.44, Linear Transformer
-42.34, Reformer 38.07; FNet paper: FNet 38.67. That base size is not what LRA's rows ran: its Transformer file sets
-width 128, qkv 64, feed-forward 128, 8 heads (added to the public code at ee6649e, "the missing config ... for
-transformer on image tasks"), and each other model file its own sizes (experiments/lra_reduced/lra_configs.md);
-this config keeps the base size for every mixer.
+warmup 175 and cosine decay, no weight decay, no gradient clipping (grad_clip_norm = None); pixels are
+tf.image.rgb_to_grayscale values 0–255 (vocab 256); train on train[:90%], validate on train[90%:]. Reference accuracy
+(LRA Table 1): Transformer 42.44, Linear Transformer 42.34, Reformer 38.07; FNet paper: FNet 38.67. That base size is
+not what LRA's rows ran: its Transformer file sets width 128, qkv 64, feed-forward 128, 8 heads (added to the public
+code at ee6649e, "the missing config ... for transformer on image tasks"), and each other model file its own sizes
+(experiments/lra_reduced/lra_configs.md); this config keeps the base size for every mixer.
 Fashion-MNIST uses the same model for 4,300 steps (20 epochs of 55K images); no paper reports this
 sequence-classification setting — it is efftx's offline stand-in. Measured here: see experiments/tasks/README.md.
 """

@@ -62,7 +62,9 @@ SETTING = {
 _PROTOCOL = (
   "Every mixer in efftx's defaults (pre-LN, mean pooling) with one config per task (the same size and schedule; "
   "LRA's per-model files set wider image models, lra_configs.md); attention as LRA built it (pre-LN, CLS) and FNet "
-  "in its paper's conventions (post-LN, CLS, embedding projection); FF-only: no mixing at all."
+  "in its paper's conventions (post-LN, CLS, embedding projection); FF-only: no mixing at all. Gradient clipping "
+  "as each task's config: none on the image task (LRA's base_cifar10_config.py sets grad_clip_norm = None), at "
+  "norm 1 on ListOps-small (configs/quickstart.py's recipe; LRA's ListOps clips none)."
 )
 PROTOCOL = {
   "cpu": _PROTOCOL + " Each group's learning rate chosen from {3e-4, 1e-3, 3e-3, 1e-2} on seed 0's final "
