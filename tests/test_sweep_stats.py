@@ -273,6 +273,36 @@ def test_a_run_cut_short_is_not_settled_on_the_vision_studys_records():
   assert "moved -0.0289 [-0.0387, -0.0192]" in why, why
 
 
+def test_the_search_table_reads_each_search_runs_record_and_bolds_the_rate_the_fresh_seeds_ran():
+  """image_ar's learning-rate search as report.md gives it from the published rows: each cell is seed 0's last
+  validation bits/dim in that rate's raw record (runs/cpu), and the bold cell is the rate every fresh seed ran."""
+  folder = os.path.join(REPO, "experiments", "image_ar", "runs", "cpu")
+  last, fresh_rates = {}, {}  # (group, rate) -> value; group -> {rates of seeds 1-4}
+  for name in os.listdir(folder):
+    record = json.loads(open(os.path.join(folder, name)).read())
+    group = name.split("-lr")[0]
+    flag = lambda key: next(f.split("=", 1)[1] for f in record["flags"] if f.startswith(key))
+    rate = float(flag("--config.optim.learning_rate="))
+    if flag("--config.seed=") == "0":
+      last[group, rate] = [m["eval_bits_per_dim"] for m in record["metrics"] if "eval_bits_per_dim" in m][-1]
+    else:
+      fresh_rates.setdefault(group, set()).add(rate)
+  study = study_lib.load(os.path.join(REPO, "experiments", "image_ar", "sweep.py"), "cpu")
+  rows = json.loads(open(os.path.join(REPO, "experiments", "image_ar", "results.json")).read())["rows"]
+  lines = report.search_table(study, rows)
+  assert lines[0].startswith("**Learning-rate search** (eval_bits_per_dim at the last step on search seed 0;")
+  header = [float(c) for c in lines[2].strip("| ").split(" | ")[1:]]
+  assert header == [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+  body = [line.strip("| ").split(" | ") for line in lines[4:-1]]
+  assert [cells[0] for cells in body] == ["attention", "aft_local", "aft_simple", "aft_conv", "linear"]
+  for group, *cells in body:
+    (bold,) = [rate for rate, cell in zip(header, cells) if cell.startswith("**")]
+    assert fresh_rates[group] == {bold}, (group, bold)
+    for rate, cell in zip(header, cells):
+      assert float(cell.strip("*")) == pytest.approx(last[group, rate], abs=5e-4), (group, rate, cell)
+  assert report.search_table(study, [{**r, "search": None} for r in rows]) == []
+
+
 def test_slopes_and_medians():
   lengths = [256, 1024, 4096]
   assert stats.loglog_slope(lengths, [3e-6 * x**2 for x in lengths]) == pytest.approx(2.0)
@@ -466,6 +496,7 @@ def test_every_committed_studys_claims_judge_a_report(tmp_path, name):
     v["verdict"] in (stats.HELD, stats.DID_NOT_HOLD, stats.INCONCLUSIVE, stats.UNTESTED) for v in verdicts
   )
   assert "**Verdicts**" in table
+  assert ("**Learning-rate search**" in table) == study.adaptive, name  # what chose each searched rate
   # Each measured claim is drawn on its own scale against its threshold (claims.png when published).
   measured = [v for v in verdicts if v["measured"] is not None]
   assert ("claims" in paths) == bool(measured) and all(v["threshold"] is not None for v in measured)

@@ -242,6 +242,33 @@ def _columns(study: Study, scale: str) -> list[tuple[str, str, str]]:
   return out
 
 
+def search_table(study: Study, rows: list[dict]) -> list[str]:
+  """report.md's learning-rate search: per searched group, the search seeds' mean METRIC at the last step at each
+  rate of the grid ("—" where that rate has not finished), the chosen rate in bold; [] where nothing was searched.
+  These seeds choose the rate and judge nothing."""
+  searched = [r for r in rows if r.get("search")]
+  if not searched:
+    return []
+  rates = sorted({p.learning_rate for p in study.points if p.learning_rate is not None})
+  seeds = sorted({s for r in searched for s in r["search"]["seeds"]})
+  lines = [
+    f"**Learning-rate search** ({study.metric} at the last step on search seed{'s' if len(seeds) > 1 else ''} "
+    f"{', '.join(map(str, seeds))}{', their mean' if len(seeds) > 1 else ''}; the chosen rate in bold; these seeds "
+    "choose the rate and judge nothing):",
+    "",
+    "| setting | " + " | ".join(f"{lr:g}" for lr in rates) + " |",
+    "|---|" + "---:|" * len(rates),
+  ]
+  for r in searched:
+    cells = []
+    for lr in rates:
+      mean = r["by_learning_rate"].get(str(lr))
+      value = "—" if mean is None else f"{mean:#.4g}"
+      cells.append(f"**{value}**" if lr == r["learning_rate"] and value != "—" else value)
+    lines.append(f"| {r['group']} | " + " | ".join(cells) + " |")
+  return [*lines, ""]
+
+
 def _with_curves(study: Study, rows: list[dict], points: list[dict], found: dict[str, list]) -> dict[str, list]:
   """Adds to each row "curves" ({seed: [(step, METRIC)]} at its best learning rate, the seeds that judge it: a
   search's seeds left out, as from its values) and "last_fifth_change": the mean over those seeds of METRIC's
@@ -343,6 +370,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
       f"({'falling' if study.goal == 'min' else 'rising'}: still improving).",
       "",
     ]
+  lines += search_table(study, rows)
   for metric, marks in study.plot.chance.items():
     lines += [
       f"Reference lines for {metric}: " + ", ".join(f"{label} {value:.4g}" for label, value in marks.items()) + ".",
