@@ -619,3 +619,43 @@ def points(scale):
   path.write_text(path.read_text().replace("PLOT = Plot(panel='task')", "PANEL = _task"))
   with pytest.raises(study_lib.UserError, match=r"PANEL go in PLOT = efftx.sweep.Plot\(panel=...\)"):
     study_lib.load(str(path))
+
+
+def test_reversibles_plot_draws_the_quantities_its_verdicts_read(tmp_path, monkeypatch):
+  """reversible's plot.png puts each claim's own quantity on an axis (PLOT.quantities), rebuilt from the study's
+  committed records: the largest memory share drawn at each length is the worst pair its memory verdict judged, and
+  the time panel draws the verdict's paired ratio with its interval and every one of the declared repeats. Only the
+  compiled memory among the raw metrics keeps a panel (PLOT.metrics); a PLOT naming a metric the study lacks is
+  refused."""
+  from efftx.sweep import records  # pylint: disable=g-import-not-at-top
+
+  path = os.path.join(REPO, "experiments", "reversible", "sweep.py")
+  study = study_lib.load(path, "cpu")
+  workdir = tmp_path / "runs"
+  reused = records.reuse_records(study, str(workdir), "cpu", any_machine=True)
+  assert len(reused) == len(study.points) and all(ok for ok, _ in reused.values())
+  drawn = []
+  monkeypatch.setattr(report, "_draw_panel", lambda ax, panel: drawn.append(panel))
+  verdicts = json.loads(open(report.report(study, str(workdir), "cpu", "test")["json"]).read())["verdicts"]
+  memory, time = drawn
+  assert study.plot.metrics == ("temp_mib",)
+  for L in (256, 1024):
+    judged = next(
+      v for v in verdicts if v["claim"] == f"reversible layers add no activation memory per layer (length {L})"
+    )
+    assert max(y for _, y, _, _ in memory.lines[f"length {L}"]) == pytest.approx(judged["measured"][0], rel=1e-12)
+    assert judged["verdict"] == stats.HELD and all(
+      y < memory.levels["claim: < 0.1"] for _, y, _, _ in memory.lines[f"length {L}"]
+    )
+  label = "reversible ÷ stored couplings, 24 layers"
+  for i, L in enumerate((256, 1024)):
+    judged = next(
+      v for v in verdicts if v["claim"] == f"recomputation costs at most one forward pass (length {L}, 24 layers)"
+    )
+    assert time.lines[label][i][1:] == pytest.approx(tuple(judged["measured"]), rel=1e-12)
+    ratios = time.dots[label][i][1]
+    assert len(ratios) == study.design["cpu"] and np.mean(ratios) == pytest.approx(judged["measured"][0], rel=1e-12)
+  bad = tmp_path / "sweep.py"
+  bad.write_text(open(path).read().replace('metrics=("temp_mib",)', 'metrics=("eval_loss",)'))
+  with pytest.raises(UserError, match="PLOT's metrics .* are not a non-empty subset of METRIC and METRICS"):
+    study_lib.load(str(bad))

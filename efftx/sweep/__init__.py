@@ -8,9 +8,10 @@ retries failed ones, and the report is rebuilt from the folders (or the publishe
 names, their types and defaults, the launchers and the records: efftx/sweep/README.md.
 """
 
-from efftx.sweep.study import Plot  # what sweep files use
+from efftx.sweep.study import Panel  # what sweep files use
+from efftx.sweep.study import Plot
 from efftx.sweep.study import Point
 from efftx.sweep.study import best_then_seeds
 from efftx.sweep.study import grid
 
-__all__ = ["Plot", "Point", "best_then_seeds", "grid"]
+__all__ = ["Panel", "Plot", "Point", "best_then_seeds", "grid"]

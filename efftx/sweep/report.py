@@ -24,6 +24,7 @@ from efftx.sweep.points import machine
 from efftx.sweep.points import metric_rows
 from efftx.sweep.points import read_json
 from efftx.sweep.points import state
+from efftx.sweep.study import Panel
 from efftx.sweep.study import Study
 
 
@@ -637,13 +638,15 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   value of it) or as one labelled dot per group on an axis that starts where the values do; and, where groups have
   several seeds and a baseline, a panel of the paired differences from it with their intervals and the zero line.
   The paper's numbers only where the scale's setting is the paper's; plot.chance's reference lines on their metric's
-  panel."""
+  panel; plot.metrics limits the metric panels, and plot.quantities adds the claims' own quantities as panels."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  metrics = list((study.metric, *study.metrics))
+  metrics = list(study.plot.metrics or (study.metric, *study.metrics))
+  # The claims' own quantities (plot.quantities), once every group has its value: what the verdicts read.
+  quantities = study.plot.quantities(rows) if study.plot.quantities and all(r["mean"] is not None for r in rows) else []
   with_paper = study.paper_in_table(scale) if scale else True
   # Measurements get ratios to the baseline; training runs their paired differences from it.
   deltas = [r for r in rows if (r.get("delta") or {}).get(study.metric)] if not study.measured else []
@@ -651,9 +654,11 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   # With plot.panel, one panel per task also without plot.x: one task per axis.
   titles = list(dict.fromkeys(study.plot.panel(r["group"]) for r in rows)) if study.plot.panel else []
   in_panel = lambda r, t: t is None or study.plot.panel(r["group"]) == t  # noqa: E731
-  panels = [("metric", m, t) for m in metrics for t in titles or [None]] + [
-    ("delta", study.metric, t) for t in titles or [None] if any(in_panel(r, t) for r in deltas)
-  ]
+  panels = (
+    [("metric", m, t) for m in metrics for t in titles or [None]]
+    + [("delta", study.metric, t) for t in titles or [None] if any(in_panel(r, t) for r in deltas)]
+    + [("quantity", q, None) for q in quantities]
+  )
   against_x = along_x(study, rows)
   per_panel = max(sum(1 for r in rows if in_panel(r, t)) for t in titles or [None])
   tall = max(4.5, 0.35 * per_panel + 1.5) if not against_x else 4.5
@@ -665,6 +670,9 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   each = "each repeat" if study.measured else "each seed"
   all_rows = rows
   for ax, (kind, metric, title) in zip(axes.flat, panels):
+    if kind == "quantity":
+      _draw_panel(ax, metric)
+      continue
     rows = [r for r in all_rows if in_panel(r, title)]
     if kind == "delta" and against_x:  # the paired difference against plot.x, with its 95 % interval
       label, xs = study.plot.x
@@ -782,13 +790,36 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       shown = [value(r) for r in done]
       if shown and min(shown) > 0 and max(shown) / min(shown) >= 10:
         (ax.set_yscale if against_x else ax.set_xscale)("log")
-    ax.set_title((study.name if len(metrics) == 1 else f"{study.name}: {metric}") + (f", {title}" if title else ""))
+    ax.set_title(
+      (study.name if len(metrics) == 1 and not quantities else f"{study.name}: {metric}")
+      + (f", {title}" if title else "")
+    )
     ax.grid(alpha=0.3)
   fig.tight_layout()
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=120)
   plt.close(fig)
   path.write_bytes(buffer.getvalue())
+
+
+def _draw_panel(ax, panel: Panel) -> None:
+  """A claim's quantity as its sweep file computed it (study.Panel): lines with their intervals, each repeat's dots,
+  the claim's threshold."""
+  for label, line in panel.lines.items():
+    xs, ys, lows, highs = zip(*line)
+    errors = [[y - lo for y, lo in zip(ys, lows)], [hi - y for y, hi in zip(ys, highs)]]
+    ax.errorbar(xs, ys, yerr=errors, marker="o", linestyle="-" if panel.join else "none", capsize=3, label=label)
+    _seed_dots(ax, panel.dots.get(label, []), ax.lines[-1].get_color(), panel.each)
+  for label, level in panel.levels.items():
+    ax.axhline(level, linestyle="--", color="red", linewidth=0.8)
+    ax.annotate(label, (ax.get_xlim()[0], level), fontsize=8, va="bottom", color="red")
+  if panel.xticks:
+    ax.set_xticks(list(panel.xticks), list(panel.xticks.values()))
+  ax.set_yscale(panel.yscale)
+  ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
+  ax.grid(alpha=0.3)
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=7)
 
 
 def _machines(points: list[dict]) -> str:

@@ -123,6 +123,24 @@ def best_then_seeds(
 
 
 @dataclasses.dataclass(frozen=True)
+class Panel:
+  """One panel of a claim's own quantity (Plot.quantities), drawn as given: each line's (x, value, low, high) with
+  its interval as error bars, each line's individual values (seeds or repeats) as hollow dots, and reference levels
+  (a claim's threshold) as dashed red lines."""
+
+  title: str
+  xlabel: str
+  ylabel: str
+  lines: dict[str, list[tuple[float, float, float, float]]]  # label -> [(x, value, low, high)]
+  dots: dict[str, list[tuple[float, list[float]]]] = dataclasses.field(default_factory=dict)  # line -> [(x, values)]
+  levels: dict[str, float] = dataclasses.field(default_factory=dict)  # label -> y
+  xticks: dict[float, str] = dataclasses.field(default_factory=dict)  # x -> its tick's label ({}: numbers)
+  yscale: str = "linear"  # or "log"
+  each: str = "each repeat"  # the dots' legend label
+  join: bool = True  # False: each line's points unjoined (x is a category, not a quantity)
+
+
+@dataclasses.dataclass(frozen=True)
 class Plot:
   """How the report draws a study: a sweep file's PLOT = Plot(...), every field optional."""
 
@@ -132,6 +150,8 @@ class Plot:
   chance: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # metric -> {line label: value}
   panel: Callable[[str], str] | None = None  # group -> its panel (a task): learning curves and the metric's plot
   chance_panel: dict[str, str] = dataclasses.field(default_factory=dict)  # chance line label -> its only panel
+  metrics: tuple[str, ...] | None = None  # the metrics that get a panel (None: METRIC and every one of METRICS)
+  quantities: Callable[[list[dict]], list[Panel]] | None = None  # rows (as claim() gets them) -> the claims' panels
 
 
 @dataclasses.dataclass
@@ -276,6 +296,11 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None, every_point_
   for name, value in (("SETTING", given["SETTING"]), ("PROTOCOL", given["PROTOCOL"]), ("PLOT's chance", plot.chance)):
     if not isinstance(value, dict):
       raise UserError(f"{path}: {name} is a {type(value).__name__}, not a dict")
+  if plot.quantities is not None and not callable(plot.quantities):
+    raise UserError(f"{path}: PLOT's quantities is a {type(plot.quantities).__name__}, not a function of the rows")
+  drawn = (given["METRIC"], *given["METRICS"])
+  if plot.metrics is not None and (not plot.metrics or set(plot.metrics) - set(drawn)):
+    raise UserError(f"{path}: PLOT's metrics {plot.metrics!r} are not a non-empty subset of METRIC and METRICS {drawn}")
   if plot.panel is not None and not callable(plot.panel):
     raise UserError(f"{path}: PLOT's panel is a {type(plot.panel).__name__}, not a function of a group's name")
   design = given["DESIGN"]

@@ -30,6 +30,7 @@ FLOPs (XLA's cost analysis, one layer): tests/test_reversible.py and experiments
 "paper": width 1024, FF 4096, 16 heads, length 4096, depths 2 to 96, timed for 10 s (accelerators).
 """
 
+from efftx.sweep import Panel
 from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
@@ -85,12 +86,6 @@ def _group(variant, length, depth):
 
 
 _KEYS = [(v, L, d) for v in VARIANTS for s in SCALES.values() for L in s["lengths"] for d in s["depths"]]
-# Memory grows linearly with depth: a straight line on a linear axis.
-PLOT = Plot(
-  x=("layers", {_group(*k): k[2] for k in _KEYS}),
-  series={_group(*k): f"{k[0]}, length {k[1]}" for k in _KEYS},
-  xscale="linear",
-)
 
 
 def points(scale):
@@ -140,6 +135,99 @@ def _activations_per_layer(by_group, variant, length, depths):
   return {(a, b): (temp[b] - temp[a] - (params[b] - params[a])) / (b - a) for a, b in zip(depths, depths[1:])}
 
 
+def _memory_shares(by_group, length):
+  """(reversible, plain) activations per added layer, {(d, d'): MiB}, at the depths both were measured; None
+  with fewer than two such depths."""
+  keys = [(v, L, d) for (v, L, d) in _KEYS if L == length and _group(v, L, d) in by_group]
+  depths = {
+    v: {d for (w, _, d) in keys if w == v and by_group[_group(w, length, d)]["mean"] is not None}
+    for v in ("plain", "reversible")
+  }
+  common = sorted(depths["plain"] & depths["reversible"])
+  if len(common) < 2:
+    return None
+  return tuple(_activations_per_layer(by_group, v, length, common) for v in ("reversible", "plain"))
+
+
+def _time_ratios(by_group, length):
+  """(depth, [reversible ÷ stored tokens/s of each paired repeat]) at the deepest depth with timed reversible
+  couplings; None without timed ones, (depth, None) without stored couplings at it."""
+  timed = sorted(
+    d
+    for (v, L, d) in _KEYS
+    if v == TIME_PAIR[0]
+    and L == length
+    and _group(v, L, d) in by_group
+    and by_group[_group(v, L, d)]["metrics"]["tokens_per_sec"]["mean"]
+  )
+  if not timed:
+    return None
+  d = timed[-1]
+  if _group(TIME_PAIR[1], length, d) not in by_group:
+    return d, None
+  rev, stored = by_group[_group(TIME_PAIR[0], length, d)], by_group[_group(TIME_PAIR[1], length, d)]
+  return d, [
+    rev["seeds"][k]["tokens_per_sec"] / stored["seeds"][k]["tokens_per_sec"]
+    for k in rev["seeds"]
+    if k in stored["seeds"] and rev["seeds"][k].get("tokens_per_sec") and stored["seeds"][k].get("tokens_per_sec")
+  ]
+
+
+def _panels(rows):
+  """The claims' quantities: the share of a plain layer's activations a reversible layer adds at each pair of
+  depths (exact), and the paired reversible ÷ stored tokens/s with its t-interval and each repeat."""
+  by_group = {r["group"]: r for r in rows}
+  lengths = sorted({L for (_, L, _) in _KEYS if any(_group(v, L, d) in by_group for v, _, d in _KEYS)})
+  shares, pairs = {}, []
+  for L in lengths:
+    found = _memory_shares(by_group, L)
+    if found:
+      rev, plain = found
+      shares[L] = {pair: rev[pair] / plain[pair] for pair in rev if plain[pair] > 0}
+      pairs += [p for p in shares[L] if p not in pairs]
+  x = {pair: i for i, pair in enumerate(sorted(pairs))}
+  memory = Panel(
+    "activations a reversible layer adds ÷ a plain layer's",
+    "depths (d → d')",
+    "share (exact: compiled memory)",
+    {f"length {L}": [(x[p], v, v, v) for p, v in sorted(s.items())] for L, s in shares.items() if s},
+    levels={"claim: < 0.1": 0.1},
+    xticks={i: f"{a}→{b}" for (a, b), i in x.items()},
+    yscale="log" if all(v > 0 for s in shares.values() for v in s.values()) else "linear",
+  )
+  lines, dots, ticks = {}, {}, {}
+  for i, L in enumerate(lengths):
+    found = _time_ratios(by_group, L)
+    if found and found[1]:
+      d, ratios = found
+      mean = stats.interval(ratios)
+      label = f"reversible ÷ stored couplings, {d} layers"
+      lines.setdefault(label, []).append((i, mean.mean, mean.low or mean.mean, mean.high or mean.mean))
+      dots.setdefault(label, []).append((i, ratios))
+      ticks[i] = f"length {L}"
+  time = Panel(
+    "recomputation's cost in throughput",
+    "",
+    "tokens/s ratio (mean, 95 % t-interval, paired repeats)",
+    lines,
+    dots=dots,
+    levels={"claim: ≥ 0.75 (one extra forward of three)": 0.75},
+    xticks=ticks,
+    join=False,
+  )
+  return [p for p in (memory, time) if p.lines]
+
+
+# Compiled memory against depth (a straight line on a linear axis), and the two claims' own quantities.
+PLOT = Plot(
+  x=("layers", {_group(*k): k[2] for k in _KEYS}),
+  series={_group(*k): f"{k[0]}, length {k[1]}" for k in _KEYS},
+  xscale="linear",
+  metrics=("temp_mib",),
+  quantities=_panels,
+)
+
+
 def claim(rows, scale):
   """Reversible layers' activation memory has no factor of layers: between every two consecutive depths, the
   activations a reversible layer adds (memory growth per layer net of its parameters' bytes) are under a tenth of
@@ -147,18 +235,12 @@ def claim(rows, scale):
   at most one extra forward pass: reversible ÷ stored couplings tokens/s ≥ 0.75 (a step is about three forward
   passes' work, so one more makes four: 3/4) at the deepest timed depth, from the paired repeats."""
   by_group = {r["group"]: r for r in rows}
-  keys = [(v, L, d) for (v, L, d) in _KEYS if _group(v, L, d) in by_group]
-  lengths = sorted({L for _, L, _ in keys})
+  lengths = sorted({L for (v, L, d) in _KEYS if _group(v, L, d) in by_group})
   out = []
   for L in lengths:
-    depths = {
-      v: sorted(d for (w, M, d) in keys if w == v and M == L and by_group[_group(w, M, d)]["mean"] is not None)
-      for v in ("plain", "reversible")
-    }
-    common = sorted(set(depths["plain"]) & set(depths["reversible"]))
-    if len(common) >= 2:
-      rev = _activations_per_layer(by_group, "reversible", L, common)
-      plain = _activations_per_layer(by_group, "plain", L, common)
+    found = _memory_shares(by_group, L)
+    if found:
+      rev, plain = found
       claim_text = f"reversible layers add no activation memory per layer (length {L})"
       if any(plain[pair] <= 0 for pair in plain):
         out.append(
@@ -189,15 +271,11 @@ def claim(rows, scale):
           above=False,
         )
       )
-    timed = sorted(
-      d
-      for (v, M, d) in keys
-      if v == TIME_PAIR[0] and M == L and by_group[_group(v, L, d)]["metrics"]["tokens_per_sec"]["mean"]
-    )
-    if timed and _group(TIME_PAIR[1], L, timed[-1]) not in by_group:
+    timed = _time_ratios(by_group, L)
+    if timed and timed[1] is None:
       out.append(
         stats.judge(
-          f"recomputation costs at most one forward pass (length {L}, {timed[-1]} layers)",
+          f"recomputation costs at most one forward pass (length {L}, {timed[0]} layers)",
           "one extra forward in the backward pass",
           "—",
           stats.exact(float("nan")),
@@ -207,13 +285,7 @@ def claim(rows, scale):
         )
       )
     elif timed:
-      d = timed[-1]
-      rev, stored = by_group[_group(TIME_PAIR[0], L, d)], by_group[_group(TIME_PAIR[1], L, d)]
-      ratios = [
-        rev["seeds"][k]["tokens_per_sec"] / stored["seeds"][k]["tokens_per_sec"]
-        for k in rev["seeds"]
-        if k in stored["seeds"] and rev["seeds"][k].get("tokens_per_sec") and stored["seeds"][k].get("tokens_per_sec")
-      ]
+      d, ratios = timed
       found = stats.interval(ratios)
       out.append(
         stats.judge(
