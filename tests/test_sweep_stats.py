@@ -659,3 +659,22 @@ def test_reversibles_plot_draws_the_quantities_its_verdicts_read(tmp_path, monke
   bad.write_text(open(path).read().replace('metrics=("temp_mib",)', 'metrics=("eval_loss",)'))
   with pytest.raises(UserError, match="PLOT's metrics .* are not a non-empty subset of METRIC and METRICS"):
     study_lib.load(str(bad))
+
+
+def test_cost_vs_lengths_plot_draws_every_judged_exponent_with_its_interval(tmp_path, monkeypatch):
+  """cost_vs_length's plot.png draws the exponents its verdicts judge, rebuilt from its committed records: one point
+  per mixer and cost with the verdict's interval, on one axis against the threshold 1.5."""
+  from efftx.sweep import records  # pylint: disable=g-import-not-at-top
+
+  path = os.path.join(REPO, "experiments", "cost_vs_length", "sweep.py")
+  study = study_lib.load(path, "cpu")
+  workdir = tmp_path / "runs"
+  records.reuse_records(study, str(workdir), "cpu", any_machine=True)
+  drawn = []
+  monkeypatch.setattr(report, "_draw_panel", lambda ax, panel: drawn.append(panel))
+  verdicts = json.loads(open(report.report(study, str(workdir), "cpu", "test")["json"]).read())["verdicts"]
+  (panel,) = drawn
+  judged = [v["measured"] for v in verdicts if v["measured"] is not None]
+  points = [(x, y, low, high) for line in panel.lines.values() for x, y, low, high in line]
+  assert len(points) == len(judged) == 20 and list(panel.levels.values()) == [1.5]
+  assert sorted((y, low, high) for _, y, low, high in points) == pytest.approx(sorted(map(tuple, judged)), rel=1e-12)

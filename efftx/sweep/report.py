@@ -813,8 +813,14 @@ def _draw_panel(ax, panel: Panel) -> None:
   for label, level in panel.levels.items():
     ax.axhline(level, linestyle="--", color="red", linewidth=0.8)
     ax.annotate(label, (ax.get_xlim()[0], level), fontsize=8, va="bottom", color="red")
-  if panel.xticks:
-    ax.set_xticks(list(panel.xticks), list(panel.xticks.values()))
+  if panel.xticks:  # many or long labels (mixers' names) slanted
+    slanted = len(panel.xticks) > 4
+    ax.set_xticks(
+      list(panel.xticks),
+      list(panel.xticks.values()),
+      rotation=30 if slanted else 0,
+      ha="right" if slanted else "center",
+    )
   ax.set_yscale(panel.yscale)
   ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
   ax.grid(alpha=0.3)

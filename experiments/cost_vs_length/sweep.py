@@ -31,6 +31,7 @@ alike; ratios are medians of the repeats' paired ratios. Run with --parallel=1: 
 cores and each other's timings. "paper": the same grid plus 16384, timed for 10 s each.
 """
 
+from efftx.sweep import Panel
 from efftx.sweep import Plot
 from efftx.sweep import grid
 from efftx.sweep import stats
@@ -94,7 +95,6 @@ def _group(label, length):
 _ALL_LENGTHS = sorted(set(LENGTHS["cpu"] + LENGTHS["paper"]))
 _LENGTH = {_group(m, L): L for m in MIXERS for L in _ALL_LENGTHS}  # group -> its length
 _MIXER = {_group(m, L): m for m in MIXERS for L in _ALL_LENGTHS}  # group -> its mixer's label
-PLOT = Plot(x=("sequence length (one sequence a step)", _LENGTH), series=_MIXER)
 BASELINE = {_group(m, L): _group(BASELINE_MIXER, L) for m in MIXERS for L in _ALL_LENGTHS}
 PAPER = {
   _group("lsh", 1024): {"tokens_per_sec": 0.54, "memory_mib": 0.56},
@@ -152,24 +152,57 @@ def _costs(rows, label, metric, shortest=1024):
 DESIGN = {"cpu": REPEATS, "paper": REPEATS}
 
 
+def _exponent(rows, label, metric):
+  """(lengths, the exponent of cost per sequence in length with its interval) of one mixer: time from the repeats
+  (one log-log slope per repeat, their t-interval), memory (compiled, the same in every repeat) from the log-log
+  fit's own interval over the lengths, which a curved growth widens; None with fewer than two lengths."""
+  lengths, costs = _costs(rows, label, metric)
+  if len(lengths) < 2 or not costs:
+    return lengths, None
+  if metric == METRIC:
+    return lengths, stats.interval([stats.loglog_slope(lengths, c) for c in costs])
+  return lengths, stats.fitted_slope(lengths, costs[0], log=True)
+
+
+_JUDGED = ("attention", "attention_chunked", "aft_full", *LINEAR_TIME)
+
+
+def _panels(rows):
+  """The exponents the verdicts judge, every mixer on one axis with its interval, against the threshold 1.5."""
+  lines = {}
+  for i, label in enumerate(_JUDGED):
+    for metric, what, shift in ((METRIC, "time (t over repeats)", -0.12), (MEMORY, "working memory (fit)", 0.12)):
+      found = _exponent(rows, label, metric)[1]
+      if found is not None:
+        low, high = (found.low, found.high) if found.low is not None else (found.mean, found.mean)
+        lines.setdefault(what, []).append((i + shift, found.mean, low, high))
+  return [
+    Panel(
+      "exponent of cost per sequence in length (log-log)",
+      "",
+      "exponent (95 % interval)",
+      lines,
+      levels={"claim: above / below 1.5": 1.5},
+      xticks=dict(enumerate(_JUDGED)),
+      join=False,
+    )
+  ]
+
+
+PLOT = Plot(x=("sequence length (one sequence a step)", _LENGTH), series=_MIXER, quantities=_panels)
+
+
 def claim(rows, scale):
   """Each mixer's cost per sequence grows as its paper says (EXPECTED): an exponent below 1.5 (between linear and
   quadratic) for linear cost, above it for quadratic; time from the repeats (an interval), memory from the
   log-log fit's standard error over the lengths (compiled memory is deterministic; the fit is not). Then LRA's
   own ratios beside ours: their platform and batch are not ours, so no verdict."""
   out = []
-  for label in ("attention", "attention_chunked", "aft_full", *LINEAR_TIME):
+  for label in _JUDGED:
     for metric, what in ((METRIC, "time"), (MEMORY, "memory")):
-      lengths, costs = _costs(rows, label, metric)
-      if len(lengths) < 2 or not costs:
+      lengths, found = _exponent(rows, label, metric)
+      if found is None:
         continue
-      # Time: one exponent per repeat, their interval. Memory (compiled, the same in every repeat): the fit's own
-      # interval over the lengths, which a curved growth (a term that takes over at long lengths) widens.
-      found = (
-        stats.interval([stats.loglog_slope(lengths, c) for c in costs])
-        if metric == METRIC
-        else stats.fitted_slope(lengths, costs[0], log=True)
-      )
       linear, paper = EXPECTED[label][what]
       out.append(
         stats.judge(
