@@ -623,7 +623,8 @@ def points(scale):
 
 def test_reversibles_plot_draws_the_quantities_its_verdicts_read(tmp_path, monkeypatch):
   """reversible's plot.png puts each claim's own quantity on an axis (PLOT.quantities), rebuilt from the study's
-  committed records: the largest memory share drawn at each length is the worst pair its memory verdict judged, and
+  committed records: the share drawn at each pair of depths is the one computed here from the records' bench rows,
+  its largest the worst pair the memory verdict judged, and
   the time panel draws the verdict's paired ratio with its interval and every one of the declared repeats. Only the
   compiled memory among the raw metrics keeps a panel (PLOT.metrics); a PLOT naming a metric the study lacks is
   refused."""
@@ -639,7 +640,21 @@ def test_reversibles_plot_draws_the_quantities_its_verdicts_read(tmp_path, monke
   verdicts = json.loads(open(report.report(study, str(workdir), "cpu", "test")["json"]).read())["verdicts"]
   memory, time = drawn
   assert study.plot.metrics == ("temp_mib",)
+
+  def record(variant, L, d):  # the committed bench row of a point's first repeat, read directly
+    with open(os.path.join(REPO, "experiments", "reversible", "runs", "cpu", f"{variant}_L={L}_depth={d}.json")) as f:
+      (row,) = json.load(f)["bench"]["rows"]
+    return row
+
+  def per_layer(variant, L, a, b):  # the activations a layer adds: memory growth net of the parameters' bytes
+    ra, rb = record(variant, L, a), record(variant, L, b)
+    return (rb["temp_mib"] - ra["temp_mib"] - (rb["param_mib"] - ra["param_mib"])) / (b - a)
+
+  pairs = [(2, 8), (8, 24), (24, 48)]
+  assert list(memory.xticks.values()) == [f"{a}→{b}" for a, b in pairs]
   for L in (256, 1024):
+    shares = [per_layer("reversible", L, a, b) / per_layer("plain", L, a, b) for a, b in pairs]
+    assert [y for _, y, _, _ in memory.lines[f"length {L}"]] == pytest.approx(shares, rel=1e-9)
     judged = next(
       v for v in verdicts if v["claim"] == f"reversible layers add no activation memory per layer (length {L})"
     )

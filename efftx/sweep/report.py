@@ -804,12 +804,16 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
 
 def _draw_panel(ax, panel: Panel) -> None:
   """A claim's quantity as its sweep file computed it (study.Panel): lines with their intervals, each repeat's dots,
-  the claim's threshold."""
+  the claim's threshold. A log axis only where every value drawn is positive."""
+  drawn = list(panel.levels.values())
   for label, line in panel.lines.items():
+    if not line:
+      continue
     xs, ys, lows, highs = zip(*line)
-    errors = [[y - lo for y, lo in zip(ys, lows)], [hi - y for y, hi in zip(ys, highs)]]
-    ax.errorbar(xs, ys, yerr=errors, marker="o", linestyle="-" if panel.join else "none", capsize=3, label=label)
-    _seed_dots(ax, panel.dots.get(label, []), ax.lines[-1].get_color(), panel.each)
+    errors = [[max(0.0, y - lo) for y, lo in zip(ys, lows)], [max(0.0, hi - y) for y, hi in zip(ys, highs)]]
+    bars = ax.errorbar(xs, ys, yerr=errors, marker="o", linestyle="-" if panel.join else "none", capsize=3, label=label)
+    _seed_dots(ax, panel.dots.get(label, []), bars.lines[0].get_color(), panel.each)
+    drawn += [*ys, *lows, *(v for _, values in panel.dots.get(label, []) for v in values)]
   for label, level in panel.levels.items():
     ax.axhline(level, linestyle="--", color="red", linewidth=0.8)
     ax.annotate(label, (ax.get_xlim()[0], level), fontsize=8, va="bottom", color="red")
@@ -821,7 +825,7 @@ def _draw_panel(ax, panel: Panel) -> None:
       rotation=30 if slanted else 0,
       ha="right" if slanted else "center",
     )
-  ax.set_yscale(panel.yscale)
+  ax.set_yscale("log" if panel.yscale == "log" and all(v > 0 for v in drawn) else "linear")
   ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
   ax.grid(alpha=0.3)
   if ax.get_legend_handles_labels()[0]:

@@ -153,12 +153,13 @@ DESIGN = {"cpu": REPEATS, "paper": REPEATS}
 
 
 def _exponent(rows, label, metric):
-  """(lengths, the exponent of cost per sequence in length with its interval) of one mixer: time from the repeats
-  (one log-log slope per repeat, their t-interval), memory (compiled, the same in every repeat) from the log-log
-  fit's own interval over the lengths, which a curved growth widens; None with fewer than two lengths."""
+  """(lengths, the exponent of cost per sequence in length with its interval, or None where it cannot be computed)
+  of one mixer: time from the repeats (one log-log slope per repeat, their t-interval), memory (compiled, the same
+  in every repeat) from the log-log fit's own interval over the lengths, which a curved growth widens. None where
+  there are fewer than two lengths or no repeats: nothing to judge."""
   lengths, costs = _costs(rows, label, metric)
   if len(lengths) < 2 or not costs:
-    return lengths, None
+    return None
   if metric == METRIC:
     return lengths, stats.interval([stats.loglog_slope(lengths, c) for c in costs])
   return lengths, stats.fitted_slope(lengths, costs[0], log=True)
@@ -172,7 +173,7 @@ def _panels(rows):
   lines = {}
   for i, label in enumerate(_JUDGED):
     for metric, what, shift in ((METRIC, "time (t over repeats)", -0.12), (MEMORY, "working memory (fit)", 0.12)):
-      found = _exponent(rows, label, metric)[1]
+      found = (_exponent(rows, label, metric) or (None, None))[1]
       if found is not None:
         low, high = (found.low, found.high) if found.low is not None else (found.mean, found.mean)
         lines.setdefault(what, []).append((i + shift, found.mean, low, high))
@@ -200,9 +201,10 @@ def claim(rows, scale):
   out = []
   for label in _JUDGED:
     for metric, what in ((METRIC, "time"), (MEMORY, "memory")):
-      lengths, found = _exponent(rows, label, metric)
-      if found is None:
+      exponent = _exponent(rows, label, metric)
+      if exponent is None:
         continue
+      lengths, found = exponent
       linear, paper = EXPECTED[label][what]
       out.append(
         stats.judge(

@@ -201,6 +201,8 @@ def _panels(rows):
     if found and found[1]:
       d, ratios = found
       mean = stats.interval(ratios)
+      if mean is None:
+        continue
       label = f"reversible ÷ stored couplings, {d} layers"
       lines.setdefault(label, []).append((i, mean.mean, mean.low or mean.mean, mean.high or mean.mean))
       dots.setdefault(label, []).append((i, ratios))
@@ -255,22 +257,22 @@ def claim(rows, scale):
             above=False,
           )
         )
-        continue
-      shares = {pair: rev[pair] / plain[pair] for pair in rev}
-      worst = max(shares, key=shares.get)
-      out.append(
-        stats.judge(
-          claim_text,
-          "activations stored once, not per layer (analytic)",
-          "activations per added layer, reversible vs plain, by depths: "
-          + "; ".join(f"{a}→{b}: {rev[(a, b)]:.3g} vs {plain[(a, b)]:.3g} MiB" for a, b in rev)
-          + f" (worst {shares[worst]:.2%}, {worst[0]}→{worst[1]})",
-          stats.exact(shares[worst]),
-          0.1,
-          True,
-          above=False,
+      else:
+        shares = {pair: rev[pair] / plain[pair] for pair in rev}
+        worst = max(shares, key=shares.get)
+        out.append(
+          stats.judge(
+            claim_text,
+            "activations stored once, not per layer (analytic)",
+            "activations per added layer, reversible vs plain, by depths: "
+            + "; ".join(f"{a}→{b}: {rev[(a, b)]:.3g} vs {plain[(a, b)]:.3g} MiB" for a, b in rev)
+            + f" (worst {shares[worst]:.2%}, {worst[0]}→{worst[1]})",
+            stats.exact(shares[worst]),
+            0.1,
+            True,
+            above=False,
+          )
         )
-      )
     timed = _time_ratios(by_group, L)
     if timed and timed[1] is None:
       out.append(
