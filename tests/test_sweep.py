@@ -417,7 +417,7 @@ def test_bench_points_metrics_and_ratios_to_a_baseline(tmp_path):
   # A paper column only for the metric the paper gives.
   assert (
     "| setting | ours: temp_mib ÷ baseline | ours: temp_mib | paper: argument_mib | "
-    "ours: argument_mib ÷ baseline | ours: argument_mib | seeds |"
+    "ours: argument_mib ÷ baseline | ours: argument_mib | repeats |"
   ) in table, table
   assert "| fnet L=32 | 0.25 | 10 | 0.5 | 0.25 | 2 | 1/1 |" in table, table
   assert "| fnet L=64 | 0.3 | 12 | — | 0.375 | 3 | 1/1 |" in table, table

@@ -693,3 +693,13 @@ def test_cost_vs_lengths_plot_draws_every_judged_exponent_with_its_interval(tmp_
   points = [(x, y, low, high) for line in panel.lines.values() for x, y, low, high in line]
   assert len(points) == len(judged) == 20 and list(panel.levels.values()) == [1.5]
   assert sorted((y, low, high) for _, y, low, high in points) == pytest.approx(sorted(map(tuple, judged)), rel=1e-12)
+
+
+def test_a_verdict_names_a_measurements_repeats_as_repeats():
+  """An interval over a measurement's repeats says so in its verdict (and in a refusal for too few), where one over
+  training seeds says seeds."""
+  values = [0.94, 0.95, 0.96, 0.93]
+  _, why = stats.verdict(stats.interval(values, unit="repeats"), 0.75, True)
+  assert "(t, 4 repeats)" in why, why
+  assert "(t, 4 seeds)" in stats.verdict(stats.interval(values), 0.75, True)[1]
+  assert stats.verdict(stats.interval(values[:2], unit="repeats"), 0.75, True)[1].startswith("2 repeats (a verdict")

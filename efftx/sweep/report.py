@@ -329,7 +329,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   columns = _columns(study, scale)
   regime = any(r.get("last_fifth_change") is not None for r in rows)
   header = (
-    ["setting", *(c[0] for c in columns), "seeds"]
+    ["setting", *(c[0] for c in columns), "repeats" if study.measured else "seeds"]
     + (["best learning rate"] if several_lrs else [])
     + ([f"{study.metric} change over the last fifth"] if regime else [])
   )

@@ -71,6 +71,7 @@ class Interval:
   seeded: bool = True  # False: a deterministic measurement (exact), n only lets a verdict rest on it
   df: int | None = None  # the t quantile's degrees of freedom where not n − 1 (a fitted slope's n − 2)
   test: str = "t"  # the test the interval is of, as a verdict names it: "t" over values, "paired t" over differences
+  unit: str = "seeds"  # what the n values are, as a verdict names them: "seeds", or "repeats" of a measurement
 
   def as_dict(self) -> dict:
     return {"mean": self.mean, "ci95": None if self.low is None else [self.low, self.high], "n": self.n}
@@ -81,17 +82,18 @@ class Interval:
     return fmt(self.mean) + ("" if self.low is None else f" [{fmt(self.low)}, {fmt(self.high)}]")
 
 
-def interval(values: list[float]) -> Interval | None:
-  """The mean of the finite values and its 95 % interval; None without any."""
+def interval(values: list[float], unit: str = "seeds") -> Interval | None:
+  """The mean of the finite values and its 95 % interval; None without any. unit names what the values are
+  (seeds, or a measurement's repeats)."""
   values = [v for v in values if v is not None and math.isfinite(v)]
   if not values:
     return None
   n = len(values)
   mean = sum(values) / n
   if n == 1:
-    return Interval(mean, None, None, 1)
+    return Interval(mean, None, None, 1, unit=unit)
   half = t975(n - 1) * math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-  return Interval(mean, mean - half, mean + half, n)
+  return Interval(mean, mean - half, mean + half, n, unit=unit)
 
 
 def paired(ours: dict, baseline: dict) -> Interval | None:
@@ -183,7 +185,8 @@ def verdict(
   if not in_regime:  # the first reason: more seeds would not make the run the paper's
     return UNTESTED, why_not or "the run is not in the claim's regime"
   if difference is None or difference.n < MIN_SEEDS:
-    return UNTESTED, f"{0 if difference is None else difference.n} seeds (a verdict needs {MIN_SEEDS})"
+    unit = difference.unit if isinstance(difference, Interval) else "seeds"
+    return UNTESTED, f"{0 if difference is None else difference.n} {unit} (a verdict needs {MIN_SEEDS})"
   if isinstance(difference, Interval) and not difference.seeded and difference.df is None:  # stats.exact
     if not math.isfinite(difference.mean):
       return UNTESTED, f"the measurement is {difference.mean}"
@@ -197,7 +200,7 @@ def verdict(
   elif difference.df is not None:
     test = f"least-squares fit over {difference.n} points, t on {difference.df} df"
   else:
-    test = f"{difference.test}, {difference.n} seeds"
+    test = f"{difference.test}, {difference.n} {difference.unit}"
   where = (
     f"95 % interval [{difference.low:.3g}, {difference.high:.3g}] ({test}), the claim {'>' if above else '<'} "
     f"{threshold:.3g}"

@@ -161,7 +161,7 @@ def _exponent(rows, label, metric):
   if len(lengths) < 2 or not costs:
     return None
   if metric == METRIC:
-    return lengths, stats.interval([stats.loglog_slope(lengths, c) for c in costs])
+    return lengths, stats.interval([stats.loglog_slope(lengths, c) for c in costs], unit="repeats")
   return lengths, stats.fitted_slope(lengths, costs[0], log=True)
 
 

@@ -200,7 +200,7 @@ def _panels(rows):
     found = _time_ratios(by_group, L)
     if found and found[1]:
       d, ratios = found
-      mean = stats.interval(ratios)
+      mean = stats.interval(ratios, unit="repeats")
       if mean is None:
         continue
       label = f"reversible ÷ stored couplings, {d} layers"
@@ -288,7 +288,7 @@ def claim(rows, scale):
       )
     elif timed:
       d, ratios = timed
-      found = stats.interval(ratios)
+      found = stats.interval(ratios, unit="repeats")
       out.append(
         stats.judge(
           f"recomputation costs at most one forward pass (length {L}, {d} layers)",
