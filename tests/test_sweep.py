@@ -153,9 +153,16 @@ def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
   found = {
     p["point"]: [(800, p["value"] - (0.4 if p["seed"] == 0 else 0.1)), (1000, p["value"])] for p in searched + fresh
   }
-  drawn = report._with_curves(None, [row], searched + fresh, found)
+  drawn = report._with_curves(None, [row], searched + fresh, found, {})
   assert sorted(row["curves"]) == [1, 2, 3] and row["last_fifth_change"] == pytest.approx(0.1)
+  assert row["last_fifth_from"] is None  # no rates logged: four fifths of the steps
   assert len(drawn["g"]) == 4
+  # With the rates the runs logged (1 to step 500, then 0.5: a sum of 750), four fifths of the sum (600) are
+  # applied by step 700, so the change is read from the evaluation at or before it, step 400.
+  found = {p["point"]: [(400, p["value"] - 0.3), (800, p["value"] - 0.1), (1000, p["value"])] for p in fresh}
+  rates = {p["point"]: [(500, 1.0), (1000, 0.5)] for p in fresh}
+  report._with_curves(None, [row], searched + fresh, found, rates)
+  assert row["last_fifth_from"] == pytest.approx(700.0) and row["last_fifth_change"] == pytest.approx(0.3)
 
 
 def test_report_from_existing_workdirs(tmp_path, data_dir):

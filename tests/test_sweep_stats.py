@@ -234,7 +234,7 @@ def test_a_difference_is_settled_only_where_its_move_is_shown_to_lie_within_the_
   offset = (0.0, 0.3, -0.3)  # the seeds' gaps differ a lot, their moves not at all
   flat = {s: [(t, v + 0.1 + offset[s]) for t, v in base[s]] for s in range(3)}
   ok, why = stats.settled(flat, base, within=0.01)
-  assert ok and "over the last fifth (inside ±0.01)" in why, why
+  assert ok and "over the last fifth, from step 700 (inside ±0.01)" in why, why
   closing = {s: [(t, v + 0.1 + (0.2 if t == 700 else 0.0)) for t, v in base[s]] for s in range(3)}
   ok, why = stats.settled(closing, base, within=0.01)  # the gap shrank by 0.2 on every seed
   assert not ok and "moved -0.2 [-0.2, -0.2]" in why, why
@@ -250,6 +250,41 @@ def test_a_difference_is_settled_only_where_its_move_is_shown_to_lie_within_the_
   assert stats.settled({}, base, 0.01)[0] is False
   with pytest.raises(ValueError):
     stats.settled(flat, base, within=0.0)
+
+
+def _warmup_cosine(total: int, warmup: int) -> np.ndarray:
+  """The rate at steps 1 … total of a linear warm-up to 1 and a cosine decay to 0 at `total` (written here from
+  the formula, not from efftx's trainer)."""
+  step = np.arange(1, total + 1, dtype=np.float64)
+  return np.where(step < warmup, step / max(warmup, 1), 0.5 * (1 + np.cos(np.pi * (step - warmup) / (total - warmup))))
+
+
+def test_the_last_fifth_is_counted_in_learning_rate_not_in_steps():
+  """Under cosine decay to 0 the last fifth of the steps applies 1-2 % of the summed rate, so every curve flattens
+  there whatever it would do with more training; the last fifth of the summed rate starts about halfway."""
+  assert stats.learning_fraction_step([(s, 3e-4) for s in range(10, 1010, 10)]) == pytest.approx(800)  # constant
+  assert stats.learning_fraction_step([]) is None and stats.learning_fraction_step([(10, 0.0)]) is None
+  for warmup in (0, 100, 200):
+    rate = _warmup_cosine(1000, warmup)
+    want = 1 + int(np.argmax(np.cumsum(rate) >= 0.8 * rate.sum()))  # the first step whose running sum reaches 80 %
+    logged = [(int(s), float(rate[s - 1])) for s in range(10, 1001, 10)]  # logged every 10 steps
+    assert abs(stats.learning_fraction_step(logged) - want) <= 10, warmup
+    assert 480 <= want <= 560 and rate[800:].sum() / rate.sum() < 0.02
+  # A gap that closes in step with the learning applied (by 0.2 over the whole run, on every seed alike): counted in
+  # steps its last fifth moves about 0.004, inside ±0.01; counted in learning rate, 0.04, not inside.
+  rate = _warmup_cosine(1000, 100)
+  learned = np.cumsum(rate) / rate.sum()
+  steps = range(100, 1001, 100)
+  base = {k: [(t, 0.5 + 0.01 * k) for t in steps] for k in range(3)}
+  closing = {k: [(t, 0.3 + 0.01 * k + 0.2 * learned[t - 1]) for t in steps] for k in range(3)}
+  ok, why = stats.settled(closing, base, within=0.01)
+  assert ok and "from step 800" in why, why
+  start = stats.learning_fraction_step([(t, float(rate[t - 1])) for t in range(1, 1001)])
+  ok, why = stats.settled(closing, base, within=0.01, start=start)
+  assert not ok and "from step 500 (not inside ±0.01)" in why, why
+  assert stats.last_fifth_change(closing[0], start) == pytest.approx(0.2 * (1 - learned[499]))
+  row, other = {"curves": closing, "last_fifth_from": start}, {"curves": base, "last_fifth_from": None}
+  assert stats.settled_between(row, other, 0.01) == stats.settled(closing, base, 0.01, start)
 
 
 def test_a_run_cut_short_is_not_settled_on_the_vision_studys_records():
@@ -386,7 +421,7 @@ def claim(rows, scale):
   fnet = next(r for r in rows if r["group"] == "fnet")
   attention = next(r for r in rows if r["group"] == "attention")
   d = stats.between(fnet, attention)  # fnet − attention over the seeds both ran: a paired t-interval
-  ok, why = stats.settled(fnet["curves"], attention["curves"], 0.01)
+  ok, why = stats.settled_between(fnet, attention, 0.01)
   return [stats.judge("FNet's loss is within 0.1 of attention's", "+0.1 (12 layers)", d.text(3), d, 0.1, ok, why),
           stats.judge("FNet's loss is higher", "+0.1", d.text(3), d, 0.0, True)]
 ''')
@@ -402,8 +437,10 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
     final[(p.group, p.seed)] = 1.0 + offset
     (workdir / p.name).mkdir(parents=True)
     (workdir / p.name / "config.json").write_text(json.dumps({"total_steps": 100}))
+    rate = {10: 1.0, 50: 1.0, 90: 0.2, 100: 0.0}  # a sum of 58, four fifths of it applied by step 46.4
     (workdir / p.name / "metrics.jsonl").write_text(
-      "\n".join(json.dumps({"step": s, "eval_loss": 1.0 + offset + 1.0 / s}) for s in (10, 50, 90, 100)) + "\n"
+      "\n".join(json.dumps({"step": s, "eval_loss": 1.0 + offset + 1.0 / s, "learning_rate": rate[s]}) for s in rate)
+      + "\n"
     )
     final[(p.group, p.seed)] += 1.0 / 100
   paths = report.report(study, str(workdir), "cpu", "test")
@@ -415,7 +452,8 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
   delta = rows["fnet"]["delta"]["eval_loss"]  # the same 0.2 on every seed: an interval of width 0
   assert delta["n"] == 3 and delta["mean"] == pytest.approx(0.2) and delta["ci95"] == pytest.approx([0.2, 0.2])
   assert rows["attention"]["delta"]["eval_loss"] is None  # the baseline itself
-  assert rows["fnet"]["last_fifth_change"] == pytest.approx(1 / 100 - 1 / 50)  # 50: the last before step 82
+  assert rows["fnet"]["last_fifth_from"] == pytest.approx(46.4)
+  assert rows["fnet"]["last_fifth_change"] == pytest.approx(1 / 100 - 1 / 10)  # 10: the last at or before 46.4
   assert rows["fnet"]["curves"]["1"] == [[s, pytest.approx(1.05 + 0.2 + 1 / s)] for s in (10, 50, 90, 100)]
   table = open(paths["md"]).read()
   assert "| fnet |" in table and "0.2 [0.2, 0.2]" in table and "paired [95 % CI]" in table
@@ -431,8 +469,8 @@ def test_the_report_gives_intervals_paired_deltas_and_learning_curves(tmp_path):
   # verdict names its test, its regime check and its correction.
   assert (
     "| FNet's loss is within 0.1 of attention's | +0.1 (12 layers) | 0.2 [0.2, 0.2] | **held**: 95 % interval "
-    "[0.2, 0.2] (paired t, 3 seeds), the claim > 0.1; regime: the difference moved 0 [0, 0] over the last fifth "
-    "(inside ±0.01); Holm over 2 claims: adjusted p = 0 |"
+    "[0.2, 0.2] (paired t, 3 seeds), the claim > 0.1; regime: the difference moved 0 [0, 0] over the last fifth, "
+    "from step 10 (inside ±0.01); Holm over 2 claims: adjusted p = 0 |"
   ) in table, table
   assert "the claim > 0; regime: none checked (judged on the setting as measured); Holm over 2 claims" in table, table
   assert "| ours: eval_loss ÷ baseline (of the means [per-seed min–max]) |" in table  # a range, not an interval

@@ -54,18 +54,17 @@ def collect(study: Study, workdir: str) -> list[dict]:
   return rows
 
 
-def curves(study: Study, workdir: str) -> dict[str, list[tuple[int, float]]]:
-  """Each finished or started training point's learning curve of METRIC from its metrics.jsonl: {point name:
-  [(step, value), ...]} in step order (bench points have none)."""
+def curves(study: Study, workdir: str, metric: str = "") -> dict[str, list[tuple[int, float]]]:
+  """Each finished or started training point's curve of `metric` (METRIC where "") from its metrics.jsonl:
+  {point name: [(step, value), ...]} in step order (bench points have none)."""
+  metric = metric or study.metric
   out = {}
   for p in study.points:
     if p.program != "train":
       continue
     logged = metric_rows(epath.Path(workdir) / p.name)
     curve = sorted(
-      (int(r["step"]), float(r[study.metric]))
-      for r in logged
-      if study.metric in r and "step" in r and r[study.metric] is not None
+      (int(r["step"]), float(r[metric])) for r in logged if metric in r and "step" in r and r[metric] is not None
     )
     if curve:
       out[p.name] = curve
@@ -270,11 +269,15 @@ def search_table(study: Study, rows: list[dict]) -> list[str]:
   return [*lines, ""]
 
 
-def _with_curves(study: Study, rows: list[dict], points: list[dict], found: dict[str, list]) -> dict[str, list]:
+def _with_curves(
+  study: Study, rows: list[dict], points: list[dict], found: dict[str, list], rates: dict[str, list]
+) -> dict[str, list]:
   """Adds to each row "curves" ({seed: [(step, METRIC)]} at its best learning rate, the seeds that judge it: a
-  search's seeds left out, as from its values) and "last_fifth_change": the mean over those seeds of METRIC's
-  change over the last fifth of training (None without curves), what a claim's regime check reads. Returns {group:
-  [the curves of every seed at that rate]}, what the learning-curve plot draws."""
+  search's seeds left out, as from its values), "last_fifth_from" (the step from which those runs applied the last
+  fifth of their summed learning rate, from the rates they logged: `rates`, {point name: [(step, rate)]}; None
+  where none was logged) and "last_fifth_change": the mean over those seeds of METRIC's change from that step to
+  the end (None without curves), what a claim's regime check reads. Returns {group: [the curves of every seed at
+  that rate]}, what the learning-curve plot draws."""
   by_group = {}
   for r in rows:
     chosen = [
@@ -282,8 +285,12 @@ def _with_curves(study: Study, rows: list[dict], points: list[dict], found: dict
     ]
     by_group[r["group"]] = [found[p["point"]] for p in chosen]
     searched = set((r.get("search") or {}).get("seeds", ()))
-    r["curves"] = {p["seed"]: found[p["point"]] for p in chosen if p["seed"] not in searched}
-    changes = [c for c in map(stats.last_fifth_change, r["curves"].values()) if c is not None]
+    judged = [p for p in chosen if p["seed"] not in searched]
+    r["curves"] = {p["seed"]: found[p["point"]] for p in judged}
+    starts = [stats.learning_fraction_step(rates[p["point"]]) for p in judged if rates.get(p["point"])]
+    r["last_fifth_from"] = min((s for s in starts if s is not None), default=None)
+    changes = [stats.last_fifth_change(c, r["last_fifth_from"]) for c in r["curves"].values()]
+    changes = [c for c in changes if c is not None]
     r["last_fifth_change"] = sum(changes) / len(changes) if changes else None
   return by_group
 
@@ -306,7 +313,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   rows = _with_ratios(
     study, aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)), study.metrics)
   )
-  group_curves = _with_curves(study, rows, points, curves(study, workdir))
+  group_curves = _with_curves(study, rows, points, curves(study, workdir), curves(study, workdir, "learning_rate"))
   several_lrs = len({p.learning_rate for p in study.points}) > 1
   seconds = sum(p["seconds"] or 0 for p in points)
   lines = [f"# {study.name}: {study.metric} ({'lower' if study.goal == 'min' else 'higher'} is better)", ""]
@@ -367,8 +374,9 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
     ]
   if regime:
     lines += [
-      f"The last column is the mean over seeds of {study.metric}'s change over the last fifth of training "
-      f"({'falling' if study.goal == 'min' else 'rising'}: still improving).",
+      f"The last column is the mean over seeds of {study.metric}'s change over the last fifth of training, counted "
+      "in learning rate: from the evaluation at or before the step by which the runs had applied four fifths of "
+      f"their summed learning rate ({'falling' if study.goal == 'min' else 'rising'}: still improving).",
       "",
     ]
   lines += search_table(study, rows)

@@ -328,50 +328,93 @@ def at_fraction(curve: list[tuple[int, float]], fraction: float) -> tuple[int, f
   return before[-1] if before else None
 
 
-def last_fifth_change(curve: list[tuple[int, float]]) -> float | None:
-  """A learning curve's ([(step, value)], in step order) change over the last fifth of its steps: the final value
-  minus the one logged last at or before four fifths of the way (evaluations are coarse: every few hundred
-  steps). What says whether a run is still improving, i.e. short of the converged regime a paper reports. None
-  without a value logged before that mark."""
+def learning_fraction_step(rates: list[tuple[int, float]], fraction: float = 0.8) -> float | None:
+  """The step by which a run had applied `fraction` of its summed learning rate, from the rates it logged
+  ([(step, rate)] in step order, each rate standing for the steps since the one logged before, from step 0).
+  Under a constant rate it is `fraction` of the steps; under cosine decay to 0 (after 0–20 % of warm-up) the last
+  fifth of the summed rate starts at 48–55 % of the steps, where the last fifth of the steps holds 1–2 % of it.
+  None without a positive sum."""
+  spans, before = [], 0
+  for step, rate in rates:
+    if step > before:
+      spans.append((before, step, max(float(rate), 0.0)))
+      before = step
+  total = sum((b - a) * r for a, b, r in spans)
+  if not spans or total <= 0:
+    return None
+  goal, summed = fraction * total, 0.0
+  for a, b, r in spans:
+    if r > 0 and summed + (b - a) * r >= goal:
+      return a + (goal - summed) / r
+    summed += (b - a) * r
+  return float(spans[-1][1])
+
+
+def _before(curve: list[tuple[int, float]], start: float | None) -> tuple[int, float] | None:
+  """The (step, value) logged last at or before `start` (four fifths of the curve's steps where None)."""
+  if start is None:
+    return at_fraction(curve, 0.8)
+  before = [(s, v) for s, v in curve if s <= start]
+  return before[-1] if before else None
+
+
+def last_fifth_change(curve: list[tuple[int, float]], start: float | None = None) -> float | None:
+  """A learning curve's ([(step, value)], in step order) change over the last fifth of training: the final value
+  minus the one logged last at or before `start`, the step from which the run applied the last fifth of its
+  summed learning rate (`learning_fraction_step`; four fifths of the curve's steps where None). Evaluations are
+  coarse (every few hundred steps), so the span is at least that fifth. What says whether a run is still
+  improving, i.e. short of the converged regime a paper reports. None without a value logged before that mark."""
   if len(curve) < 2:
     return None
-  before = at_fraction(curve, 0.8)
+  before = _before(curve, start)
   return None if before is None or before[0] == curve[-1][0] else curve[-1][1] - before[1]
 
 
-def settled(curves: dict, baseline_curves: dict, within: float, fraction: float = 0.8) -> tuple[bool, str]:
+def settled(curves: dict, baseline_curves: dict, within: float, start: float | None = None) -> tuple[bool, str]:
   """Whether a paired difference has been shown to stop moving: (ours − baseline) over the seeds both logged
-  ({seed: curve}), at the end against at `fraction` of training, seed by seed. Settled only where the 95 %
-  interval of those moves lies inside ±within (an equivalence test, two one-sided t-tests at 2.5 % each): the
-  tolerance is the study's, fixed before the runs (a fraction of the effect its claim is about). Noisy seeds
+  ({seed: curve}), at the end against at `start`, seed by seed. `start` is the step from which the runs applied
+  the last fifth of their summed learning rate (a row's "last_fifth_from"; four fifths of the steps where None):
+  under a schedule that decays the rate to 0 the last fifth of the steps trains at a few per cent of the peak
+  and every curve flattens there, so the fifth is counted in learning rate, not in steps. Settled only where the
+  95 % interval of those moves lies inside ±within (an equivalence test, two one-sided t-tests at 2.5 % each):
+  the tolerance is the study's, fixed before the runs (a fraction of the effect its claim is about). Noisy seeds
   widen the interval and so fail it, as a curve still moving does; fewer than MIN_SEEDS seeds cannot show it.
-  Under a schedule that decays the learning rate to 0 every curve flattens at its end, so this shows that the
-  difference stopped moving, not that longer training would not move it. Returns (settled, a phrase saying by how
-  much it moved)."""
+  It shows that the difference stopped moving within the run, not that a longer run would not move it. Returns
+  (settled, a phrase saying by how much it moved)."""
   if within <= 0:
     raise ValueError(f"settled: the tolerance within={within} must be > 0")
   seeds = sorted(s for s in curves if s in baseline_curves and curves[s] and baseline_curves[s])
   if not seeds:
     return False, "no learning curves"
-  moves = []
+  moves, marks = [], set()
   for s in seeds:
     ours, theirs = dict(curves[s]), dict(baseline_curves[s])
     steps = sorted(set(ours) & set(theirs))
     if len(steps) < 2:
       return False, "fewer than two evaluations"
-    mark = at_fraction([(t, 0.0) for t in steps], fraction)[0]
-    if mark == steps[-1]:
+    mark = _before([(t, 0.0) for t in steps], start)
+    if mark is None or mark[0] == steps[-1]:
       return False, "no evaluation before the last fifth"
+    mark = mark[0]
+    marks.add(mark)
     moves.append((ours[steps[-1]] - theirs[steps[-1]]) - (ours[mark] - theirs[mark]))
   moved = interval(moves)
   if moved.n < MIN_SEEDS:
     return False, f"the difference moved {moved.mean:+.3g} over the last fifth on {moved.n} seeds (too few to show)"
   ok = -within < moved.low and moved.high < within
+  since = f", from step {min(marks)}" if len(marks) == 1 else f", from steps {min(marks)}–{max(marks)}"
   return ok, (
-    f"the difference moved {moved.text(3)} over the last fifth ("
+    f"the difference moved {moved.text(3)} over the last fifth{since} ("
     + ("inside" if ok else "not inside")
     + f" ±{within:.3g})"
   )
+
+
+def settled_between(row: dict, baseline: dict, within: float) -> tuple[bool, str]:
+  """`settled` for two of the report's rows (as `between` is `paired` for them): their judged seeds' curves, from
+  the earlier of their "last_fifth_from" steps."""
+  starts = [r.get("last_fifth_from") for r in (row, baseline) if r.get("last_fifth_from") is not None]
+  return settled(row["curves"], baseline["curves"], within, min(starts) if starts else None)
 
 
 def slope(xs: list[float], ys: list[float]) -> float:

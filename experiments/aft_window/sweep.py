@@ -129,9 +129,7 @@ def claim(rows, scale):
     if better not in row or worse not in row:
       continue
     d = stats.between(row[worse], row[better])  # worse − better: positive where the paper's order holds
-    ok, why = stats.regime(
-      setting_ok, setting_why, stats.settled(row[worse]["curves"], row[better]["curves"], SETTLED_WITHIN)
-    )
+    ok, why = stats.regime(setting_ok, setting_why, stats.settled_between(row[worse], row[better], SETTLED_WITHIN))
     ours = f"{worse} − {better}: {d.text(3)} bits/byte" if d else "—"
     out.append(stats.judge(f"{better} has lower bits than {worse}", paper, ours, d, 0.0, ok, why))
   windows = [g for g in row if g.startswith("s=")]

@@ -102,7 +102,7 @@ def claim(rows, scale):
   ):
     d = stats.between(row[mixer], row["attention"])
     ok, why = stats.regime(
-      scale == "paper", setting_why, stats.settled(row[mixer]["curves"], row["attention"]["curves"], SETTLED_WITHIN)
+      scale == "paper", setting_why, stats.settled_between(row[mixer], row["attention"], SETTLED_WITHIN)
     )
     out.append(
       stats.judge(

@@ -185,7 +185,7 @@ def claim(rows, scale):
     ok, why = stats.regime(
       scale == "paper",
       setting_why,
-      stats.settled(row[f"{task} {m}"]["curves"], row[f"{task} {base}"]["curves"], SETTLED_WITHIN),
+      stats.settled_between(row[f"{task} {m}"], row[f"{task} {base}"], SETTLED_WITHIN),
     )
     out.append(stats.judge(text, paper, f"{m} − {base}: {d.text(3) if d else '—'}", d, threshold, ok, why, above))
 

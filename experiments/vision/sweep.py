@@ -97,7 +97,7 @@ def claim(rows, scale):
     ok, why = stats.regime(
       scale == "paper",
       "Fashion-MNIST patches for 1.2 epochs, not ImageNet with DeiT's recipe",
-      stats.settled(row[m]["curves"], row["attention"]["curves"], SETTLED_WITHIN),
+      stats.settled_between(row[m], row["attention"], SETTLED_WITHIN),
     )
     paper = "81.0 vs 79.9 (+1.1)" if m == "aft_conv" else "— (not in the paper's table)"
     out.append(
