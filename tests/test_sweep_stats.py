@@ -308,6 +308,55 @@ def test_a_run_cut_short_is_not_settled_on_the_vision_studys_records():
   assert "moved -0.0289 [-0.0387, -0.0192]" in why, why
 
 
+def _record_curves(folder: str, name: str, metric: str) -> tuple[list, list]:
+  """A published record's curve of `metric` and its logged learning rates, each [(step, value)]."""
+  rows = json.loads(open(os.path.join(REPO, "experiments", folder, name)).read())["metrics"]
+  return [(r["step"], r[metric]) for r in rows if metric in r], [
+    (r["step"], r["learning_rate"]) for r in rows if "learning_rate" in r
+  ]
+
+
+def test_runs_cut_short_on_purpose_are_not_settled():
+  """experiments/cut_short: vision's setting with its whole schedule (warm-up, cosine decay to 0) shrunk from 1,000
+  steps to 200, seeds 0-2. The runs are demonstrably short of convergence: every seed of both mixers ends at least
+  10 points below the same seed's 1,000-step run (the vision study's one-rate records). The test says not settled."""
+  short, long, rates = {}, {}, []
+  for m in ("attention", "aft_full"):
+    for s in range(3):
+      curve, logged = _record_curves("cut_short/runs/cpu", f"{m}-lr0.001-seed{s}.json", "eval_accuracy")
+      short.setdefault(m, {})[s], rates = curve, rates + [logged]
+      long.setdefault(m, {})[s] = _record_curves("vision/runs/cpu-one-rate", f"{m}-seed{s}.json", "eval_accuracy")[0]
+      assert curve[-1][0] == 200 and long[m][s][-1][0] == 1_000
+      assert long[m][s][-1][1] - curve[-1][1] > 0.10, (m, s)
+  start = min(stats.learning_fraction_step(r) for r in rates)
+  assert 100 <= start <= 120  # warm-up 40 of 200: the last fifth of the summed rate starts at 55 % of the steps
+  ok, why = stats.settled(short["aft_full"], short["attention"], within=0.01, start=start)
+  assert not ok and "from step 80 (not inside ±0.01)" in why, why
+
+
+def test_image_ars_narrowing_gap_was_settled_counted_in_steps_and_is_not_counted_in_learning_rate():
+  """image_ar's published fresh seeds (1-4, 1,500 steps, cosine decay to 0): AFT-local − attention narrowed while
+  the runs trained, by more than 0.005 bits/dim with an interval above 0 from the step where the last fifth of the
+  summed rate begins. Counted in steps, its last fifth (from step 1,200, 1.5 % of the summed rate) calls the gap
+  settled within ±0.01; counted in learning rate it is not."""
+  curves, rates = {}, []
+  for m in ("attention", "aft_local"):
+    for s in (1, 2, 3, 4):
+      curve, logged = _record_curves("image_ar/runs/cpu", f"{m}-lr0.01-seed{s}.json", "eval_bits_per_dim")
+      curves.setdefault(m, {})[s], rates = curve, rates + [logged]
+  ok, why = stats.settled(curves["aft_local"], curves["attention"], within=0.01)
+  assert ok and "from step 1200 (inside ±0.01)" in why, why
+  start = min(stats.learning_fraction_step(r) for r in rates)
+  ok, why = stats.settled(curves["aft_local"], curves["attention"], within=0.01, start=start)
+  assert not ok and "from step 600 (not inside ±0.01)" in why, why
+  moves = [
+    (dict(curves["aft_local"][s])[1500] - dict(curves["attention"][s])[1500])
+    - (dict(curves["aft_local"][s])[600] - dict(curves["attention"][s])[600])
+    for s in (1, 2, 3, 4)
+  ]
+  assert stats.interval(moves).low > 0 and stats.interval(moves).mean > 0.005, moves
+
+
 def test_the_search_table_reads_each_search_runs_record_and_bolds_the_rate_the_fresh_seeds_ran():
   """image_ar's learning-rate search as report.md gives it from the published rows: each cell is seed 0's last
   validation bits/dim in that rate's raw record (runs/cpu), and the bold cell is the rate every fresh seed ran."""

@@ -1,5 +1,5 @@
-"""Runs cut short on purpose, to show that the convergence test (`stats.settled`) says "not settled" for a
-difference that demonstrably has not settled.
+"""Runs cut short on purpose, to show that the convergence test (`stats.settled`) says "not settled" for runs
+that demonstrably have not converged.
 
     python -m efftx.sweep experiments/cut_short/sweep.py --workdir=/tmp/efftx/cut_short --parallel=2
 
@@ -7,8 +7,8 @@ The vision study's setting (configs/vision.py: Fashion-MNIST in 4 × 4 patches, 
 1e-3, warm-up then cosine decay to 0) for attention and AFT-full, seeds 0–2, trained 200 steps instead of 1,000:
 the whole schedule (warm-up 40 steps, cosine decay to 0 at step 200) shrunk by five, evaluated every 40 steps. The
 same seeds ran 1,000 steps at the same rate in the vision study's one-rate design
-(experiments/vision/runs/cpu-one-rate/); those are the longer runs these are judged against. 6 runs, about ten
-minutes on 2 cores. No claim of a paper is tested here; tests/test_sweep_stats.py reads these records.
+(experiments/vision/runs/cpu-one-rate/); those are the longer runs these are judged against. 6 runs, about a
+quarter of an hour on 2 cores. No claim of a paper is tested here; tests/test_sweep_stats.py reads these records.
 """
 
 from efftx.sweep import grid
@@ -17,12 +17,6 @@ CONFIG = "configs/vision.py"
 METRIC = "eval_accuracy"
 GOAL = "max"
 SOURCE = "none: a check of efftx's convergence test, not a paper's claim"
-PAPER_SETTING = "none"
-SETTING = {
-  "cpu": "Fashion-MNIST in 4 × 4 patches (7 × 7 grid), 4 layers × 128, 200 steps of batch 64 (warm-up 40, cosine "
-  "decay to 0 at 200), learning rate 1e-3; validation accuracy on 5,000 images every 40 steps; seeds 0–2",
-}
-PROTOCOL = {"cpu": "configs/vision.py's recipe with its schedule shrunk five times; the same rate for both mixers."}
 BASELINE = {"aft_full": "attention", "attention": "attention"}
 SHORT = {"total_steps": 200, "optim.warmup_steps": 40, "eval_every": 40, "log_every": 10, "checkpoint_every": 100}
 
