@@ -163,6 +163,14 @@ def test_aggregate_mean_std_over_seeds_and_best_learning_rate():
   rates = {p["point"]: [(500, 1.0), (1000, 0.5)] for p in fresh}
   report._with_curves(None, [row], searched + fresh, found, rates)
   assert row["last_fifth_from"] == pytest.approx(700.0) and row["last_fifth_change"] == pytest.approx(0.3)
+  # Seeds whose logs put the mark at different steps: the earliest is the row's (seed 3's rates reach four fifths
+  # of their sum at step 400). A run not finished (stopped in its warm-up: four fifths of its partial sum come
+  # early) is left out of the mark and of the curves the check reads.
+  rates[fresh[2]["point"]] = [(500, 1.0), (1000, 0.0)]
+  stopped = {**fresh[0], "seed": 4, "state": "unfinished", "point": "g-lr0.0003-seed4"}
+  found[stopped["point"]], rates[stopped["point"]] = [(400, 0.1)], [(100, 0.1), (400, 0.4)]
+  report._with_curves(None, [row], searched + fresh + [stopped], found, rates)
+  assert row["last_fifth_from"] == pytest.approx(400.0) and sorted(row["curves"]) == [1, 2, 3]
 
 
 def test_report_from_existing_workdirs(tmp_path, data_dir):

@@ -269,7 +269,6 @@ def test_the_last_fifth_is_counted_in_learning_rate_not_in_steps():
     want = 1 + int(np.argmax(np.cumsum(rate) >= 0.8 * rate.sum()))  # the first step whose running sum reaches 80 %
     logged = [(int(s), float(rate[s - 1])) for s in range(10, 1001, 10)]  # logged every 10 steps
     assert abs(stats.learning_fraction_step(logged) - want) <= 10, warmup
-    assert 480 <= want <= 560 and rate[800:].sum() / rate.sum() < 0.02
   # A gap that closes in step with the learning applied (by 0.2 over the whole run, on every seed alike): counted in
   # steps its last fifth moves about 0.004, inside ±0.01; counted in learning rate, 0.04, not inside.
   rate = _warmup_cosine(1000, 100)
@@ -285,6 +284,11 @@ def test_the_last_fifth_is_counted_in_learning_rate_not_in_steps():
   assert stats.last_fifth_change(closing[0], start) == pytest.approx(0.2 * (1 - learned[499]))
   row, other = {"curves": closing, "last_fifth_from": start}, {"curves": base, "last_fifth_from": None}
   assert stats.settled_between(row, other, 0.01) == stats.settled(closing, base, 0.01, start)
+  other["last_fifth_from"] = start + 10  # the same schedule, logged a little differently: the earlier mark
+  assert stats.settled_between(other, row, 0.01) == stats.settled(base, closing, 0.01, start)
+  other["last_fifth_from"] = 2 * start  # another schedule (a run twice as long): no one step marks both
+  with pytest.raises(ValueError, match="schedules differ"):
+    stats.settled_between(row, other, 0.01)
 
 
 def test_a_run_cut_short_is_not_settled_on_the_vision_studys_records():
@@ -319,7 +323,10 @@ def _record_curves(folder: str, name: str, metric: str) -> tuple[list, list]:
 def test_runs_cut_short_on_purpose_are_not_settled():
   """experiments/cut_short: vision's setting with its whole schedule (warm-up, cosine decay to 0) shrunk from 1,000
   steps to 200, seeds 0-2. The runs are demonstrably short of convergence: every seed of both mixers ends at least
-  10 points below the same seed's 1,000-step run (the vision study's one-rate records). The test says not settled."""
+  10 points below the same seed's 1,000-step run (the vision study's one-rate records). The test says not settled,
+  reading from step 80, where the last fifth of the summed rate begins. Here the seeds' moves spread over several
+  points, which fails it as counting in steps does too; the difference itself changed little with more training
+  (experiments/cut_short/README.md). The image_ar test below is where the two counts disagree."""
   short, long, rates = {}, {}, []
   for m in ("attention", "aft_full"):
     for s in range(3):

@@ -273,11 +273,11 @@ def _with_curves(
   study: Study, rows: list[dict], points: list[dict], found: dict[str, list], rates: dict[str, list]
 ) -> dict[str, list]:
   """Adds to each row "curves" ({seed: [(step, METRIC)]} at its best learning rate, the seeds that judge it: a
-  search's seeds left out, as from its values), "last_fifth_from" (the step from which those runs applied the last
-  fifth of their summed learning rate, from the rates they logged: `rates`, {point name: [(step, rate)]}; None
-  where none was logged) and "last_fifth_change": the mean over those seeds of METRIC's change from that step to
-  the end (None without curves), what a claim's regime check reads. Returns {group: [the curves of every seed at
-  that rate]}, what the learning-curve plot draws."""
+  search's seeds and unfinished runs left out, as from its values), "last_fifth_from" (the step from which those
+  runs applied the last fifth of their summed learning rate, from the rates they logged: `rates`, {point name:
+  [(step, rate)]}; None where none was logged) and "last_fifth_change": the mean over those seeds of METRIC's change
+  from that step to the end (None without curves), what a claim's regime check reads. Returns {group: [the curves of
+  every seed at that rate]}, what the learning-curve plot draws."""
   by_group = {}
   for r in rows:
     chosen = [
@@ -285,7 +285,7 @@ def _with_curves(
     ]
     by_group[r["group"]] = [found[p["point"]] for p in chosen]
     searched = set((r.get("search") or {}).get("seeds", ()))
-    judged = [p for p in chosen if p["seed"] not in searched]
+    judged = [p for p in chosen if p["seed"] not in searched and p.get("state") == "done"]
     r["curves"] = {p["seed"]: found[p["point"]] for p in judged}
     starts = [stats.learning_fraction_step(rates[p["point"]]) for p in judged if rates.get(p["point"])]
     r["last_fifth_from"] = min((s for s in starts if s is not None), default=None)

@@ -1,6 +1,6 @@
 """What a study's numbers support: a mean's 95 % confidence interval over seeds, a paired difference against the
-baseline (the same seeds, so the same data order and initialisation), a learning curve's change over its last fifth
-(is the run still improving?), and the verdict rule every claim uses.
+baseline (the same seeds, so the same data order and initialisation), a learning curve's change over the last fifth
+of its summed learning rate (is the run still improving?), and the verdict rule every claim uses.
 
 Intervals are Student-t intervals (mean ± t₀.₉₇₅(n − 1) · s / √n): exact for normal per-seed values, the usual
 reading for seeds. With one seed there is no interval (None), and no verdict either way. Where seeds split into
@@ -412,8 +412,14 @@ def settled(curves: dict, baseline_curves: dict, within: float, start: float | N
 
 def settled_between(row: dict, baseline: dict, within: float) -> tuple[bool, str]:
   """`settled` for two of the report's rows (as `between` is `paired` for them): their judged seeds' curves, from
-  the earlier of their "last_fifth_from" steps."""
+  the earlier of their "last_fifth_from" steps. The rows must share a schedule: starts more than 5 % apart (runs
+  of different lengths or warm-ups) raise ValueError, as one step cannot mark both runs' last fifth."""
   starts = [r.get("last_fifth_from") for r in (row, baseline) if r.get("last_fifth_from") is not None]
+  if len(starts) == 2 and abs(starts[0] - starts[1]) > 0.05 * max(starts):
+    raise ValueError(
+      f"settled_between: the rows' last fifths start at steps {starts[0]:.0f} and {starts[1]:.0f}: their schedules "
+      "differ, so their differences' moves cannot be read from one step"
+    )
   return settled(row["curves"], baseline["curves"], within, min(starts) if starts else None)
 
 
