@@ -54,20 +54,20 @@ def collect(study: Study, workdir: str) -> list[dict]:
   return rows
 
 
-def curves(study: Study, workdir: str, metric: str = "") -> dict[str, list[tuple[int, float]]]:
-  """Each finished or started training point's curve of `metric` (METRIC where "") from its metrics.jsonl:
-  {point name: [(step, value), ...]} in step order (bench points have none)."""
-  metric = metric or study.metric
-  out = {}
+def curves(study: Study, workdir: str, metrics: tuple[str, ...] = ()) -> dict[str, dict[str, list]]:
+  """Each finished or started training point's curves of METRIC and of `metrics` from its metrics.jsonl, read once:
+  {metric: {point name: [(step, value), ...]}} in step order (bench points have none)."""
+  out = {m: {} for m in (study.metric, *metrics)}
   for p in study.points:
     if p.program != "train":
       continue
     logged = metric_rows(epath.Path(workdir) / p.name)
-    curve = sorted(
-      (int(r["step"]), float(r[metric])) for r in logged if metric in r and "step" in r and r[metric] is not None
-    )
-    if curve:
-      out[p.name] = curve
+    for metric, found in out.items():
+      curve = sorted(
+        (int(r["step"]), float(r[metric])) for r in logged if metric in r and "step" in r and r[metric] is not None
+      )
+      if curve:
+        found[p.name] = curve
   return out
 
 
@@ -313,7 +313,8 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   rows = _with_ratios(
     study, aggregate(points, study.goal, list(dict.fromkeys(p.group for p in study.points)), study.metrics)
   )
-  group_curves = _with_curves(study, rows, points, curves(study, workdir), curves(study, workdir, "learning_rate"))
+  logged = curves(study, workdir, ("learning_rate",))
+  group_curves = _with_curves(study, rows, points, logged[study.metric], logged["learning_rate"])
   several_lrs = len({p.learning_rate for p in study.points}) > 1
   seconds = sum(p["seconds"] or 0 for p in points)
   lines = [f"# {study.name}: {study.metric} ({'lower' if study.goal == 'min' else 'higher'} is better)", ""]
