@@ -212,6 +212,29 @@ def _with_ratios(study: Study, rows: list[dict]) -> list[dict]:
   return rows
 
 
+def split_counts(study: Study, rows: list[dict]) -> list[dict]:
+  """Each row with "solved": {metric: Count.as_dict()} for the metrics the study counts (SOLVED: metric -> the value
+  from which a seed solved the task) where its judged seeds split into solved and not: such outcomes are a count
+  with its exact (Clopper–Pearson) interval, not a mean with a t-interval. Rows whose seeds all solved, or none
+  did, get an empty dict."""
+  out = []
+  for r in rows:
+    found = {}
+    for m, threshold in study.solved.items():
+      key = "value" if m == study.metric else m
+      c = stats.count([v.get(key) for v in r.get("seeds", {}).values()], threshold)
+      if c is not None and 0 < c.k < c.n:
+        found[m] = c.as_dict()
+    out.append({**r, "solved": found})
+  return out
+
+
+def _baseline_split(study: Study, rows: list[dict], row: dict, metric: str) -> bool:
+  """Whether row's baseline row has split outcomes in metric (its paired difference is then no t-interval either)."""
+  base = study.baseline.get(row["group"])
+  return any(r["group"] == base and r["solved"].get(metric) for r in rows)
+
+
 def _fmt(value: float | None) -> str:
   return "—" if value is None else f"{value:.4g}"
 
@@ -315,6 +338,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   )
   logged = curves(study, workdir, ("learning_rate",))
   group_curves = _with_curves(study, rows, points, logged[study.metric], logged["learning_rate"])
+  rows = split_counts(study, rows)
   several_lrs = len({p.learning_rate for p in study.points}) > 1
   seconds = sum(p["seconds"] or 0 for p in points)
   lines = [f"# {study.name}: {study.metric} ({'lower' if study.goal == 'min' else 'higher'} is better)", ""]
@@ -356,7 +380,16 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
         )
       elif kind == "delta":
         d = r["delta"][m]
-        cells.append("—" if d is None else stats.Interval(d["mean"], *(d["ci95"] or (None, None)), d["n"]).text(3))
+        if r["solved"].get(m) or _baseline_split(study, rows, r, m):
+          cells.append("— (outcomes split)")
+        else:
+          cells.append("—" if d is None else stats.Interval(d["mean"], *(d["ci95"] or (None, None)), d["n"]).text(3))
+      elif r["solved"].get(m):
+        c = r["solved"][m]
+        cells.append(
+          f"{c['k']} of {c['n']} seeds ≥ {study.solved[m]:g}, rate [{c['ci95'][0]:.2g}, {c['ci95'][1]:.2g}] "
+          f"(mean {r['metrics'][m]['mean'] if m != study.metric else r['mean']:.4g})"
+        )
       else:
         mean, ci = r["metrics"][m]["mean"], r["metrics"][m]["ci95"]
         cells.append("—" if mean is None else stats.Interval(mean, *(ci or (None, None)), r["n"]).text())
@@ -368,6 +401,14 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
       cells.append("—" if r.get("last_fifth_change") is None else f"{r['last_fifth_change']:+.3g}")
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
+  if any(r["solved"] for r in rows):
+    lines += [
+      "Where a setting's seeds split into solved and not ("
+      + ", ".join(f"{m} ≥ {v:g}" for m, v in study.solved.items())
+      + "), its cell gives the count with the exact (Clopper–Pearson) 95 % interval of the rate, not a t-interval "
+      "on a mean no seed is near; its paired difference is left out.",
+      "",
+    ]
   if several_lrs and any(r.get("rate_at_edge") for r in rows):
     lines += [
       "A learning rate marked lowest or highest of the grid is the grid's edge: the best rate may lie beyond it.",

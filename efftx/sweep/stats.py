@@ -115,10 +115,18 @@ def between(row: dict, baseline_row: dict, key: str = "value") -> Interval | Non
 
 @dataclasses.dataclass(frozen=True)
 class Count:
-  """k successes (seeds that solved the task) of n, with the exact 95 % Clopper–Pearson interval of the rate."""
+  """k successes (seeds that solved the task) of n, with the exact 95 % Clopper–Pearson interval of the rate.
+  `seeds`: where the n trials are a subset of the seeds run (`paired_count`: the seeds where exactly one of two
+  solved), how many seeds they came from; None where every seed is a trial."""
 
   k: int
   n: int
+  seeds: int | None = None
+
+  @property
+  def of_seeds(self) -> int:
+    """The seeds the count rests on (for MIN_SEEDS and a study's DESIGN)."""
+    return self.n if self.seeds is None else self.seeds
 
   def __post_init__(self):
     if not 0 <= self.k <= self.n:
@@ -137,7 +145,7 @@ class Count:
     return 1.0 if self.k == self.n else float(scipy_stats.beta.ppf(0.975, self.k + 1, self.n - self.k))
 
   def as_dict(self) -> dict:
-    return {"k": self.k, "n": self.n, "rate": self.mean, "ci95": [self.low, self.high]}
+    return {"k": self.k, "n": self.n, "rate": self.mean, "ci95": [self.low, self.high], "seeds": self.of_seeds}
 
   def text(self, digits: int = 3) -> str:
     """ "k/n [low, high]": the count and its rate's interval."""
@@ -148,6 +156,18 @@ def count(values: list[float | None], solved: float) -> Count | None:
   """The seeds whose value reaches `solved` (≥), of the seeds that finished; None without any."""
   values = [v for v in values if v is not None and math.isfinite(v)]
   return Count(sum(v >= solved for v in values), len(values)) if values else None
+
+
+def paired_count(ours: dict, baseline: dict, solved: float) -> Count | None:
+  """McNemar's exact test for two arms whose seeds ({seed: value}, paired) solve (≥ solved) or not: of the seeds
+  where exactly one of the two solved, the count where `ours` did, with `seeds` the paired seeds. Against a rate of
+  1/2 it is the exact sign test of "ours solves where the baseline does not more often than the reverse"; the
+  seeds where both or neither solved say nothing about the difference. None without paired seeds."""
+  seeds = [s for s in ours if s in baseline and ours[s] is not None and baseline[s] is not None]
+  if not seeds:
+    return None
+  split = [s for s in seeds if (ours[s] >= solved) != (baseline[s] >= solved)]
+  return Count(sum(ours[s] >= solved for s in split), len(split), seeds=len(seeds))
 
 
 def p_value(measured: Interval | Count, threshold: float) -> float:
@@ -184,9 +204,10 @@ def verdict(
   has fewer than MIN_SEEDS seeds. A Count is judged by its rate's Clopper–Pearson interval."""
   if not in_regime:  # the first reason: more seeds would not make the run the paper's
     return UNTESTED, why_not or "the run is not in the claim's regime"
-  if difference is None or difference.n < MIN_SEEDS:
+  seeds = difference.of_seeds if isinstance(difference, Count) else None if difference is None else difference.n
+  if difference is None or seeds < MIN_SEEDS:
     unit = difference.unit if isinstance(difference, Interval) else "seeds"
-    return UNTESTED, f"{0 if difference is None else difference.n} {unit} (a verdict needs {MIN_SEEDS})"
+    return UNTESTED, f"{seeds or 0} {unit} (a verdict needs {MIN_SEEDS})"
   if isinstance(difference, Interval) and not difference.seeded and difference.df is None:  # stats.exact
     if not math.isfinite(difference.mean):
       return UNTESTED, f"the measurement is {difference.mean}"
@@ -195,7 +216,12 @@ def verdict(
     if (difference.mean > threshold) == above and difference.mean != threshold:
       return HELD, where
     return (DID_NOT_HOLD if difference.mean != threshold else INCONCLUSIVE), where
-  if isinstance(difference, Count):
+  if isinstance(difference, Count) and difference.seeds is not None:
+    test = (
+      f"{difference.k} of the {difference.n} of {difference.seeds} paired seeds where exactly one solved, exact "
+      "sign test (McNemar), Clopper–Pearson"
+    )
+  elif isinstance(difference, Count):
     test = f"{difference.k} of {difference.n} seeds, Clopper–Pearson"
   elif difference.df is not None:
     test = f"least-squares fit over {difference.n} points, t on {difference.df} df"
@@ -298,7 +324,7 @@ def judge(
     decided,
     why,
     p=p,
-    n=difference.n if seeded and p is not None else None,
+    n=(difference.of_seeds if isinstance(difference, Count) else difference.n) if seeded and p is not None else None,
     measured=measured,
     threshold=threshold,
   )

@@ -176,6 +176,7 @@ class Study:
   plot: Plot = dataclasses.field(default_factory=Plot)
   adaptive: bool = False  # points(scale, finished): the grid grows as points finish (best_then_seeds)
   design: dict[str, int] = dataclasses.field(default_factory=dict)  # scale -> the seeds a verdict rests on
+  solved: dict[str, float] = dataclasses.field(default_factory=dict)  # metric -> the value from which a run solved
 
   @property
   def measured(self) -> bool:
@@ -242,6 +243,7 @@ NAMES = {
   "PAPER_SCALES": None,
   "PLOT": Plot(),
   "DESIGN": {},
+  "SOLVED": {},
   "claim": None,
 }
 _IN_PLOT = {"X": "x", "SERIES": "series", "XSCALE": "xscale", "CHANCE": "chance", "PANEL": "panel"}
@@ -310,6 +312,13 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None, every_point_
     raise UserError(
       f"{path}: claim() judges, but DESIGN fixes no number of seeds at scale '{scale}' (declare it before the runs)"
     )
+  solved = given["SOLVED"]
+  if not isinstance(solved, dict) or not all(
+    m in drawn and isinstance(v, (int, float)) and not isinstance(v, bool) for m, v in solved.items()
+  ):
+    raise UserError(f"{path}: SOLVED is {solved!r}, not a dict metric (METRIC or one of METRICS) -> a number")
+  if solved and given["GOAL"] != "max":
+    raise UserError(f"{path}: SOLVED counts values at or above a threshold, so GOAL must be 'max'")
   if given["SETTING"] and (scale not in given["SETTING"] or not given["PAPER_SETTING"]):
     raise UserError(f"{path}: SETTING needs this scale's setting ('{scale}') and PAPER_SETTING the paper's")
   paper_scales = None if given["PAPER_SCALES"] is None else tuple(given["PAPER_SCALES"])
@@ -332,4 +341,5 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None, every_point_
     plot,
     adaptive,
     design,
+    {m: float(v) for m, v in solved.items()},
   )

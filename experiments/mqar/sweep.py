@@ -59,14 +59,21 @@ PROTOCOL = {
     if s != "paper"
     else "64 epochs for every mixer."
   )
-  + " LSH: 4 buckets, chunks of 16."
+  + " LSH: 4 buckets, chunks of 16. Unlike Zoology, configs/mqar.py warms up for one epoch and clips gradients at "
+  "norm 1 (Zoology: neither; experiments/zoology_fig2 runs its recipe exactly)."
   for s in ("cpu", "paper")
 }
 LEARNING_RATES = (1e-4, 4.6e-4, 2.2e-3, 1e-2)  # Zoology: logspace(1e-4, 1e-2, 4)
 DEPTH = {"attention": 2}  # every other mixer: 4 (zoology experiments/iclr24_zoology_figure2/configs.py)
 # LSH learns the task on some seeds and not on others; 8 seeds (attention too, for paired differences) estimate how
-# often, where 3 give an interval wider than the range.
-MORE_SEEDS = ("lsh", "attention")
+# often, where 3 give an interval wider than the range. Run so at the cpu scale, after a first look (the fixed design
+# refuses a verdict from them); the paper's scale runs every mixer on DESIGN's seeds.
+MORE_SEEDS = {"cpu": ("lsh", "attention"), "paper": ()}
+# A seed learned the task where its validation accuracy passes one half: a guess among an example's 4 values is 0.25
+# and recall of every key 1. The runs' outcomes are bimodal (each seed ends at 0.24–0.28 or at 0.94 and above), so
+# any threshold from 0.28 to 0.94 counts the same seeds. Where a group's seeds split into learned and not, the report
+# and the claims count them (stats.count, stats.paired_count) instead of putting a t-interval on their mean.
+SOLVED = {"eval_accuracy": 0.5}
 MIXER_OVERRIDES = {"lsh": {"mixer.lsh_chunk": 16, "mixer.lsh_buckets": 4}}
 SCALES = {
   "cpu": {
@@ -120,7 +127,7 @@ def points(scale, finished):
         if steps:
           overrides.update({"total_steps": steps, "eval_every": steps // 8, "checkpoint_every": steps // 4})
         groups[_group(m, setting, d)] = {"arg": f"mixer={m},setting={setting},d_model={d}", "overrides": overrides}
-  many = {g: spec for g, spec in groups.items() if g.split()[0] in MORE_SEEDS}
+  many = {g: spec for g, spec in groups.items() if g.split()[0] in MORE_SEEDS[scale]}
   rest = {g: spec for g, spec in groups.items() if g not in many}
   seeds = tuple(range(DESIGN[scale] + 1))  # seed 0 searches, the others are judged
   return best_then_seeds(rest, LEARNING_RATES, seeds, finished, GOAL) + best_then_seeds(
@@ -129,14 +136,14 @@ def points(scale, finished):
 
 
 # Figure 2's regime (Zoology's configs): what a run must match before its verdict speaks to the figure's claims.
-FIGURE2 = {"vocab_size": 8192, "num_train": 100_000, "epochs": 64}
+FIGURE2 = {"vocab_size": 8192, "num_train": 100_000, "epochs": 64, "widths": (64, 128, 256, 512)}
 
 
 def regime(scale: str, across_widths: bool = True) -> tuple[bool, str]:
   """Whether `scale`'s runs are in Figure 2's regime, computed from the settings, batches and steps they run (not
-  declared): vocabulary 8,192, 100k training examples, 64 epochs of them, and more than one width (the claim is
-  that the attention-free mixers need larger widths; across_widths=False for a claim about each width on its own).
-  Returns (in regime, why not)."""
+  declared): vocabulary 8,192, 100k training examples, 64 epochs of them, widths among Figure 2's (64–512), and more
+  than one of them (the claim is that the attention-free mixers need larger widths; across_widths=False for a claim
+  about each width on its own). Returns (in regime, why not; in it, what was checked)."""
   s = SCALES[scale]
   settings = {c.name: c for c in mqar_data.Mqar.BUILDER_CONFIGS}
   gaps = []
@@ -157,28 +164,43 @@ def regime(scale: str, across_widths: bool = True) -> tuple[bool, str]:
           f"{c.num_train:,} examples ({epochs * c.num_train / (FIGURE2['epochs'] * FIGURE2['num_train']):.1%} of "
           f"Figure 2's examples seen)"
         )
+  outside = [d for d in s["widths"] if d not in FIGURE2["widths"]]
+  if outside:
+    gaps.append(f"widths {outside}, not among Figure 2's {list(FIGURE2['widths'])}")
   if across_widths and len(s["widths"]) < 2:
     gaps.append(f"one width ({s['widths'][0]}): 'needs larger widths' needs more than one")
-  return (not gaps), "not Figure 2's regime: " + "; ".join(dict.fromkeys(gaps))
+  if gaps:
+    return False, "not Figure 2's regime: " + "; ".join(dict.fromkeys(gaps))
+  return True, "Figure 2's vocabulary, examples, epochs and widths, computed from the runs"
 
 
 def claim(rows, scale):
   """Attention ≥ 99 % at every width and setting; every other mixer below attention at the smallest width (a
-  paired difference over the seeds). Judged only in Figure 2's regime, computed from what the runs ran
-  (`regime`): outside it, every claim is untested at this scale and says why."""
+  paired difference over the seeds). Where seeds split into learned (SOLVED) and not, a mean is no seed's outcome:
+  attention's claim is then its count of seeds that learned (Clopper–Pearson, against 0.99), a mixer's shortfall
+  the exact sign test on the seeds where exactly one of the pair learned (stats.paired_count, against 1/2). Judged only
+  in Figure 2's regime, computed from what the runs ran (`regime`): outside it, every claim is untested at this
+  scale and says why."""
   row = {r["group"]: r for r in rows}
+  solved = SOLVED[METRIC]
   in_regime, why_not = regime(scale, across_widths=False)
   out = []
   for g, r in row.items():
     if not g.startswith("attention "):
       continue
-    accuracy = stats.interval([v["value"] for v in r["seeds"].values()])
+    values = [v["value"] for v in r["seeds"].values()]
+    found = stats.count(values, solved)
+    if found is not None and 0 < found.k < found.n:
+      measured, ours = found, f"{found.k} of {found.n} seeds learned (≥ {solved:g}), rate {found.text(2)}"
+    else:
+      measured = stats.interval(values)
+      ours = f"{measured.text(3) if measured else '—'}"
     out.append(
       stats.judge(
         f"attention solves MQAR ({g.split(' ', 1)[1]})",
         "≈ 1.0 at every width",
-        f"{accuracy.text(3) if accuracy else '—'} at learning rate {r['learning_rate']:g}",
-        accuracy,
+        f"{ours} at learning rate {r['learning_rate']:g}",
+        measured,
         0.99,
         in_regime,
         why_not,
@@ -190,14 +212,27 @@ def claim(rows, scale):
     if g.startswith("attention ") or not g.endswith(f"d={smallest}"):
       continue
     base = row.get("attention " + g.split(" ", 1)[1])
-    d = stats.between(base, r) if base else None  # attention − mixer: positive where the mixer falls short
+    m = g.split()[0]
+    ours_values = {s: v["value"] for s, v in r["seeds"].items()}
+    base_values = {s: v["value"] for s, v in base["seeds"].items()} if base else {}
+    counts = [stats.count(list(v.values()), solved) for v in (ours_values, base_values)]
+    if any(c is not None and 0 < c.k < c.n for c in counts):
+      d = stats.paired_count(base_values, ours_values, solved)  # the seeds where only attention solved, of the split
+      ours, threshold = (
+        f"learned (≥ {solved:g}): attention {counts[1].k} of {counts[1].n} seeds, {m} {counts[0].k} of "
+        f"{counts[0].n} (rate {counts[0].text(2)}); of the {d.n} paired seeds where one learned, attention on {d.k}",
+        0.5,
+      )
+    else:
+      d = stats.between(base, r) if base else None  # attention − mixer: positive where the mixer falls short
+      ours, threshold = f"attention − {m}: {d.text(3) if d else '—'}", 0.0
     out.append(
       stats.judge(
-        f"{g.split()[0]} falls short of attention at width {smallest}",
+        f"{m} falls short of attention at width {smallest}",
         "attention-free mixers need larger widths (Figure 2)",
-        f"attention − {g.split()[0]}: {d.text(3) if d else '—'} (lr {r['learning_rate']:g})",
+        f"{ours} (lr {r['learning_rate']:g})",
         d,
-        0.0,
+        threshold,
         in_regime,
         why_not,
       )
