@@ -881,6 +881,35 @@ def points(scale):
     study_lib.load(str(path))
 
 
+def test_a_baseline_far_from_the_groups_along_x_is_written_not_drawn(tmp_path, monkeypatch):
+  """aft_window's plot against the window, from its committed records: AFT-full (2.86 bits/byte) lies among the
+  windows' values (2.72–2.87) and is drawn as a line; AFT-simple (3.22) lies farther than their span again above
+  them, so its value is written in the panel instead of a line that would squash them into a third of it."""
+  import matplotlib.axes  # pylint: disable=g-import-not-at-top
+
+  from efftx.sweep import records  # pylint: disable=g-import-not-at-top
+
+  study = study_lib.load(os.path.join(REPO, "experiments", "aft_window", "sweep.py"), "cpu")
+  workdir = tmp_path / "runs"
+  assert all(ok for ok, _ in records.reuse_records(study, str(workdir), "cpu", any_machine=True).values())
+  lines, texts = [], []
+  axhline, text = matplotlib.axes.Axes.axhline, matplotlib.axes.Axes.text
+  monkeypatch.setattr(
+    matplotlib.axes.Axes, "axhline", lambda ax, y=0, *a, **k: lines.append(y) or axhline(ax, y, *a, **k)
+  )
+  monkeypatch.setattr(
+    matplotlib.axes.Axes, "text", lambda ax, x, y, s, *a, **k: texts.append(s) or text(ax, x, y, s, *a, **k)
+  )
+  rows = {
+    r["group"]: r for r in json.loads(open(report.report(study, str(workdir), "cpu", "test")["json"]).read())["rows"]
+  }
+  windows = [r["mean"] for g, r in rows.items() if g.startswith("s=") and r["mean"] is not None]
+  assert max(windows) - min(windows) < rows["aft_simple"]["mean"] - max(windows)  # farther than their span
+  assert any(y == pytest.approx(rows["aft_full"]["mean"]) for y in lines)
+  assert not any(y == pytest.approx(rows["aft_simple"]["mean"]) for y in lines)
+  assert f"off the axis: aft_simple = {rows['aft_simple']['mean']:.4g}" in texts, texts
+
+
 def test_reversibles_plot_draws_the_quantities_its_verdicts_read(tmp_path, monkeypatch):
   """reversible's plot.png puts each claim's own quantity on an axis (PLOT.quantities), rebuilt from the study's
   committed records: the share drawn at each pair of depths is the one computed here from the records' bench rows,

@@ -793,10 +793,22 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
             label=f"{series} (paper)" if study.plot.series else "paper",
           )
       _scale_x(ax, study)
-      for r in done:  # groups off the axis (baselines): horizontal lines
+      # Groups off the axis (baselines) as horizontal lines where they lie near the groups drawn along x (within
+      # their span again on either side); a line farther out would squash them, so its value is written instead.
+      shown = [
+        v for v in _drawn([r for r in done if r["group"] in xs], metric, ratio, study, value) if math.isfinite(v)
+      ]
+      span = (max(shown) - min(shown)) if shown else 0.0
+      far = []
+      for r in done:
         if r["group"] not in xs:
+          if shown and not min(shown) - span <= value(r) <= max(shown) + span:
+            far.append(f"{r['group']} = {value(r):.4g}")
+            continue
           ax.axhline(value(r), linestyle=":", color="gray")
           ax.annotate(r["group"], (ax.get_xlim()[0], value(r)), fontsize=8, va="bottom")
+      if far:
+        ax.text(0.01, 0.99, "off the axis: " + "; ".join(far), transform=ax.transAxes, fontsize=7, va="top")
       for name, level in _chance_lines(study, metric, title, _drawn(done, metric, ratio, study, value), ax):
         ax.axhline(level, linestyle="--", color="red", linewidth=0.8)
         ax.annotate(name, (ax.get_xlim()[0], level), fontsize=8, va="bottom", color="red")

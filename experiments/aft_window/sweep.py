@@ -60,7 +60,12 @@ PAPER = {
   "s=512": 1.171,
   "s=1024": 1.173,
 }
-PLOT = Plot(x=("window s (AFT-simple and AFT-full: dotted)", {f"s={s}": s for s in WINDOWS["paper"] + (16,)}))
+PLOT = Plot(
+  x=(
+    "window s (AFT-simple and AFT-full: dotted, or written where far)",
+    {f"s={s}": s for s in WINDOWS["paper"] + (16,)},
+  )
+)
 
 SCALES = {
   "cpu": {
