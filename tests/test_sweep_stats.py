@@ -910,6 +910,34 @@ def test_a_baseline_far_from_the_groups_along_x_is_written_not_drawn(tmp_path, m
   assert f"off the axis: aft_simple = {rows['aft_simple']['mean']:.4g}" in texts, texts
 
 
+def test_the_difference_panel_draws_each_seeds_paired_difference(tmp_path, monkeypatch):
+  """vision's plot from its committed records: beside each paired difference's mean and interval, one dot per fresh
+  seed at that seed's own difference from attention (read here from the published rows' seed values)."""
+  from efftx.sweep import records  # pylint: disable=g-import-not-at-top
+
+  path = os.path.join(REPO, "experiments", "vision", "sweep.py")
+  workdir = tmp_path / "runs"
+  for _ in range(2):  # the searches' records, then the fresh seeds' the grid grows to
+    study = study_lib.load(path, "cpu", str(workdir))
+    assert all(ok for ok, _ in records.reuse_records(study, str(workdir), "cpu", any_machine=True).values())
+  assert len(study.points) == 42
+  dots = []
+  seed_dots = report._seed_dots
+  monkeypatch.setattr(
+    report, "_seed_dots", lambda ax, where, *a, **k: dots.append(where) or seed_dots(ax, where, *a, **k)
+  )
+  report.report(study, str(workdir), "cpu", "test")
+  rows = {
+    r["group"]: r for r in json.loads(open(os.path.join(REPO, "experiments", "vision", "results.json")).read())["rows"]
+  }
+  drawn = [values for where in dots for _, values in where if values and max(map(abs, values)) < 0.2]
+  expected = [
+    [rows[g]["seeds"][s]["value"] - rows["attention"]["seeds"][s]["value"] for s in rows[g]["seeds"]]
+    for g in ("aft_conv", "aft_full", "fnet", "ff_only", "fnet (published)")
+  ]
+  assert len(drawn) == len(expected) and all(d == pytest.approx(e) for d, e in zip(drawn, expected)), drawn
+
+
 def test_reversibles_plot_draws_the_quantities_its_verdicts_read(tmp_path, monkeypatch):
   """reversible's plot.png puts each claim's own quantity on an axis (PLOT.quantities), rebuilt from the study's
   committed records: the share drawn at each pair of depths is the one computed here from the records' bench rows,

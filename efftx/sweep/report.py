@@ -232,7 +232,7 @@ def split_counts(study: Study, rows: list[dict]) -> list[dict]:
 def _baseline_split(study: Study, rows: list[dict], row: dict, metric: str) -> bool:
   """Whether row's baseline row has split outcomes in metric (its paired difference is then no t-interval either)."""
   base = study.baseline.get(row["group"])
-  return any(r["group"] == base and r["solved"].get(metric) for r in rows)
+  return any(r["group"] == base and (r.get("solved") or {}).get(metric) for r in rows)
 
 
 def _fmt(value: float | None) -> str:
@@ -630,6 +630,18 @@ def _seed_values(r: dict, metric: str, study: Study) -> list[float]:
   return values if len(values) > 1 else []
 
 
+def _seed_deltas(r: dict, rows: list[dict], metric: str, study: Study) -> list[float]:
+  """Each seed's paired difference of a row from its baseline row (the seeds both ran); [] for a single seed."""
+  base = next((b for b in rows if b["group"] == study.baseline.get(r["group"])), None)
+  if base is None:
+    return []
+  key = "value" if metric == study.metric else metric
+  ours, theirs = r.get("seeds", {}), base.get("seeds", {})
+  pairs = [(ours[s].get(key), theirs[s].get(key)) for s in ours if s in theirs]
+  values = [a - b for a, b in pairs if a is not None and b is not None and math.isfinite(a - b)]
+  return values if len(values) > 1 else []
+
+
 def _seed_dots(ax, where: list[tuple[float, list[float]]], colour, label: str, horizontal: bool = False):
   """Each seed's (or repeat's) value as a small hollow dot at its group's place, beside the mean and interval (small
   n, or outcomes that split into solved and not: the mean may lie where no seed is); the legend names them once a
@@ -699,7 +711,18 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
   quantities = study.plot.quantities(rows) if study.plot.quantities and all(r["mean"] is not None for r in rows) else []
   with_paper = study.paper_in_table(scale) if scale else True
   # Measurements get ratios to the baseline; training runs their paired differences from it.
-  deltas = [r for r in rows if (r.get("delta") or {}).get(study.metric)] if not study.measured else []
+  # Rows whose seeds (or their baseline's) split into solved and not have a count, not a paired t: left out.
+  deltas = (
+    [
+      r
+      for r in rows
+      if (r.get("delta") or {}).get(study.metric)
+      and not (r.get("solved") or {}).get(study.metric)
+      and not _baseline_split(study, rows, r, study.metric)
+    ]
+    if not study.measured
+    else []
+  )
   # Against plot.x with plot.panel: the metric once per panel (Figure 2's one panel per sequence length).
   # With plot.panel, one panel per task also without plot.x: one task per axis.
   titles = list(dict.fromkeys(study.plot.panel(r["group"]) for r in rows)) if study.plot.panel else []
@@ -726,7 +749,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
     rows = [r for r in all_rows if in_panel(r, title)]
     if kind == "delta" and against_x:  # the paired difference against plot.x, with its 95 % interval
       label, xs = study.plot.x
-      shown = [r for r in rows if r["delta"].get(metric) and r["group"] in xs]
+      shown = [r for r in rows if r in deltas and r["group"] in xs]
       for series in dict.fromkeys(study.plot.series.get(r["group"], "ours") for r in shown):
         line = [r for r in shown if study.plot.series.get(r["group"], "ours") == series]
         ds = [r["delta"][metric] for r in line]
@@ -734,6 +757,8 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
         ax.errorbar(
           [xs[r["group"]] for r in line], [d["mean"] for d in ds], yerr=errors, marker="o", capsize=3, label=series
         )
+        seeds = [(xs[r["group"]], _seed_deltas(r, all_rows, metric, study)) for r in line]
+        _seed_dots(ax, seeds, ax.lines[-1].get_color(), each)
       _scale_x(ax, study)
       ax.axhline(0.0, color="black", linewidth=0.8)
       baselines = sorted({study.baseline[r["group"]] for r in shown})
@@ -747,10 +772,11 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
         ax.legend(fontsize=7)
       continue
     if kind == "delta":
-      shown = [r for r in rows if r["delta"].get(metric)]
+      shown = [r for r in rows if r in deltas]
       for i, r in enumerate(shown):
         below, above = _spread(r["delta"][metric])
         ax.errorbar([r["delta"][metric]["mean"]], [i], xerr=[[below], [above]], fmt="o", capsize=3, color="C0")
+        _seed_dots(ax, [(i, _seed_deltas(r, all_rows, metric, study))], "C0", each, horizontal=True)
       ax.axvline(0.0, color="black", linewidth=0.8)
       ax.set_yticks(range(len(shown)), [f"{r['group']} − {study.baseline[r['group']]}" for r in shown], fontsize=8)
       ax.invert_yaxis()
