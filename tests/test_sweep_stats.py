@@ -163,6 +163,10 @@ def test_a_paired_count_is_mcnemars_exact_test():
   # Fewer than MIN_SEEDS paired seeds cannot be judged, however they split; no paired seeds, no count.
   assert stats.verdict(stats.paired_count({0: 1.0, 1: 1.0}, {0: 0.2, 1: 0.2}, 0.5), 0.5, True)[0] == stats.UNTESTED
   assert stats.paired_count({0: 1.0}, {1: 1.0}, 0.5) is None
+  # Where no seed split the two arms the count says nothing: untested, and no p-value enters Holm's family.
+  none_split = stats.paired_count({s: 1.0 for s in range(4)}, {s: 1.0 for s in range(4)}, 0.5)
+  assert (none_split.k, none_split.n) == (0, 0) and stats.judge("c", "p", "o", none_split, 0.5, True).p is None
+  assert stats.verdict(none_split, 0.5, True) == (stats.UNTESTED, "no seed of 4 where exactly one of the two solved")
 
 
 def test_a_t_claims_p_value_is_students():
@@ -478,9 +482,29 @@ def points(scale):
   attention_row = next(line for line in table.splitlines() if line.startswith("| attention |"))
   assert "seeds ≥" not in attention_row and "[0.9" in attention_row  # all solved: its t-interval
   assert "Clopper–Pearson" in table
+  per_scale = source.replace('SOLVED = {"eval_accuracy": 0.5}', 'SOLVED = {"cpu": {"eval_accuracy": 0.9}}')
+  path.write_text(per_scale)
+  assert study_lib.load(str(path), "cpu").solved == {"eval_accuracy": 0.9}
+  assert study_lib.load(str(path), "paper").solved == {}
+  # A split baseline blanks its comparisons' paired differences too.
+  path.write_text(
+    source.replace('"lsh": "attention"}', '"lsh": "attention", "lsh2": "lsh"}').replace(
+      '"lsh": {"arg": "smoke,mixer=lsh"}}', '"lsh": {"arg": "smoke,mixer=lsh"}, "lsh2": {"arg": "smoke,mixer=lsh"}}'
+    )
+  )
+  study = study_lib.load(str(path))
+  for p in study.points:
+    if p.group == "lsh2":
+      (workdir / p.name).mkdir(parents=True)
+      (workdir / p.name / "config.json").write_text(json.dumps({"total_steps": 100}))
+      (workdir / p.name / "metrics.jsonl").write_text(json.dumps({"step": 100, "eval_accuracy": 0.3}) + "\n")
+  table = open(report.report(study, str(workdir), "cpu", "test")["md"]).read()
+  lsh2_row = next(line for line in table.splitlines() if line.startswith("| lsh2 |"))
+  assert "— (outcomes split)" in lsh2_row and "seeds ≥" not in lsh2_row, lsh2_row  # its own seeds all below 0.5
   for bad, error in (
     ('SOLVED = {"eval_loss": 0.5}', "SOLVED is"),
     ('SOLVED = {"eval_accuracy": "half"}', "SOLVED is"),
+    ('SOLVED = {"eval_accuracy": float("nan")}', "SOLVED is"),
     ('GOAL = "min"\nSOLVED = {"eval_accuracy": 0.5}', "GOAL must be 'max'"),
   ):
     path.write_text(source.replace('SOLVED = {"eval_accuracy": 0.5}', "") + bad + "\n")
@@ -927,14 +951,20 @@ def test_the_difference_panel_draws_each_seeds_paired_difference(tmp_path, monke
     report, "_seed_dots", lambda ax, where, *a, **k: dots.append(where) or seed_dots(ax, where, *a, **k)
   )
   report.report(study, str(workdir), "cpu", "test")
-  rows = {
-    r["group"]: r for r in json.loads(open(os.path.join(REPO, "experiments", "vision", "results.json")).read())["rows"]
+  rates = {
+    r["group"]: r["learning_rate"]
+    for r in json.loads(open(os.path.join(REPO, "experiments", "vision", "results.json")).read())["rows"]
   }
-  drawn = [values for where in dots for _, values in where if values and max(map(abs, values)) < 0.2]
-  expected = [
-    [rows[g]["seeds"][s]["value"] - rows["attention"]["seeds"][s]["value"] for s in rows[g]["seeds"]]
-    for g in ("aft_conv", "aft_full", "fnet", "ff_only", "fnet (published)")
-  ]
+
+  def final(group, seed):  # the seed's last validation accuracy, read from its committed record
+    name = f"{group}-lr{rates[group]:g}-seed{seed}.json".replace(" ", "_").replace("(", "_").replace(")", "_")
+    with open(os.path.join(REPO, "experiments", "vision", "runs", "cpu", name)) as f:
+      metrics = json.load(f)["metrics"]
+    return [m["eval_accuracy"] for m in metrics if "eval_accuracy" in m][-1]
+
+  groups = ("aft_conv", "aft_full", "fnet", "ff_only", "fnet (published)")
+  drawn = [values for where in dots[-len(groups) :] for _, values in where]  # the difference panel comes last
+  expected = [[final(g, s) - final("attention", s) for s in (1, 2, 3)] for g in groups]
   assert len(drawn) == len(expected) and all(d == pytest.approx(e) for d, e in zip(drawn, expected)), drawn
 
 

@@ -406,7 +406,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
       "Where a setting's seeds split into solved and not ("
       + ", ".join(f"{m} ≥ {v:g}" for m, v in study.solved.items())
       + "), its cell gives the count with the exact (Clopper–Pearson) 95 % interval of the rate, not a t-interval "
-      "on a mean no seed is near; its paired difference is left out.",
+      "on a mean no seed is near" + ("; its paired difference is left out." if study.baseline else "."),
       "",
     ]
   if several_lrs and any(r.get("rate_at_edge") for r in rows):
@@ -487,6 +487,7 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
   ratio_header = [f"{m}_ratio" for m in (study.metric, *study.metrics)] if study.baseline else []
   writer.writerow(
     ["setting", "paper", "mean", "std", "seeds", "runs", "best_learning_rate", *extra_header, *ratio_header]
+    + (["solved"] if study.solved else [])
   )
   for r in rows:
     paper = study.paper_value(r["group"], study.metric)
@@ -502,6 +503,11 @@ def report(study: Study, workdir: str, scale: str, command: str) -> dict[str, st
         *(r["metrics"][m][k] for m in study.metrics for k in ("mean", "std")),
         *(r["ratio"][m] for m in (study.metric, *study.metrics) if study.baseline),
       ]
+      + (
+        [f"{r['solved'][study.metric]['k']}/{r['solved'][study.metric]['n']}" if r["solved"] else ""]
+        if study.solved
+        else []
+      )
     )
   paths["csv"].write_text(out.getvalue())
   paths["json"].write_text(
@@ -563,7 +569,15 @@ def _errors(r: dict, metric: str, ratio: bool) -> tuple[float, float]:
   """(below, above) the point drawn for row r: the range of paired repeats for a ratio, else the 95 % interval."""
   if ratio:
     return _spread({"mean": r["ratio"][metric], "ci95": r.get("ratio_range", {}).get(metric)})
+  if (r.get("solved") or {}).get(metric):  # split outcomes: a count, no t-interval (the seeds' dots show them)
+    return 0.0, 0.0
   return _spread(r["metrics"][metric])
+
+
+def _count_label(r: dict, metric: str, study: Study) -> str | None:
+  """ "k of n ≥ threshold" for a row whose seeds split into solved and not (study.solved), else None."""
+  c = (r.get("solved") or {}).get(metric)
+  return None if not c else f"{c['k']} of {c['n']} ≥ {study.solved[metric]:g}"
 
 
 def _scale_x(ax, study: Study) -> None:
@@ -799,6 +813,16 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
         if not ratio:
           seeds = [(xs[r["group"]], _seed_values(r, metric, study)) for r in line]
           _seed_dots(ax, seeds, ax.lines[-1].get_color(), each)
+          for r in line:
+            if _count_label(r, metric, study):
+              ax.annotate(
+                _count_label(r, metric, study),
+                (xs[r["group"]], value(r)),
+                fontsize=7,
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+              )
         paper = (
           sorted(
             (xs[g], study.paper_value(g, metric))
@@ -824,7 +848,7 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       shown = [
         v for v in _drawn([r for r in done if r["group"] in xs], metric, ratio, study, value) if math.isfinite(v)
       ]
-      span = (max(shown) - min(shown)) if shown else 0.0
+      span = max(max(shown) - min(shown), 1e-9 + 0.05 * abs(max(shown))) if shown else 0.0
       far = []
       for r in done:
         if r["group"] not in xs:
@@ -845,15 +869,28 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
     else:
       for i, r in enumerate(done):
         below, above = _errors(r, metric, ratio)
-        ax.errorbar(
-          [value(r)],
-          [i],
-          xerr=[[below], [above]],
-          fmt="o",
-          capsize=3,
-          color="C0",
-          label="ours (95 % CI)" if i == 0 else None,
-        )
+        counted = None if ratio else _count_label(r, metric, study)
+        if counted:  # split outcomes: the seeds' dots and their count, no mean with a t-interval
+          ax.annotate(
+            counted,
+            (max(_seed_values(r, metric, study) or [value(r)]), i),
+            fontsize=7,
+            xytext=(6, 0),
+            textcoords="offset points",
+            va="center",
+          )
+        else:
+          ax.errorbar(
+            [value(r)],
+            [i],
+            xerr=[[below], [above]],
+            fmt="o",
+            capsize=3,
+            color="C0",
+            label="ours (95 % CI)"
+            if not any("ours (95 % CI)" == h for h in ax.get_legend_handles_labels()[1])
+            else None,
+          )
         if not ratio:
           _seed_dots(ax, [(i, _seed_values(r, metric, study))], "C0", each, horizontal=True)
       paper = (

@@ -208,6 +208,8 @@ def verdict(
   if difference is None or seeds < MIN_SEEDS:
     unit = difference.unit if isinstance(difference, Interval) else "seeds"
     return UNTESTED, f"{seeds or 0} {unit} (a verdict needs {MIN_SEEDS})"
+  if isinstance(difference, Count) and difference.n == 0:  # a paired count where no seed split the two arms
+    return UNTESTED, f"no seed of {difference.of_seeds} where exactly one of the two solved"
   if isinstance(difference, Interval) and not difference.seeded and difference.df is None:  # stats.exact
     if not math.isfinite(difference.mean):
       return UNTESTED, f"the measurement is {difference.mean}"

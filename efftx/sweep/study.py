@@ -9,6 +9,7 @@ from collections.abc import Callable
 import copy
 import dataclasses
 import inspect
+import math
 import os
 import runpy
 import sys
@@ -313,10 +314,15 @@ def load(path: str, scale: str = "cpu", workdir: str | None = None, every_point_
       f"{path}: claim() judges, but DESIGN fixes no number of seeds at scale '{scale}' (declare it before the runs)"
     )
   solved = given["SOLVED"]
+  if isinstance(solved, dict) and solved and all(isinstance(v, dict) for v in solved.values()):
+    solved = solved.get(scale, {})  # per scale: {scale: {METRIC: threshold}}
   if not isinstance(solved, dict) or not all(
-    m in drawn and isinstance(v, (int, float)) and not isinstance(v, bool) for m, v in solved.items()
+    m == given["METRIC"] and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    for m, v in solved.items()
   ):
-    raise UserError(f"{path}: SOLVED is {solved!r}, not a dict metric (METRIC or one of METRICS) -> a number")
+    raise UserError(
+      f"{path}: SOLVED is {given['SOLVED']!r}, not a dict METRIC -> a finite number (or scale -> such a dict)"
+    )
   if solved and given["GOAL"] != "max":
     raise UserError(f"{path}: SOLVED counts values at or above a threshold, so GOAL must be 'max'")
   if given["SETTING"] and (scale not in given["SETTING"] or not given["PAPER_SETTING"]):

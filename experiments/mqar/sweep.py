@@ -52,12 +52,12 @@ SETTING = {
 PROTOCOL = {
   s: "Zoology's per mixer: attention 2 layers, every other mixer 4; no feed-forward (d_ff=0); 1 head; "
   "AdamW (weight decay 0.1), cosine decay, learning rates {1e-4, 4.6e-4, 2.2e-3, 1e-2} searched on seed "
-  "0 per mixer and width, seeds 1 and 2 (paper: 1–3) at the best (LSH and attention: seeds 1–7, LSH's outcome being "
-  "bimodal); "
+  "0 per mixer and width, "
   + (
-    "attention 2,000 steps, the others 6,000 (the slow learners get 3×)."
+    "seeds 1 and 2 at the best (LSH and attention: seeds 1–7, LSH's outcome being bimodal); attention 2,000 steps, "
+    "the others 6,000 (the slow learners get 3×)."
     if s != "paper"
-    else "64 epochs for every mixer."
+    else "seeds 1–3 at the best for every mixer; 64 epochs for every mixer."
   )
   + " LSH: 4 buckets, chunks of 16. Unlike Zoology, configs/mqar.py warms up for one epoch and clips gradients at "
   "norm 1 (Zoology: neither; experiments/zoology_fig2 runs its recipe exactly)."
@@ -69,11 +69,13 @@ DEPTH = {"attention": 2}  # every other mixer: 4 (zoology experiments/iclr24_zoo
 # often, where 3 give an interval wider than the range. Run so at the cpu scale, after a first look (the fixed design
 # refuses a verdict from them); the paper's scale runs every mixer on DESIGN's seeds.
 MORE_SEEDS = {"cpu": ("lsh", "attention"), "paper": ()}
-# A seed learned the task where its validation accuracy passes one half: a guess among an example's 4 values is 0.25
-# and recall of every key 1. The runs' outcomes are bimodal (each seed ends at 0.24–0.28 or at 0.94 and above), so
-# any threshold from 0.28 to 0.94 counts the same seeds. Where a group's seeds split into learned and not, the report
-# and the claims count them (stats.count, stats.paired_count) instead of putting a t-interval on their mean.
-SOLVED = {"eval_accuracy": 0.5}
+# Where a group's seeds split into those that learned the task and those that did not, the report and the claims
+# count them (stats.count, stats.paired_count) instead of putting a t-interval on their mean. At the cpu scale a
+# seed learned where its validation accuracy passes one half: a guess among 64x4_v256's 4 values is 0.25 and recall
+# of every key 1, and its runs' outcomes are bimodal (each seed ends at 0.24–0.28 or at 0.94 and above), so any
+# threshold from 0.28 to 0.94 counts the same seeds (chosen after those runs were seen). At the paper's scale, where
+# Figure 2's accuracies are graded and a guess is 1/4 to 1/16, Zoology's own criterion (it stops a run above 0.99).
+SOLVED = {"cpu": {"eval_accuracy": 0.5}, "paper": {"eval_accuracy": 0.99}}
 MIXER_OVERRIDES = {"lsh": {"mixer.lsh_chunk": 16, "mixer.lsh_buckets": 4}}
 SCALES = {
   "cpu": {
@@ -178,11 +180,14 @@ def claim(rows, scale):
   """Attention ≥ 99 % at every width and setting; every other mixer below attention at the smallest width (a
   paired difference over the seeds). Where seeds split into learned (SOLVED) and not, a mean is no seed's outcome:
   attention's claim is then its count of seeds that learned (Clopper–Pearson, against 0.99), a mixer's shortfall
-  the exact sign test on the seeds where exactly one of the pair learned (stats.paired_count, against 1/2). Judged only
-  in Figure 2's regime, computed from what the runs ran (`regime`): outside it, every claim is untested at this
-  scale and says why."""
+  the exact sign test on the seeds where exactly one of the pair learned (stats.paired_count, against 1/2). This
+  rule is fixed before the runs, and a split can only weaken a verdict at DESIGN's 3 seeds: the sign test holds
+  only from 6 such seeds (p = 2/64), so a split shortfall is inconclusive, and a split attention row cannot hold
+  (it did not hold where few of its seeds learned: with 1 of 3 the rate lies below 0.91). Judged only in
+  Figure 2's regime, computed from what the runs ran (`regime`): outside it, every claim is untested at this scale
+  and says why."""
   row = {r["group"]: r for r in rows}
-  solved = SOLVED[METRIC]
+  solved = SOLVED[scale][METRIC]
   in_regime, why_not = regime(scale, across_widths=False)
   out = []
   for g, r in row.items():
@@ -216,8 +221,9 @@ def claim(rows, scale):
     ours_values = {s: v["value"] for s, v in r["seeds"].items()}
     base_values = {s: v["value"] for s, v in base["seeds"].items()} if base else {}
     counts = [stats.count(list(v.values()), solved) for v in (ours_values, base_values)]
-    if any(c is not None and 0 < c.k < c.n for c in counts):
-      d = stats.paired_count(base_values, ours_values, solved)  # the seeds where only attention solved, of the split
+    split = None not in counts and any(0 < c.k < c.n for c in counts)
+    d = stats.paired_count(base_values, ours_values, solved) if split else None  # of the split seeds: attention's
+    if d is not None:
       ours, threshold = (
         f"learned (≥ {solved:g}): attention {counts[1].k} of {counts[1].n} seeds, {m} {counts[0].k} of "
         f"{counts[0].n} (rate {counts[0].text(2)}); of the {d.n} paired seeds where one learned, attention on {d.k}",
