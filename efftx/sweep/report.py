@@ -680,6 +680,17 @@ def _drawn(rows: list[dict], metric: str, ratio: bool, study: Study, value) -> l
   return out
 
 
+def _near(shown: list[float], level: float) -> bool:
+  """Whether a reference line at level lies near the values a panel draws: within their span again (at least 5 % of
+  their size) on either side. A line farther out would squash them; the caller writes its value instead."""
+  shown = [v for v in shown if v is not None and math.isfinite(v)]
+  if not shown:
+    return True
+  low, high = min(shown), max(shown)
+  span = max(high - low, 1e-9 + 0.05 * abs(high))
+  return low - span <= level <= high + span
+
+
 def _chance_lines(study: Study, metric: str, title: str | None, shown: list[float], ax) -> list[tuple[str, float]]:
   """plot.chance's lines for metric on the panel `title` (plot.chance_panel restricts a line to its task's panel)
   that lie near what the panel draws (`shown`: means, interval ends, seeds; within its span again on either side);
@@ -689,12 +700,7 @@ def _chance_lines(study: Study, metric: str, title: str | None, shown: list[floa
     for name, level in study.plot.chance.get(metric, {}).items()
     if title is None or study.plot.chance_panel.get(name, title) == title
   ]
-  shown = [v for v in shown if v is not None and math.isfinite(v)]
-  if not shown:
-    return lines
-  low, high = min(shown), max(shown)
-  span = max(high - low, 1e-9 + 0.05 * abs(high))
-  near = [(n, v) for n, v in lines if low - span <= v <= high + span]
+  near = [(n, v) for n, v in lines if _near(shown, v)]
   far = [f"{n} = {v:g}" for n, v in lines if (n, v) not in near]
   if far:
     ax.text(0.99, 0.01, "off the axis: " + "; ".join(far), transform=ax.transAxes, fontsize=7, ha="right", va="bottom")
@@ -845,14 +851,11 @@ def _plot(study: Study, rows: list[dict], path: epath.Path, scale: str = "") -> 
       _scale_x(ax, study)
       # Groups off the axis (baselines) as horizontal lines where they lie near the groups drawn along x (within
       # their span again on either side); a line farther out would squash them, so its value is written instead.
-      shown = [
-        v for v in _drawn([r for r in done if r["group"] in xs], metric, ratio, study, value) if math.isfinite(v)
-      ]
-      span = max(max(shown) - min(shown), 1e-9 + 0.05 * abs(max(shown))) if shown else 0.0
+      shown = _drawn([r for r in done if r["group"] in xs], metric, ratio, study, value)
       far = []
       for r in done:
         if r["group"] not in xs:
-          if shown and not min(shown) - span <= value(r) <= max(shown) + span:
+          if not _near(shown, value(r)):
             far.append(f"{r['group']} = {value(r):.4g}")
             continue
           ax.axhline(value(r), linestyle=":", color="gray")
