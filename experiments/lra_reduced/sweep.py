@@ -18,10 +18,10 @@ scores) to 16× (projections) the FLOPs per token, lra_configs.md); every mixer 
 pooling), FF-only (no mixing: the control every mixer must beat), attention as LRA built it (pre-LN with a final
 LayerNorm, a CLS token: "attention (LRA)") and FNet in its paper's conventions (post-LN, CLS, the embedding
 projection: "fnet (published)"). Each group's learning rate is searched on seed 0 over {3e-4, 1e-3, 3e-3, 1e-2} (the
-same budget for every group), then judged on fresh seeds 1–3 at its chosen rate — 168 runs, about 8 h on 2 cores
-with --parallel=2 (the sweep resumes where it stopped; --publish, then --reuse_published, carries finished runs to
-another machine). Metric: validation accuracy at the last step. "paper": LRA's own configs (lra_listops.py,
-lra_image.py on CIFAR-10) at their one learning rate, as LRA ran every model, 3 seeds.
+same budget for every group), then judged on fresh seeds 1–3 at its chosen rate — 168 runs, 22 h of run time on 2
+cores, about 11 h with --parallel=2 (the sweep resumes where it stopped; --publish, then --reuse_published, carries
+finished runs to another machine). Metric: validation accuracy at the last step. "paper": LRA's own configs
+(lra_listops.py, lra_image.py on CIFAR-10) at their one learning rate, as LRA ran every model, 3 seeds.
 """
 
 from efftx.sweep import Plot
